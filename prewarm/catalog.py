@@ -1,0 +1,257 @@
+"""The model catalog: a TOML file listing the models prewarm may place on GPUs.
+
+    roots = ["."]                    # optional: folders weights must lie in (default: the catalog's folder)
+
+    [[models]]
+    id = "lm-small"                  # unique with its version
+    version = "v1"
+    weights = "lm-small/model.safetensors"   # or ".../model.safetensors.index.json" for a sharded set
+    builder = "gpu_worker.demo_models:build_lm"   # package.module:function -> torch.nn.Module
+    builder_args = { d_model = 512, n_layers = 6 }  # optional keyword arguments for the builder
+    pinned = false                   # optional: never evicted, kept resident
+    min_replicas = 0                 # optional: replicas kept ready at all times
+    max_rate_per_replica = 50.0      # optional: requests/s one replica serves; more traffic adds replicas
+    [[models.warmup]]                # one or more sample inputs run before the replica is ready
+    shape = [1, 64]
+    dtype = "int64"
+    high = 32000                     # optional: integer inputs are drawn from [0, high)
+
+Loading validates every entry and names the entry and field at fault. Sizes come from the safetensors
+headers (exact data bytes), read without torch so web and scheduler can load the catalog too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
+
+WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+_MODEL_KEYS = {"id", "version", "weights", "builder", "builder_args", "warmup", "pinned", "min_replicas",
+               "max_rate_per_replica", "description"}
+_WARMUP_KEYS = {"shape", "dtype", "high"}
+_TOP_KEYS = {"models", "roots"}
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_BUILDER_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
+
+
+class CatalogError(ValueError):
+    """A catalog that cannot be used; the message names the entry and field at fault."""
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    shape: tuple[int, ...]
+    dtype: str
+    high: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    version: str
+    weights: Path
+    files: tuple[Path, ...]
+    builder: str
+    builder_args: dict[str, Any]
+    warmup: tuple[WarmupInput, ...]
+    size_bytes: int
+    pinned: bool = False
+    min_replicas: int = 0
+    max_rate_per_replica: float | None = None
+    description: str = ""
+
+    @property
+    def shards(self) -> int:
+        return len(self.files)
+
+    @property
+    def key(self) -> str:
+        return f"{self.id}@{self.version}"
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.id, "version": self.version, "size_bytes": self.size_bytes, "shards": self.shards,
+                "weights": str(self.weights), "builder": self.builder, "pinned": self.pinned,
+                "min_replicas": self.min_replicas, "max_rate_per_replica": self.max_rate_per_replica,
+                "warmup": [{"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
+                "description": self.description}
+
+
+@dataclass
+class Catalog:
+    path: Path
+    models: list[ModelEntry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # The first entry listed for an id is its current version; later ones are rollout candidates.
+        self._by_key = {m.key: m for m in self.models}
+        self._current: dict[str, ModelEntry] = {}
+        for m in self.models:
+            self._current.setdefault(m.id, m)
+
+    def ids(self) -> list[str]:
+        return list(self._current)
+
+    def __contains__(self, model_id: object) -> bool:
+        return model_id in self._current
+
+    def get(self, model_id: str, version: str | None = None) -> ModelEntry:
+        if version is None:
+            if model_id not in self._current:
+                raise KeyError(f"unknown model {model_id!r}: `prewarm models list` shows the catalog")
+            return self._current[model_id]
+        key = f"{model_id}@{version}"
+        if key not in self._by_key:
+            raise KeyError(f"unknown model version {key!r}: add it to the catalog {self.path}")
+        return self._by_key[key]
+
+    def versions(self, model_id: str) -> list[ModelEntry]:
+        return [m for m in self.models if m.id == model_id]
+
+
+def _fail(where: str, msg: str) -> CatalogError:
+    return CatalogError(f"{where}: {msg}")
+
+
+def _check_builder(where: str, builder: object) -> str:
+    if not isinstance(builder, str) or not _BUILDER_RE.fullmatch(builder):
+        raise _fail(where, f"builder {builder!r} is not an import path; write package.module:function")
+    module = builder.split(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        raise _fail(where, f"builder module {module!r} cannot be found ({exc})") from None
+    if spec is None:
+        raise _fail(where, f"builder module {module!r} cannot be found; check the import path")
+    return builder
+
+
+def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(where, "warmup must be a non-empty list of [[models.warmup]] tables with shape and dtype")
+    out = []
+    for i, w in enumerate(raw):
+        wh = f"{where} warmup[{i}]"
+        if not isinstance(w, dict):
+            raise _fail(wh, "must be a table with shape and dtype")
+        unknown = set(w) - _WARMUP_KEYS
+        if unknown:
+            raise _fail(wh, f"unknown key {sorted(unknown)[0]!r}; allowed: {sorted(_WARMUP_KEYS)}")
+        shape = w.get("shape")
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise _fail(wh, f"shape {shape!r} must be a list of positive integers")
+        dtype = w.get("dtype", "float32")
+        if dtype not in WARMUP_DTYPES:
+            raise _fail(wh, f"dtype {dtype!r} is not one of {', '.join(WARMUP_DTYPES)}")
+        high = w.get("high")
+        if high is not None and (not isinstance(high, int) or high <= 0):
+            raise _fail(wh, f"high {high!r} must be a positive integer")
+        out.append(WarmupInput(tuple(shape), dtype, high))
+    return tuple(out)
+
+
+def _within(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files: bool) -> ModelEntry:
+    where = f"models[{i}]"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a [[models]] table")
+    model_id = raw.get("id")
+    if not isinstance(model_id, str) or not _ID_RE.fullmatch(model_id):
+        raise _fail(where, f"id {model_id!r} must be 1-128 letters, digits, '.', '_' or '-'")
+    where = f"model {model_id!r}"
+    unknown = set(raw) - _MODEL_KEYS
+    if unknown:
+        raise _fail(where, f"unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_MODEL_KEYS))}")
+    for key in ("version", "weights", "builder"):
+        if key not in raw:
+            raise _fail(where, f"missing required key {key!r}")
+    version = raw["version"]
+    if not isinstance(version, str) or not _ID_RE.fullmatch(version):
+        raise _fail(where, f"version {version!r} must be 1-128 letters, digits, '.', '_' or '-'")
+    weights_raw = raw["weights"]
+    if not isinstance(weights_raw, str) or not weights_raw:
+        raise _fail(where, "weights must be a path to a .safetensors file or a model.safetensors.index.json")
+    weights = (base / weights_raw).resolve()
+    if not _within(weights, roots):
+        raise _fail(where, f"weights {weights_raw!r} lie outside the model roots {[str(r) for r in roots]}")
+    if not (weights.name.endswith(".safetensors") or weights.name.endswith(".safetensors.index.json")):
+        raise _fail(where, f"weights {weights_raw!r} must be .safetensors or .safetensors.index.json "
+                           "(nothing else is loaded: no pickles)")
+    files: tuple[Path, ...] = ()
+    size = 0
+    if check_files:
+        if not weights.exists():
+            raise _fail(where, f"weights file {weights} does not exist")
+        try:
+            files = tuple(weight_files(weights))
+            for f in files:
+                if not _within(f.resolve(), roots):
+                    raise _fail(where, f"shard {f} lies outside the model roots")
+                size += read_header(f).data_bytes
+        except SafetensorsError as exc:
+            raise _fail(where, f"weights: {exc}") from None
+    builder = _check_builder(where, raw["builder"])
+    builder_args = raw.get("builder_args", {})
+    if not isinstance(builder_args, dict):
+        raise _fail(where, "builder_args must be a table of keyword arguments")
+    warmup = _parse_warmup(where, raw.get("warmup"))
+    pinned = raw.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise _fail(where, f"pinned {pinned!r} must be true or false")
+    min_replicas = raw.get("min_replicas", 0)
+    if not isinstance(min_replicas, int) or isinstance(min_replicas, bool) or not 0 <= min_replicas <= 64:
+        raise _fail(where, f"min_replicas {min_replicas!r} must be an integer from 0 to 64")
+    cap = raw.get("max_rate_per_replica")
+    if cap is not None and (not isinstance(cap, int | float) or isinstance(cap, bool) or cap <= 0):
+        raise _fail(where, f"max_rate_per_replica {cap!r} must be a positive number")
+    return ModelEntry(id=model_id, version=version, weights=weights, files=files, builder=builder,
+                      builder_args=dict(builder_args), warmup=warmup, size_bytes=size, pinned=pinned,
+                      min_replicas=min_replicas, max_rate_per_replica=float(cap) if cap else None,
+                      description=str(raw.get("description", "")))
+
+
+def parse_catalog(text: str, path: Path, *, check_files: bool = True) -> Catalog:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise CatalogError(f"{path}: unknown top-level key {sorted(unknown)[0]!r}; allowed: roots, models")
+    base = path.resolve().parent
+    roots_raw = data.get("roots", ["."])
+    if not isinstance(roots_raw, list) or not all(isinstance(r, str) for r in roots_raw):
+        raise CatalogError(f"{path}: roots must be a list of folder paths")
+    roots = [(base / r).resolve() for r in roots_raw]
+    models_raw = data.get("models", [])
+    if not isinstance(models_raw, list):
+        raise CatalogError(f"{path}: models must be an array of [[models]] tables")
+    models: list[ModelEntry] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(models_raw):
+        try:
+            entry = _parse_entry(i, raw, base, roots, check_files)
+        except CatalogError as exc:
+            raise CatalogError(f"{path}: {exc}") from None
+        if entry.key in seen:
+            raise CatalogError(f"{path}: model {entry.id!r}: duplicate id (version {entry.version!r} "
+                               "is listed twice)")
+        seen.add(entry.key)
+        models.append(entry)
+    return Catalog(path=path, models=models)
+
+
+def load_catalog(path: Path | str, *, check_files: bool = True) -> Catalog:
+    path = Path(path)
+    if not path.exists():
+        raise CatalogError(f"catalog {path} does not exist: run `prewarm models demo --out DIR` or set "
+                           "PREWARM_CATALOG")
+    return parse_catalog(path.read_text(), path, check_files=check_files)

@@ -1,0 +1,134 @@
+"""Process configuration, read from the environment (see ../shared/DESIGN.md).
+
+Every process (web, scheduler, worker, CLI) reads the same variables through `Settings.from_env()`,
+so a value means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB' -> 4294967296; '512MB' -> 512000000; '1024' -> 1024."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 4GiB, 512MiB or 1073741824")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device a worker serves: `cuda:0`, or `cpu:0` with a memory budget (a CPU virtual GPU)."""
+
+    device: str
+    budget_bytes: int | None  # None: the device's own capacity (CUDA)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+DEFAULT_CPU_BUDGET = 4 * 1024**3
+
+
+def parse_devices(text: str | None) -> list[DeviceSpec]:
+    """Parse PREWARM_DEVICES: 'cpu:0=4GiB,cpu:1=4GiB' or 'cuda:0,cuda:1' or 'cuda:0=20GiB'.
+
+    Unset: every CUDA device when present, else one CPU virtual GPU with a 4 GiB budget.
+    """
+    if not text:
+        return default_devices()
+    specs: list[DeviceSpec] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, budget = part.partition("=")
+        name = name.strip()
+        if not re.fullmatch(r"(cpu|cuda):[0-9]+", name):
+            raise ValueError(f"PREWARM_DEVICES: {name!r} is not a device; write cpu:N=SIZE or cuda:N[=SIZE]")
+        if name.startswith("cpu") and not budget:
+            budget_bytes: int | None = DEFAULT_CPU_BUDGET
+        else:
+            budget_bytes = parse_bytes(budget) if budget else None
+        specs.append(DeviceSpec(name, budget_bytes))
+    if len({s.device for s in specs}) != len(specs):
+        raise ValueError(f"PREWARM_DEVICES: a device is listed twice in {text!r}")
+    return specs
+
+
+def default_devices() -> list[DeviceSpec]:
+    try:  # torch is imported only where a worker runs; web and scheduler never get here.
+        import torch
+
+        if torch.cuda.is_available():
+            return [DeviceSpec(f"cuda:{i}", None) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return [DeviceSpec("cpu:0", DEFAULT_CPU_BUDGET)]
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("PREWARM_DATA_DIR") or repo_root() / "var")
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str | None
+    catalog: Path
+    node: str
+    port: int
+    devices_text: str | None
+    data_dir: Path
+    hook_token: str | None
+    admin_token: str | None
+    tick_seconds: float
+    heartbeat_seconds: float
+    heartbeat_ttl: float
+    intent_ttl: float
+    leader_ttl: float
+    event_log_max: int
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+        data_dir = Path(e.get("PREWARM_DATA_DIR") or default_data_dir())
+        return cls(
+            redis_url=e.get("PREWARM_REDIS_URL") or None,
+            catalog=Path(e.get("PREWARM_CATALOG") or data_dir / "demo-models" / "catalog.toml"),
+            node=e.get("PREWARM_NODE") or socket.gethostname(),
+            port=int(e.get("PORT") or 8000),
+            devices_text=e.get("PREWARM_DEVICES") or None,
+            data_dir=data_dir,
+            hook_token=e.get("PREWARM_HOOK_TOKEN") or None,
+            admin_token=e.get("PREWARM_ADMIN_TOKEN") or None,
+            tick_seconds=float(e.get("PREWARM_TICK_SECONDS") or 2.0),
+            heartbeat_seconds=float(e.get("PREWARM_HEARTBEAT_SECONDS") or 2.0),
+            heartbeat_ttl=float(e.get("PREWARM_HEARTBEAT_TTL") or 10.0),
+            intent_ttl=float(e.get("PREWARM_INTENT_TTL") or 120.0),
+            leader_ttl=float(e.get("PREWARM_LEADER_TTL") or 10.0),
+            event_log_max=int(e.get("PREWARM_EVENT_LOG_MAX") or 5000),
+        )
+
+    def devices(self) -> list[DeviceSpec]:
+        return parse_devices(self.devices_text)

@@ -1,0 +1,48 @@
+"""What a process needs to act on the fleet: settings, Redis, Celery, the catalog and the dispatcher.
+
+Built once per process; the catalog is loaded lazily and reloaded when its file changes.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+
+import redis
+from celery import Celery
+
+from prewarm import runtime
+from prewarm.catalog import Catalog, load_catalog
+from prewarm.celery_app import make_celery
+from prewarm.config import Settings
+from prewarm.dispatch import Dispatcher
+
+
+class Context:
+    def __init__(self, settings: Settings | None = None, *, start_redis: bool = True) -> None:
+        self.settings = settings or Settings.from_env()
+        self.redis_url = runtime.redis_url(self.settings, start=start_redis)
+        self._catalog: Catalog | None = None
+        self._catalog_mtime = 0.0
+
+    @cached_property
+    def r(self) -> redis.Redis:
+        return runtime.connect(self.redis_url)
+
+    @cached_property
+    def celery(self) -> Celery:
+        return make_celery(self.redis_url)
+
+    @cached_property
+    def dispatcher(self) -> Dispatcher:
+        return Dispatcher(self.r, self.celery, intent_ttl=self.settings.intent_ttl,
+                          event_log_max=self.settings.event_log_max)
+
+    @property
+    def catalog(self) -> Catalog:
+        path = self.settings.catalog
+        mtime = os.stat(path).st_mtime if path.exists() else 0.0
+        if self._catalog is None or mtime != self._catalog_mtime:
+            self._catalog = load_catalog(path)
+            self._catalog_mtime = mtime
+        return self._catalog

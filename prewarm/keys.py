@@ -1,0 +1,73 @@
+"""The Redis key layout: the one place that spells a key.
+
+Everything prewarm keeps in Redis lives under the `pw:` prefix, so it can share a database with Celery's
+own keys (broker queues, results) without collisions. Values are documented beside each key.
+"""
+
+from __future__ import annotations
+
+PREFIX = "pw:"
+
+# --- fleet (written by workers) ---------------------------------------------------------------
+# Set of every GPU id ever announced; a GPU whose heartbeat key has expired is stale, not forgotten.
+GPUS = PREFIX + "gpus"
+
+
+def gpu(gpu_id: str) -> str:
+    """Hash: the GPU's inventory (node, device, queue, total/used/free bytes, last_heartbeat, worker).
+
+    Written by the worker's heartbeat with a TTL: the key vanishing is how a dead worker leaves the fleet.
+    """
+    return f"{PREFIX}gpu:{gpu_id}"
+
+
+def replicas(gpu_id: str) -> str:
+    """Hash model -> JSON replica record for one GPU, refreshed with the heartbeat's TTL."""
+    return f"{PREFIX}replicas:{gpu_id}"
+
+
+def worker_lock(gpu_id: str) -> str:
+    """Claim that one live worker process serves this GPU (value: worker id), with a TTL."""
+    return f"{PREFIX}claim:{gpu_id}"
+
+
+# --- intents (in-flight actions not yet confirmed by a worker) ------------------------------------
+def intent(model: str, gpu_id: str) -> str:
+    """String JSON with a TTL: claimed with SET NX, so one action per (model, gpu) is in flight at once."""
+    return f"{PREFIX}intent:{model}:{gpu_id}"
+
+
+INTENT_PATTERN = PREFIX + "intent:*"
+
+
+def cold_claim(model: str) -> str:
+    """SET NX with a TTL: the route hook enqueues one on-demand preload per cold model, not one per call."""
+    return f"{PREFIX}cold:{model}"
+
+
+# --- traffic (written by the hooks) ----------------------------------------------------------------
+def traffic_bucket(resolution_s: int, bucket_start: int) -> str:
+    """Hash model -> request count for one time bucket, expiring by itself."""
+    return f"{PREFIX}traffic:{resolution_s}:{bucket_start}"
+
+
+REQUESTS_TOTAL = PREFIX + "requests_total"  # Hash model -> count since the store began.
+LAST_REQUEST = PREFIX + "last_request"  # Hash model -> Unix seconds of the newest event seen.
+
+# --- catalog overlays set by operators ---------------------------------------------------------------
+PINNED = PREFIX + "pinned"  # Set of model ids pinned by an operator (on top of the catalog's `pinned`).
+ROLLOUTS = PREFIX + "rollouts"  # Hash model -> JSON {version, traffic_fraction, since}.
+
+# --- measurements -----------------------------------------------------------------------------------
+def load_times(model: str) -> str:
+    """List of the most recent measured load+warmup seconds (newest first, trimmed)."""
+    return f"{PREFIX}loadtimes:{model}"
+
+
+COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at} of an open cold start (route saw it cold).
+LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
+
+# --- decisions and leadership ---------------------------------------------------------------------
+EVENTS = PREFIX + "events"  # Stream of decisions and actions (bounded with MAXLEN).
+LEADER_LOCK = PREFIX + "scheduler:leader"  # redis-py Lock held by the planning scheduler.
+SCHEDULER_STATUS = PREFIX + "scheduler:status"  # Hash: leader id, last tick, tick seconds.

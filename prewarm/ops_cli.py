@@ -1,0 +1,203 @@
+"""Operator commands: models list, fleet, preload, evict, pin, unpin, events.
+
+The JSON forms (`models list --json`, `fleet --json`) are stable interfaces operators script against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from prewarm import events, keys, state
+from prewarm.catalog import CatalogError
+from prewarm.config import format_bytes
+
+
+def _ctx():  # noqa: ANN202 - deferred import keeps `prewarm --help` fast
+    from prewarm.context import Context
+
+    return Context()
+
+
+def _err(msg: str) -> int:
+    print(f"prewarm: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    from prewarm.catalog import load_catalog
+    from prewarm.config import Settings
+
+    settings = Settings.from_env()
+    try:
+        cat = load_catalog(args.catalog or settings.catalog)
+    except CatalogError as exc:
+        return _err(str(exc))
+    if args.json:
+        print(json.dumps({"models": [m.summary() for m in cat.models]}, indent=2))
+        return 0
+    print(f"{'id':28} {'version':10} {'size':>12} {'shards':>6}  builder")
+    for m in cat.models:
+        print(f"{m.id:28} {m.version:10} {format_bytes(m.size_bytes):>12} {m.shards:>6}  {m.builder}")
+    return 0
+
+
+def fleet_json(fleet: state.Fleet) -> dict:
+    return {"gpus": [g.public() for g in fleet.gpus]}
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    fleet = state.read_fleet(ctx.r)
+    if args.json:
+        print(json.dumps(fleet_json(fleet), indent=2))
+        return 0
+    if not fleet.gpus:
+        print("no GPUs: start a worker with `prewarm worker`")
+    for g in fleet.gpus:
+        flag = "" if g.alive else "  [STALE: no heartbeat]"
+        print(f"{g.id}  used {format_bytes(g.used_bytes)} / {format_bytes(g.total_bytes)}, "
+              f"free {format_bytes(g.free_bytes)}{flag}")
+        for rep in g.replicas:
+            extra = f" {rep.progress:.0%}" if rep.state == "loading" else ""
+            err = f"  error: {rep.error}" if rep.error else ""
+            print(f"    {rep.model}@{rep.version:8} {rep.state}{extra:5} {format_bytes(rep.bytes):>10}{err}")
+    return 0
+
+
+def pick_gpu(fleet: state.Fleet, size: int, gpu: str | None) -> state.Gpu:
+    alive = fleet.alive()
+    if gpu:
+        found = next((g for g in alive if g.id == gpu or g.device == gpu), None)
+        if found is None:
+            names = ", ".join(g.id for g in alive) or "none"
+            raise LookupError(f"GPU {gpu!r} is not in the fleet (alive: {names})")
+        return found
+    if not alive:
+        raise LookupError("no GPU in the fleet: start a worker with `prewarm worker`")
+    if size > max(g.total_bytes for g in alive):
+        raise LookupError(f"model needs {format_bytes(size)}, more than any GPU holds "
+                          f"(largest {format_bytes(max(g.total_bytes for g in alive))})")
+    return max(alive, key=lambda g: (g.free_bytes, g.id))
+
+
+def _wait(ctx, model: str, version: str, gpu: str, want: str, timeout: float) -> int:  # noqa: ANN001
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        fleet = state.read_fleet(ctx.r)
+        g = fleet.gpu(gpu)
+        if g is None or not g.alive:
+            return _err(f"GPU {gpu} left the fleet while waiting")
+        rep = next((x for x in g.replicas if x.model == model and x.version == version), None)
+        if want == "ready" and rep is not None:
+            if rep.state == "ready":
+                print(f"{model}@{version} ready on {gpu}: {format_bytes(rep.bytes)}, load "
+                      f"{rep.load_seconds:.2f} s, warmup {rep.warmup_seconds:.2f} s")
+                return 0
+            if rep.state == "failed":
+                return _err(f"preload of {model} on {gpu} failed: {rep.error}")
+        if want == "gone" and rep is None:
+            print(f"{model}@{version} evicted from {gpu}")
+            return 0
+        time.sleep(0.2)
+    return _err(f"timed out after {timeout:.0f} s waiting for {model} to be {want} on {gpu}")
+
+
+def cmd_preload(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    try:
+        entry = ctx.catalog.get(args.model, args.version)
+        gpu = pick_gpu(state.read_fleet(ctx.r), entry.size_bytes, args.gpu)
+    except (KeyError, LookupError, CatalogError) as exc:
+        return _err(str(exc.args[0]) if exc.args else str(exc))
+    d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="operator",
+                               reason=args.reason or "operator preload from the CLI", kind="operator")
+    print(d.message)
+    return _wait(ctx, entry.id, entry.version, gpu.id, "ready", args.timeout) if args.wait else 0
+
+
+def cmd_evict(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    try:
+        entry = ctx.catalog.get(args.model, args.version)
+    except (KeyError, CatalogError) as exc:
+        return _err(str(exc.args[0]) if exc.args else str(exc))
+    fleet = state.read_fleet(ctx.r)
+    targets = [g for g in fleet.alive() if (args.gpu in (None, g.id, g.device))
+               and any(x.model == entry.id and x.version == entry.version for x in g.replicas)]
+    if not targets:
+        where = f" on {args.gpu}" if args.gpu else ""
+        print(f"{entry.id} is not resident{where}: nothing to evict")
+        return 0
+    rc = 0
+    for g in targets:
+        d = ctx.dispatcher.evict(entry.id, entry.version, g, actor="operator",
+                                 reason=args.reason or "operator evict from the CLI")
+        print(d.message)
+        if args.wait:
+            rc = rc or _wait(ctx, entry.id, entry.version, g.id, "gone", args.timeout)
+    return rc
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    if args.model not in ctx.catalog:
+        return _err(f"unknown model {args.model!r}: `prewarm models list` shows the catalog")
+    if args.command == "pin":
+        ctx.r.sadd(keys.PINNED, args.model)
+    else:
+        ctx.r.srem(keys.PINNED, args.model)
+    events.record(ctx.r, args.command, "operator", model=args.model, reason=f"operator {args.command} (CLI)")
+    print(f"{args.model} {args.command}ned")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    evs = events.read(ctx.r, limit=args.limit, model=args.model, gpu=args.gpu)
+    if args.json:
+        print(json.dumps({"events": [e.public() for e in evs]}, indent=2))
+        return 0
+    for e in reversed(evs):
+        print(f"{time.strftime('%H:%M:%S', time.localtime(e.ts))} {e.actor:9} {e.kind:8} {e.model:20} "
+              f"{e.gpu:18} {e.reason}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from prewarm.cli import subgroup
+
+    models = subgroup(sub, "models", "the model catalog")
+    p = models.add_parser("list", help="print the catalog")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--catalog", help="catalog file (default PREWARM_CATALOG)")
+    p.set_defaults(func=cmd_models_list)
+
+    p = sub.add_parser("fleet", help="print every GPU with its memory and replicas")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fleet)
+
+    for name, func, helptext in (("preload", cmd_preload, "load and warm a model onto a GPU"),
+                                 ("evict", cmd_evict, "evict a model from a GPU (every GPU unless --gpu)")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("model")
+        p.add_argument("--version", help="catalog version (default: the current one)")
+        p.add_argument("--gpu", help="node/device or device (default: most free memory)")
+        p.add_argument("--wait", action="store_true", help="wait until ready / gone; non-zero on failure")
+        p.add_argument("--timeout", type=float, default=300.0)
+        p.add_argument("--reason", help="recorded in the event log")
+        p.set_defaults(func=func)
+
+    for name in ("pin", "unpin"):
+        p = sub.add_parser(name, help=f"{name} a model (pinned models are kept resident, never evicted)")
+        p.add_argument("model")
+        p.set_defaults(func=cmd_pin)
+
+    p = sub.add_parser("events", help="print the decision log")
+    p.add_argument("--model")
+    p.add_argument("--gpu")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_events)

@@ -1,0 +1,65 @@
+"""Connecting a process to its Redis: the configured one, or the embedded one started for this machine.
+
+With PREWARM_REDIS_URL unset, the first process (normally `prewarm up`) starts an embedded Redis and
+writes its URL to <data dir>/redis.url; later processes on the same machine find it there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import redis
+
+from prewarm.config import Settings
+from prewarm.redis_server import EmbeddedRedis
+
+_owned: EmbeddedRedis | None = None
+_owned_file: Path | None = None
+
+
+def _url_file(settings: Settings) -> Path:
+    return settings.data_dir / "redis.url"
+
+
+def _responds(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def redis_url(settings: Settings, *, start: bool = True) -> str:
+    """The Redis URL this process should use, starting an embedded Redis if none is configured."""
+    global _owned, _owned_file
+    if settings.redis_url:
+        return settings.redis_url
+    if _owned is not None:
+        return _owned.url
+    f = _url_file(settings)
+    if f.exists():
+        url = f.read_text().strip()
+        if _responds(url):
+            return url
+    if not start:
+        raise RuntimeError("no Redis: set PREWARM_REDIS_URL, or run `prewarm up` to start an embedded one")
+    _owned = EmbeddedRedis().start()
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(_owned.url)
+    _owned_file = f
+    os.environ["PREWARM_REDIS_URL"] = _owned.url  # children we spawn share it
+    return _owned.url
+
+
+def stop_owned() -> None:
+    global _owned, _owned_file
+    if _owned_file is not None:
+        _owned_file.unlink(missing_ok=True)
+        _owned_file = None
+    if _owned is not None:
+        _owned.stop()
+        _owned = None
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5)

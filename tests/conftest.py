@@ -1,0 +1,44 @@
+"""Shared fixtures: a throwaway Redis server per test session, emptied before each test that uses it.
+
+Tests never touch a Redis they did not start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from prewarm.redis_server import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("PREWARM_ARTIFACTS") or Path(__file__).resolve().parent.parent / "artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
