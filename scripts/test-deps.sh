@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# System tools the tests use that PyPI does not ship: promtool (Debian's prometheus package) and
+# Chromium for the console's browser test. Installed when missing and we may (root with apt-get).
+set -uo pipefail
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+[[ -x /usr/bin/chromium ]] || need+=(chromium)
+if ((${#need[@]})); then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "prewarm: installing ${need[*]} for the tests" >&2
+    (apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}") \
+      >/tmp/prewarm-apt.log 2>&1 || echo "prewarm: could not install ${need[*]}: see /tmp/prewarm-apt.log" >&2
+  else
+    echo "prewarm: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
+  fi
+fi
+exit 0
