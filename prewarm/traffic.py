@@ -1,0 +1,205 @@
+"""The traffic store: request counts per model in time buckets in Redis.
+
+Written by the `/hooks/requests` hook, read by the scheduler (rates, trends, forecasts), the console
+(rates, sparklines) and the metrics endpoint.
+
+Layout (keys spelled in `prewarm.keys`):
+
+- per-second buckets  `keys.traffic_bucket(1, t)`   hash model -> count, expiring ~15 min after the bucket
+- per-minute buckets  `keys.traffic_bucket(60, t)`  hash model -> count, expiring ~8 days after the bucket
+- `keys.REQUESTS_TOTAL` hash model -> count since the store began (never expires)
+- `keys.LAST_REQUEST`   hash model -> Unix seconds of the newest event seen
+
+A bucket's key is named by its start (`t` is a multiple of the resolution), and a bucket hash only holds
+the models that had requests in it, so a window over thousands of mostly idle models stays small.
+
+Write API
+    record(r, events, now=None) -> int
+        `events` is an iterable of `(model, count, ts)` (ts in Unix seconds, or None for now). The whole
+        batch is one MULTI/EXEC transaction: all of it is recorded or none of it, and HINCRBY keeps the
+        counts exact under any number of concurrent writers. Returns the number of requests recorded.
+        Input is expected to be validated by the caller (the hook); a negative count raises ValueError.
+
+Read API (all cheap: one pipelined round trip of HGETALLs, one per bucket, whatever the model count)
+    read_seconds(r, start, end, models=None) -> Window   per-second buckets covering [start, end)
+    read_minutes(r, start, end, models=None) -> Window   per-minute buckets covering [start, end)
+    read_window(r, resolution_s, start, end, models=None) -> Window
+    recent(r, window_s, now=None, models=None) -> Window
+        The last `window_s` seconds of *complete* buckets before `now` (the current partial second or
+        minute is left out so a rate is not biased low). Seconds for windows up to 15 min, else minutes.
+    rates(r, window_s, now=None, models=None) -> dict[model, requests per second]
+    totals(r, models=None) -> dict[model, int]          requests since the store began
+    last_requests(r, models=None) -> dict[model, float]  Unix seconds of each model's newest event
+
+    Window.start         first bucket's start (Unix seconds, a multiple of resolution_s)
+    Window.resolution_s  1 or 60
+    Window.buckets       number of buckets
+    Window.counts        dict model -> list[int], one count per bucket, oldest first (dense: zeros kept);
+                         models with no request in the window are absent (`Window.series(m)` gives zeros)
+    Window.times()       the bucket starts, oldest first
+    Window.total(m), Window.rate(m)  requests in the window, and requests per second over it
+
+The scheduler's typical tick: `w = traffic.recent(r, 600, now)` then `w.series(model)` for each model's
+per-second counts over the last 10 minutes (index -1 is the newest complete second).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import redis
+
+from prewarm import keys
+
+SECOND = 1
+MINUTE = 60
+SECOND_TTL_S = 15 * 60  # fine buckets: the last minutes, for short-window rates and the panic window
+MINUTE_TTL_S = 8 * 24 * 3600  # coarse buckets: the last days, for hourly/daily patterns
+RETENTION_S = {SECOND: SECOND_TTL_S, MINUTE: MINUTE_TTL_S}
+MAX_BUCKETS = 20_000  # a read spanning more buckets than this is refused rather than stalling Redis
+
+# Newest-wins update of LAST_REQUEST: a plain HSET would let a delayed batch move it backwards.
+_LAST_SCRIPT = """
+for i = 1, #ARGV, 2 do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if (not cur) or tonumber(cur) < tonumber(ARGV[i + 1]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 0
+"""
+
+
+def bucket_start(ts: float, resolution_s: int) -> int:
+    return int(math.floor(ts / resolution_s)) * resolution_s
+
+
+def record(r: redis.Redis, events: Iterable[tuple[str, int, float | None]], now: float | None = None) -> int:
+    now = time.time() if now is None else now
+    # Aggregate first: a batch of 10,000 events for a few models becomes a few HINCRBYs.
+    per_bucket: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    totals: dict[str, int] = defaultdict(int)
+    newest: dict[str, float] = {}
+    for model, count, ts in events:
+        if count < 0:
+            raise ValueError(f"count for {model!r} is negative")
+        t = now if ts is None else float(ts)
+        totals[model] += count
+        newest[model] = max(newest.get(model, t), t)
+        for res in (SECOND, MINUTE):
+            start = bucket_start(t, res)
+            if start + res + RETENTION_S[res] > now:  # a bucket already past its retention is not written
+                per_bucket[(res, start)][model] += count
+    if not totals:
+        return 0
+    pipe = r.pipeline(transaction=True)
+    for (res, start), counts in per_bucket.items():
+        k = keys.traffic_bucket(res, start)
+        for model, n in counts.items():
+            if n:
+                pipe.hincrby(k, model, n)
+        # Expire relative to the bucket's own time, so late writes never extend a bucket's life.
+        pipe.expireat(k, start + res + RETENTION_S[res])
+    for model, n in totals.items():
+        if n:
+            pipe.hincrby(keys.REQUESTS_TOTAL, model, n)
+    flat: list[str] = []
+    for model, t in newest.items():
+        flat += [model, f"{t:.3f}"]
+    pipe.eval(_LAST_SCRIPT, 1, keys.LAST_REQUEST, *flat)
+    pipe.execute()
+    return sum(totals.values())
+
+
+@dataclass
+class Window:
+    start: int
+    resolution_s: int
+    buckets: int
+    counts: dict[str, list[int]] = field(default_factory=dict)
+
+    def times(self) -> list[int]:
+        return [self.start + i * self.resolution_s for i in range(self.buckets)]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.buckets * self.resolution_s
+
+    def series(self, model: str) -> list[int]:
+        return self.counts.get(model) or [0] * self.buckets
+
+    def total(self, model: str) -> int:
+        return sum(self.counts.get(model, ()))
+
+    def rate(self, model: str) -> float:
+        span = self.buckets * self.resolution_s
+        return self.total(model) / span if span else 0.0
+
+    def rates(self) -> dict[str, float]:
+        return {m: self.rate(m) for m in self.counts}
+
+
+def read_window(r: redis.Redis, resolution_s: int, start: float, end: float,
+                models: Iterable[str] | None = None) -> Window:
+    """Buckets of `resolution_s` covering [start, end): the bucket holding `start` up to the one before
+    the bucket holding `end` (so `end` = now excludes the current partial bucket)."""
+    if resolution_s not in RETENTION_S:
+        raise ValueError(f"resolution_s must be one of {sorted(RETENTION_S)}")
+    first = bucket_start(start, resolution_s)
+    last = bucket_start(end, resolution_s)
+    n = max(0, (last - first) // resolution_s)
+    if n > MAX_BUCKETS:
+        raise ValueError(f"window of {n} buckets is too long (at most {MAX_BUCKETS}); use coarser buckets")
+    wanted = set(models) if models is not None else None
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        pipe.hgetall(keys.traffic_bucket(resolution_s, first + i * resolution_s))
+    counts: dict[str, list[int]] = {}
+    for i, h in enumerate(pipe.execute() if n else []):
+        for raw_model, raw_count in h.items():
+            model = raw_model.decode()
+            if wanted is not None and model not in wanted:
+                continue
+            series = counts.get(model)
+            if series is None:
+                series = counts[model] = [0] * n
+            series[i] = int(raw_count)
+    return Window(start=first, resolution_s=resolution_s, buckets=n, counts=counts)
+
+
+def read_seconds(r: redis.Redis, start: float, end: float, models: Iterable[str] | None = None) -> Window:
+    return read_window(r, SECOND, start, end, models)
+
+
+def read_minutes(r: redis.Redis, start: float, end: float, models: Iterable[str] | None = None) -> Window:
+    return read_window(r, MINUTE, start, end, models)
+
+
+def recent(r: redis.Redis, window_s: float, now: float | None = None,
+           models: Iterable[str] | None = None) -> Window:
+    now = time.time() if now is None else now
+    res = SECOND if window_s <= SECOND_TTL_S else MINUTE
+    end = bucket_start(now, res)  # exclude the current, partial bucket
+    return read_window(r, res, end - window_s, end, models)
+
+
+def rates(r: redis.Redis, window_s: float, now: float | None = None,
+          models: Iterable[str] | None = None) -> dict[str, float]:
+    return recent(r, window_s, now, models).rates()
+
+
+def _int_hash(raw: dict[bytes, bytes], models: Iterable[str] | None) -> dict[str, bytes]:
+    wanted = set(models) if models is not None else None
+    return {k.decode(): v for k, v in raw.items() if wanted is None or k.decode() in wanted}
+
+
+def totals(r: redis.Redis, models: Iterable[str] | None = None) -> dict[str, int]:
+    return {m: int(v) for m, v in _int_hash(r.hgetall(keys.REQUESTS_TOTAL), models).items()}
+
+
+def last_requests(r: redis.Redis, models: Iterable[str] | None = None) -> dict[str, float]:
+    return {m: float(v) for m, v in _int_hash(r.hgetall(keys.LAST_REQUEST), models).items()}

@@ -1,0 +1,106 @@
+"""The traffic store against a real Redis: bucketing, expiry, exact concurrent counting, reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from prewarm import keys, traffic
+
+# A fixed clock near the real one (buckets expire by Redis's clock): 30.5 s into the current minute.
+NOW = (time.time() // 60) * 60 + 30.5
+
+
+def test_record_buckets_totals_and_last_request(r: redis.Redis) -> None:
+    n = traffic.record(r, [("a", 2, NOW - 1.2), ("a", 3, NOW - 1.4), ("b", 1, NOW - 1.1), ("a", 1, None)],
+                       now=NOW)
+    assert n == 7
+    sec = traffic.read_seconds(r, NOW - 5, NOW + 1)
+    times = sec.times()
+    assert times[0] == int(NOW) - 5 and sec.resolution_s == 1
+    a = dict(zip(times, sec.series("a"), strict=True))
+    assert a[int(NOW) - 1] == 5  # both events of the second starting at NOW-1
+    assert a[int(NOW)] == 1  # ts None means now
+    assert dict(zip(times, sec.series("b"), strict=True))[int(NOW) - 1] == 1
+    assert traffic.totals(r) == {"a": 6, "b": 1}
+    assert traffic.last_requests(r)["a"] == pytest.approx(NOW, abs=1e-3)
+    minute = traffic.read_minutes(r, NOW - 60, NOW + 60)
+    assert minute.total("a") == 6 and minute.total("b") == 1
+
+
+def test_buckets_expire_by_their_own_time(r: redis.Redis) -> None:
+    traffic.record(r, [("a", 1, NOW)], now=NOW)
+    sec_key = keys.traffic_bucket(1, int(NOW))
+    min_key = keys.traffic_bucket(60, traffic.bucket_start(NOW, 60))
+    assert 0 < r.ttl(sec_key) <= traffic.SECOND_TTL_S + 1
+    assert traffic.SECOND_TTL_S < r.ttl(min_key) <= traffic.MINUTE_TTL_S + 60
+
+
+def test_old_events_count_in_totals_but_write_no_expired_bucket(r: redis.Redis) -> None:
+    old = NOW - traffic.SECOND_TTL_S - 120
+    traffic.record(r, [("a", 4, old)], now=NOW)
+    assert not r.exists(keys.traffic_bucket(1, int(old)))
+    assert r.hget(keys.traffic_bucket(60, traffic.bucket_start(old, 60)), "a") == b"4"
+    assert traffic.totals(r) == {"a": 4}
+
+
+def test_last_request_never_moves_backwards(r: redis.Redis) -> None:
+    traffic.record(r, [("a", 1, NOW)], now=NOW)
+    traffic.record(r, [("a", 1, NOW - 30)], now=NOW)  # a delayed batch
+    assert traffic.last_requests(r)["a"] == pytest.approx(NOW, abs=1e-3)
+
+
+def test_negative_count_records_nothing(r: redis.Redis) -> None:
+    with pytest.raises(ValueError, match="negative"):
+        traffic.record(r, [("a", 1, NOW), ("b", -1, NOW)], now=NOW)
+    assert traffic.totals(r) == {}
+
+
+def test_concurrent_writers_count_exactly(redis_url: str) -> None:
+    per_thread, threads = 300, 8
+
+    def work(i: int) -> None:
+        client = redis.Redis.from_url(redis_url)
+        for j in range(per_thread):
+            traffic.record(client, [("hot", 1, NOW), (f"m{i}", j % 3, NOW)], now=NOW)
+        client.close()
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    client = redis.Redis.from_url(redis_url)
+    assert traffic.totals(client)["hot"] == per_thread * threads
+    assert traffic.read_seconds(client, NOW, NOW + 1).total("hot") == per_thread * threads
+    assert traffic.totals(client)["m0"] == sum(j % 3 for j in range(per_thread))
+
+
+def test_recent_excludes_partial_bucket_and_computes_rates(r: redis.Redis) -> None:
+    traffic.record(r, [("a", 10, NOW - 5), ("a", 20, NOW - 0.2)], now=NOW)  # the second is the partial one
+    w = traffic.recent(r, 10, now=NOW)
+    assert w.buckets == 10 and w.end == int(NOW)
+    assert w.total("a") == 10
+    assert traffic.rates(r, 10, now=NOW) == {"a": pytest.approx(1.0)}
+    assert w.series("never") == [0] * 10
+    long = traffic.recent(r, 3600, now=NOW)
+    assert long.resolution_s == 60 and long.buckets == 60
+    assert long.total("a") == 0  # the current minute is partial, so left out
+
+
+def test_model_filter_and_many_models(r: redis.Redis) -> None:
+    events = [(f"model-{i}", 1 + i % 5, NOW - 1 - (i % 30)) for i in range(3000)]
+    traffic.record(r, events, now=NOW)
+    w = traffic.recent(r, 60, now=NOW)
+    assert len(w.counts) == 3000
+    assert sum(w.total(m) for m in w.counts) == sum(c for _, c, _ in events)
+    only = traffic.recent(r, 60, now=NOW, models=["model-7", "nope"])
+    assert set(only.counts) == {"model-7"} and only.total("model-7") == 3
+
+
+def test_window_too_long_is_refused(r: redis.Redis) -> None:
+    with pytest.raises(ValueError, match="too long"):
+        traffic.read_seconds(r, 0, NOW)
