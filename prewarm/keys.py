@@ -66,6 +66,7 @@ def load_times(model: str) -> str:
 
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at} of an open cold start (route saw it cold).
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
+DISPATCH_COUNTS = PREFIX + "dispatch_counts"  # Hash "<action>:<kind>" -> actions dispatched (for metrics).
 
 # --- decisions and leadership ---------------------------------------------------------------------
 EVENTS = PREFIX + "events"  # Stream of decisions and actions (bounded with MAXLEN).
