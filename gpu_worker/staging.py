@@ -1,0 +1,391 @@
+"""Host-side staging for the loader (per-thread buffer rings) and the node's host-memory cache.
+
+Two things live here because both are "model bytes in host memory on their way to a device":
+
+1. :class:`StagingRing` — what the loader uses when it cannot read straight into the destination
+   (a CUDA device): each reader thread owns ``depth`` host buffers (pinned when CUDA is present);
+   it reads a chunk into one buffer while the previous ones are still being copied to the device
+   with ``non_blocking`` copies on the thread's side stream. A buffer is reused only once its copy
+   has completed (a CUDA event), so the pool stays bounded at ``threads x depth x chunk_bytes``.
+   On a CPU target the same ring runs with a synchronous ``copy_`` (tests use it to exercise the
+   logic the CUDA path shares).
+
+2. :class:`HostCache` — the node-level *staging tier* of issue 4: a budgeted cache of whole models'
+   tensors in host memory (pinned where CUDA exists). API::
+
+       cache = HostCache(budget_bytes=None, *, pin=None, value_fn=None)
+           # budget None: $PREWARM_HOST_CACHE (e.g. "16GiB"), else a quarter of physical RAM.
+           # pin None: pin when torch.cuda.is_available().
+           # value_fn(entry) -> float: the value of keeping a staged entry (default: entry.value,
+           #   as given to stage()/set_value()); eviction compares value per byte.
+       cache.stage(key, source, *, value=0.0, progress=None, threads=None, expected=None) -> StagedModel
+           # read the weights (a .safetensors file, an index json, a directory, or a list of shard
+           # paths) into host memory; idempotent per key. Makes room by evicting entries whose value
+           # per byte is below the new one's; raises HostCacheFull when it cannot.
+       cache.promote(key, device, *, progress=None) -> dict[str, torch.Tensor]
+           # copy a staged model to a device (owned tensors; the cache keeps its copy). No storage I/O.
+       cache.evict(key) -> int                      # bytes freed (0 when absent); idempotent
+       cache.set_value(key, value) -> None          # update the keep-value used by eviction
+       cache.plan_eviction(nbytes, value) -> list[str]   # pure: which keys stage() would evict
+       cache.get(key) -> StagedModel | None; key in cache; len(cache); cache.entries() -> list[StagedModel]
+       cache.used_bytes, cache.free_bytes, cache.budget_bytes, cache.pinned
+
+   Entries that are being promoted are never evicted under a running promotion. The cache is
+   thread-safe; loads for different keys run concurrently, one key loads once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "HostCache",
+    "HostCacheFull",
+    "StagedModel",
+    "StagingRing",
+    "default_host_cache_bytes",
+]
+
+Progress = Callable[[int, int], None]
+
+
+class StagingRing:
+    """``depth`` host buffers of ``chunk_bytes`` owned by one reader thread.
+
+    ``acquire()`` returns the index of a free buffer (waiting for its previous device copy);
+    ``submit(i, n, segments)`` copies ``buffer[i][:n]`` into destination byte ranges and marks the
+    buffer busy until the copy completes; ``drain()`` waits for every copy of this ring.
+    """
+
+    def __init__(self, chunk_bytes: int, depth: int, device: torch.device, *, pin: bool | None = None):
+        if chunk_bytes <= 0 or depth <= 0:
+            raise ValueError("chunk_bytes and depth must be positive")
+        self.device = device
+        self.cuda = device.type == "cuda"
+        pin = self.cuda if pin is None else pin
+        self.buffers = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(depth)]
+        # numpy views give preadv a writable buffer over the tensor's own memory.
+        self.views = [memoryview(b.numpy()) for b in self.buffers]
+        self.events: list[torch.cuda.Event | None] = [None] * depth
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        if self.stream is not None:
+            # Destinations were allocated on the current stream: order our copies after that.
+            self.stream.wait_stream(torch.cuda.current_stream(device))
+        self._next = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers)
+
+    def acquire(self) -> int:
+        i = self._next
+        self._next = (i + 1) % len(self.buffers)
+        ev = self.events[i]
+        if ev is not None:
+            ev.synchronize()  # the buffer's previous H2D copy must finish before we overwrite it
+            self.events[i] = None
+        return i
+
+    def submit(self, i: int, segments: Sequence[tuple[torch.Tensor, int, int, int]]) -> None:
+        """Copy ``buffer[i][buf_off:buf_off+n]`` to ``dest[dest_off:dest_off+n]`` for each segment."""
+        buf = self.buffers[i]
+        if self.stream is None:
+            for dest, dest_off, buf_off, n in segments:
+                dest[dest_off : dest_off + n].copy_(buf[buf_off : buf_off + n])
+            return
+        with torch.cuda.stream(self.stream):
+            for dest, dest_off, buf_off, n in segments:
+                dest[dest_off : dest_off + n].copy_(buf[buf_off : buf_off + n], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        self.events[i] = ev
+
+    def drain(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.events = [None] * len(self.buffers)
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            for v in self.views:
+                v.release()
+            self.views = []
+            self.buffers = []
+
+
+# --------------------------------------------------------------------------------------------------
+# Host-memory staging tier
+
+
+class HostCacheFull(RuntimeError):
+    """A model cannot be staged: it is bigger than the budget, or room would need more valuable bytes."""
+
+
+@dataclass
+class StagedModel:
+    key: str
+    tensors: dict[str, torch.Tensor]
+    nbytes: int
+    pinned: bool
+    value: float = 0.0
+    staged_at: float = field(default_factory=time.time)
+    stage_seconds: float = 0.0
+    last_promoted_at: float | None = None
+    promotions: int = 0
+    _users: int = 0  # running promotions; an entry in use is never evicted
+
+    @property
+    def value_per_byte(self) -> float:
+        return self.value / max(self.nbytes, 1)
+
+
+def default_host_cache_bytes() -> int:
+    """``$PREWARM_HOST_CACHE`` (a size such as 16GiB, or a percentage of RAM such as 25%),
+    else a quarter of physical memory."""
+    text = os.environ.get("PREWARM_HOST_CACHE", "").strip()
+    total = _physical_memory()
+    if not text:
+        return total // 4
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"PREWARM_HOST_CACHE={text!r}: write a size (16GiB) or a percentage (25%)") from None
+        return int(total * pct / 100)
+    from prewarm.config import parse_bytes  # lazily: config is the single parser of sizes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise ValueError(f"PREWARM_HOST_CACHE: {exc}") from None
+
+
+def _physical_memory() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported: fall back to sysconf
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class HostCache:
+    """A budgeted, thread-safe cache of models' tensors in host memory (see the module docstring)."""
+
+    def __init__(
+        self,
+        budget_bytes: int | None = None,
+        *,
+        pin: bool | None = None,
+        value_fn: Callable[[StagedModel], float] | None = None,
+    ):
+        self.budget_bytes = default_host_cache_bytes() if budget_bytes is None else int(budget_bytes)
+        if self.budget_bytes < 0:
+            raise ValueError("budget_bytes must be >= 0")
+        self.pinned = torch.cuda.is_available() if pin is None else bool(pin)
+        self.value_fn = value_fn or (lambda e: e.value)
+        self._lock = threading.Condition()
+        self._entries: dict[str, StagedModel] = {}
+        self._reserved: dict[str, int] = {}  # keys being staged -> bytes held for them
+        self._loading: set[str] = set()
+
+    # -- accounting ------------------------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values()) + sum(self._reserved.values())
+
+    @property
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.used_bytes
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def get(self, key: str) -> StagedModel | None:
+        with self._lock:
+            return self._entries.get(key)
+
+    def entries(self) -> list[StagedModel]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def set_value(self, key: str, value: float) -> None:
+        with self._lock:
+            if key in self._entries:
+                self._entries[key].value = float(value)
+
+    # -- eviction --------------------------------------------------------------------------------
+    def plan_eviction(self, nbytes: int, value: float = 0.0) -> list[str]:
+        """Keys to evict so that ``nbytes`` fit, cheapest value per byte first; only entries whose
+        value per byte is below the newcomer's (``value / nbytes``) and not in use are candidates.
+        Raises HostCacheFull when even evicting every candidate leaves too little room."""
+        with self._lock:
+            return self._plan_locked(nbytes, value)
+
+    def _plan_locked(self, nbytes: int, value: float) -> list[str]:
+        if nbytes > self.budget_bytes:
+            raise HostCacheFull(
+                f"model needs {nbytes} bytes but the host cache budget is {self.budget_bytes} "
+                "(raise PREWARM_HOST_CACHE)"
+            )
+        free = self.budget_bytes - sum(e.nbytes for e in self._entries.values()) - sum(self._reserved.values())
+        if free >= nbytes:
+            return []
+        newcomer = value / max(nbytes, 1)
+        candidates = sorted(
+            (
+                (self.value_fn(e) / max(e.nbytes, 1), e.staged_at, k)
+                for k, e in self._entries.items()
+                if e._users == 0
+            ),
+        )
+        chosen: list[str] = []
+        for vpb, _, key in candidates:
+            if free >= nbytes:
+                break
+            if vpb >= newcomer and not (vpb == 0 and newcomer == 0):
+                break  # everything left is worth at least as much per byte as the newcomer
+            chosen.append(key)
+            free += self._entries[key].nbytes
+        if free < nbytes:
+            raise HostCacheFull(
+                f"model needs {nbytes} bytes, {free} can be freed without evicting models worth more "
+                f"per byte (value/byte {newcomer:.3g}); budget {self.budget_bytes}"
+            )
+        return chosen
+
+    def evict(self, key: str) -> int:
+        """Drop a staged model; returns the bytes freed. An entry being promoted is dropped from
+        the cache at once and its memory is released when the promotion ends."""
+        with self._lock:
+            entry = self._entries.pop(key, None)
+        if entry is None:
+            return 0
+        freed = entry.nbytes
+        entry.tensors = {}  # drop our references now: the memory goes once no promotion holds it
+        return freed
+
+    # -- stage / promote -------------------------------------------------------------------------
+    def stage(
+        self,
+        key: str,
+        source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        value: float = 0.0,
+        progress: Progress | None = None,
+        threads: int | None = None,
+        expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None,
+    ) -> StagedModel:
+        from gpu_worker.loader import load_weights, resolve_headers
+
+        with self._lock:
+            while key in self._loading:  # a concurrent stage of the same key: wait for it
+                self._lock.wait()
+            if key in self._entries:
+                entry = self._entries[key]
+                entry.value = max(entry.value, float(value))
+                return entry
+            headers = resolve_headers(source)  # validates before we reserve anything
+            nbytes = sum(h.data_bytes for h in headers)
+            for victim in self._plan_locked(nbytes, value):
+                self._entries.pop(victim).tensors = {}
+            self._reserved[key] = nbytes
+            self._loading.add(key)
+        t0 = time.perf_counter()
+        try:
+            tensors = load_weights(
+                headers,
+                torch.device("cpu"),
+                progress=progress,
+                threads=threads,
+                expected=expected,
+                pin_memory=self.pinned,
+            )
+            entry = StagedModel(
+                key=key,
+                tensors=tensors,
+                nbytes=nbytes,
+                pinned=self.pinned,
+                value=float(value),
+                stage_seconds=time.perf_counter() - t0,
+            )
+            with self._lock:
+                self._entries[key] = entry
+            return entry
+        finally:
+            with self._lock:
+                self._reserved.pop(key, None)
+                self._loading.discard(key)
+                self._lock.notify_all()
+
+    def promote(
+        self, key: str, device: torch.device | str, *, progress: Progress | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Copy a staged model to ``device``; the result owns its memory (on a CPU target too)."""
+        device = torch.device(device)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                raise KeyError(f"model {key!r} is not staged in the host cache")
+            entry._users += 1
+            tensors = dict(entry.tensors)
+        try:
+            out = copy_tensors(tensors, device, progress=progress)
+        finally:
+            with self._lock:
+                entry._users -= 1
+                entry.promotions += 1
+                entry.last_promoted_at = time.time()
+        return out
+
+
+def copy_tensors(
+    tensors: dict[str, torch.Tensor], device: torch.device, *, progress: Progress | None = None
+) -> dict[str, torch.Tensor]:
+    """Copy host tensors into fresh tensors on ``device`` (non_blocking from pinned memory on CUDA,
+    on a side stream, synchronised before returning). Frees what it allocated on failure."""
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    out: dict[str, torch.Tensor] = {}
+    done = 0
+    last = 0.0
+    try:
+        if device.type == "cuda":
+            stream = torch.cuda.Stream(device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for name, t in tensors.items():
+                    out[name] = t.to(device, non_blocking=t.is_pinned())
+            stream.synchronize()
+            done = total
+        else:
+            for name, t in tensors.items():
+                dst = torch.empty(t.shape, dtype=t.dtype, device=device)
+                dst.copy_(t)
+                out[name] = dst
+                done += t.numel() * t.element_size()
+                now = time.monotonic()
+                if progress is not None and now - last >= 0.05:
+                    last = now
+                    progress(done, total)
+        if progress is not None:
+            progress(total, total)
+        return out
+    except BaseException:
+        out.clear()
+        raise
+
+
