@@ -1,0 +1,39 @@
+"""Errors a worker task fails with. Importable without torch: Celery rebuilds them on the client side
+(web, scheduler, CLI), which must never need torch.
+
+Every message says what failed and where (model, GPU, file, tensor) in words an operator can act on.
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """A task that could not do what it was asked; the message is shown to operators as is."""
+
+
+class UnknownModel(WorkerError):
+    """The model (or version) is not in this worker's catalog."""
+
+
+class DoesNotFit(WorkerError):
+    """The model needs more device memory than the GPU has free (or holds at all)."""
+
+
+class LoadFailed(WorkerError):
+    """Reading, checking or building the weights failed (corrupt file, missing shard, mismatch...)."""
+
+
+class WarmupFailed(WorkerError):
+    """The loaded module failed on a declared warmup input."""
+
+
+class NotResident(WorkerError):
+    """The model is not ready on this GPU."""
+
+
+class Cancelled(WorkerError):
+    """A preload was cancelled (the model was evicted, or the worker is shutting down)."""
+
+
+class BadRequest(WorkerError):
+    """The task's arguments cannot be used (unknown GPU, malformed inputs)."""

@@ -1,0 +1,108 @@
+"""The worker's heartbeat and its claim on its GPUs.
+
+Every `heartbeat_seconds` the worker rewrites each GPU's inventory and full replica set with a TTL of
+`heartbeat_ttl` (state.write_heartbeat): a worker that dies stops refreshing them and its GPUs leave the
+fleet when the TTL runs out. Each GPU also carries a claim (keys.worker_lock) naming the one live worker
+process that serves it, refreshed with the heartbeat. A starting worker waits for a previous holder's
+claim to lapse (a crashed worker's does within the TTL), then clears the GPU's stale records and intents.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from gpu_worker.residency import NodeWorker
+from prewarm import keys, state
+
+log = logging.getLogger("prewarm.worker")
+
+# Refresh the claim if it is still ours (or gone); never take over another live worker's.
+_REFRESH = """
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class ClaimTaken(RuntimeError):
+    """Another live worker serves this GPU."""
+
+
+def claim_gpus(worker: NodeWorker, *, wait: float | None = None) -> None:
+    """Claim every GPU for this worker, waiting up to `wait` seconds (default: 1.5 TTLs) for a previous
+    worker's claim to expire, then clear the GPU's stale replicas and intents."""
+    ttl_ms = int(worker.options.heartbeat_ttl * 1000)
+    deadline = time.monotonic() + (wait if wait is not None else 1.5 * worker.options.heartbeat_ttl + 1)
+    for g in worker.gpus.values():
+        announced = False
+        while not worker.r.set(keys.worker_lock(g.id), worker.worker_id, nx=True, px=ttl_ms):
+            holder = worker.r.get(keys.worker_lock(g.id))
+            if time.monotonic() > deadline:
+                raise ClaimTaken(f"GPU {g.id} is served by another live worker ({holder.decode() if holder else '?'}); "
+                                 "stop it first, or give this node another PREWARM_NODE")
+            if not announced:
+                log.warning("GPU %s is claimed by %s; waiting for that claim to lapse", g.id,
+                            holder.decode() if holder else "?")
+                announced = True
+            time.sleep(0.2)
+        state.clear_gpu(worker.r, g.id)
+        log.info("claimed %s (queue %s) as %s", g.id, g.queue, worker.worker_id)
+
+
+def release_claims(worker: NodeWorker) -> None:
+    for g in worker.gpus.values():
+        try:
+            worker.r.eval(_RELEASE, 1, keys.worker_lock(g.id), worker.worker_id)
+        except redis.RedisError as exc:
+            log.warning("could not release the claim on %s: %s", g.id, exc)
+
+
+class Heartbeat:
+    """A daemon thread beating every `heartbeat_seconds` until stopped."""
+
+    def __init__(self, worker: NodeWorker) -> None:
+        self.worker = worker
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="prewarm-heartbeat", daemon=True)
+        self.beats = 0
+
+    def beat(self) -> None:
+        w = self.worker
+        ttl_ms = int(w.options.heartbeat_ttl * 1000)
+        for g in w.gpus.values():
+            if not w.r.eval(_REFRESH, 1, keys.worker_lock(g.id), w.worker_id, ttl_ms):
+                holder = w.r.get(keys.worker_lock(g.id))
+                log.error("GPU %s is now claimed by another worker (%s): two workers serve one GPU", g.id,
+                          holder.decode() if holder else "?")
+        w.heartbeat()
+        self.beats += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.worker.options.heartbeat_seconds):
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # Redis restarting: the next beat re-announces everything
+                log.warning("heartbeat failed: %s", exc)
+            except Exception:  # noqa: BLE001 - the heartbeat must outlive any one bad beat
+                log.exception("heartbeat failed")
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

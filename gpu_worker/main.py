@@ -1,0 +1,72 @@
+"""`prewarm worker`: one Celery worker process per node serving every device in PREWARM_DEVICES.
+
+Each GPU has its own queue (`gpu.<node>.<device>`); the process consumes all of them with a thread pool,
+so a preload running on a GPU (a thread busy reading weights) never stops `infer` on that GPU's ready
+models from running on another thread. Device state lives in one `NodeWorker` shared by the threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from gpu_worker.heartbeat import Heartbeat, claim_gpus, release_claims
+from gpu_worker.residency import NodeWorker, WorkerOptions
+from prewarm import runtime
+from prewarm.celery_app import make_celery
+from prewarm.config import Settings
+
+log = logging.getLogger("prewarm.worker")
+
+
+def default_threads(n_devices: int) -> int:
+    # Room for a load per GPU plus several concurrent infers, with headroom for queued control tasks.
+    return max(8, 4 * n_devices)
+
+
+def run_worker(settings: Settings | None = None, *, threads: int | None = None, loglevel: str = "INFO") -> int:
+    settings = settings or Settings.from_env()
+    logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    devices = settings.devices()
+    url = runtime.redis_url(settings)
+    r = runtime.connect(url)
+    worker = NodeWorker(r, settings.catalog, settings.node, devices, WorkerOptions.from_settings(settings))
+    try:
+        worker.catalog()
+        log.info("catalog %s: %d models", settings.catalog, len(worker.catalog().models))
+    except Exception as exc:  # noqa: BLE001 - serve anyway: tasks fail with the catalog's reason
+        log.error("catalog %s is not usable (%s); preloads will fail until it is fixed", settings.catalog, exc)
+
+    claim_gpus(worker)
+    heartbeat = Heartbeat(worker).start()
+    for g in worker.gpus.values():
+        inv = g.device.inventory()
+        log.info("serving %s on queue %s: %d bytes total (%s)", g.id, g.queue, inv.total_bytes, g.device.kind)
+
+    from gpu_worker import tasks
+
+    app = make_celery(url, name="prewarm-worker")
+    tasks.register(app, worker)
+    concurrency = threads or int(os.environ.get("PREWARM_WORKER_THREADS") or default_threads(len(devices)))
+    celery_worker = app.Worker(
+        hostname=f"prewarm@{settings.node}.{os.getpid()}",
+        queues=[g.queue for g in worker.gpus.values()],
+        pool="threads",
+        concurrency=concurrency,
+        loglevel=loglevel.upper(),
+        without_gossip=True,
+        without_mingle=True,
+        without_heartbeat=True,
+        optimization="fair",
+    )
+    try:
+        celery_worker.start()
+    finally:
+        heartbeat.stop()
+        worker.shutdown()
+        release_claims(worker)
+        runtime.stop_owned()
+        log.info("worker %s on %s stopped", worker.worker_id, socket.gethostname())
+    return int(getattr(celery_worker, "exitcode", 0) or 0)

@@ -1,0 +1,683 @@
+"""What a worker process holds on its GPUs, and the preload / evict / infer operations on it.
+
+`NodeWorker` is the worker without Celery: one per process, one `GpuSlot` per device. The Celery tasks
+(`gpu_worker.tasks`) are thin wrappers around its methods, so the semantics can be exercised in-process.
+
+Rules it keeps (issue 2, items 5 and 8):
+- Replicas go pending -> loading (bytes done / total) -> warming -> ready, or failed with a reason. Every
+  transition is written to Redis at once; the heartbeat rewrites the whole set with a TTL.
+- A preload reserves device memory before it allocates; it is refused (DoesNotFit) when the model cannot
+  fit the free budget. A second preload of a resident model is a no-op; concurrent preloads of one model
+  on one GPU load it once (the later ones wait for the first and report its outcome).
+- Any failure drops every tensor the load allocated and returns the accounting to where it was; the
+  replica shows `failed` with the reason until the next preload or evict of that model (or a retention
+  period), and the worker keeps serving.
+- Infer never takes a lock a load holds: a preload in progress does not block inference on ready models.
+- On ready or failed the in-flight intent is released and an event recorded (actor "worker"); measured
+  load+warmup seconds go to keys.load_times(model) for the scheduler.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+
+from gpu_worker.device import Device, make_device, module_bytes
+from gpu_worker.errors import (
+    BadRequest,
+    Cancelled,
+    LoadFailed,
+    NotResident,
+    UnknownModel,
+    WarmupFailed,
+    WorkerError,
+)
+from prewarm import events, keys, state
+from prewarm.catalog import Catalog, CatalogError, ModelEntry, WarmupInput, load_catalog
+from prewarm.config import DeviceSpec, Settings, format_bytes
+
+log = logging.getLogger("prewarm.worker")
+
+IN_FLIGHT = ("pending", "loading", "warming")
+LOAD_TIMES_KEPT = 50
+TORCH_INPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                      "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+MAX_INFER_ELEMENTS = 1 << 22
+
+
+@dataclass
+class WorkerOptions:
+    heartbeat_seconds: float = 2.0
+    heartbeat_ttl: float = 10.0
+    event_log_max: int = 5000
+    warmup_min_passes: int = 3  # the first pass is cold (allocator, kernels); stability needs two more
+    warmup_max_passes: int = 10
+    warmup_tolerance: float = 0.15  # last two passes within 15% of each other: latency is stable
+    progress_publish_seconds: float = 0.2
+    failed_retention_seconds: float = 600.0
+    load_threads: int | None = None
+    # Paces the load phase to at most this many bytes/s (reporting and completion; the reader threads are
+    # not slowed). For demos that want to watch progress and for tests that must catch a load in flight.
+    load_pace_bytes_per_s: float | None = None
+
+    @classmethod
+    def from_settings(cls, s: Settings, env: dict[str, str] | None = None) -> WorkerOptions:
+        e = os.environ if env is None else env
+        pace = e.get("PREWARM_LOAD_PACE_BYTES_PER_S")
+        threads = e.get("PREWARM_LOAD_THREADS")
+        return cls(heartbeat_seconds=s.heartbeat_seconds, heartbeat_ttl=s.heartbeat_ttl,
+                   event_log_max=s.event_log_max,
+                   warmup_max_passes=int(e.get("PREWARM_WARMUP_MAX_PASSES") or 10),
+                   failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
+                   load_threads=int(threads) if threads else None,
+                   load_pace_bytes_per_s=float(pace) if pace else None)
+
+
+@dataclass
+class Slot:
+    """One replica on one GPU: its published record plus what only this process holds."""
+
+    record: state.Replica
+    module: torch.nn.Module | None = None
+    done: threading.Event = field(default_factory=threading.Event)  # set when a load ends (ready or failed)
+    cancel: bool = False
+    cancel_reason: str = ""
+    warmup: list[dict[str, Any]] = field(default_factory=list)
+
+
+class GpuSlot:
+    """One device this worker serves, its replicas and its publication to Redis."""
+
+    def __init__(self, node: str, spec: DeviceSpec, worker_id: str, started_at: float) -> None:
+        self.node = node
+        self.spec = spec
+        self.id = state.gpu_id(node, spec.device)
+        self.queue = state.queue_name(node, spec.device)
+        self.device: Device = make_device(spec, self.id)
+        self.worker_id = worker_id
+        self.started_at = started_at
+        self.lock = threading.Lock()  # guards `replicas` and the records in it; never held during I/O-heavy work
+        self.publish_lock = threading.Lock()  # one writer at a time: a snapshot is never overtaken by an older one
+        self.replicas: dict[str, Slot] = {}  # "model@version" -> Slot
+
+    def gpu_record(self) -> state.Gpu:
+        inv = self.device.inventory()
+        return state.Gpu(id=self.id, node=self.node, device=self.spec.device, queue=self.queue,
+                         total_bytes=inv.total_bytes, used_bytes=inv.used_bytes, free_bytes=inv.free_bytes,
+                         last_heartbeat=time.time(), worker=self.worker_id, started_at=self.started_at,
+                         kind=self.device.kind)
+
+    def residents(self) -> list[str]:
+        with self.lock:
+            return [k for k, s in self.replicas.items() if s.record.state != "failed"]
+
+
+def _import_builder(path: str) -> Callable[..., torch.nn.Module]:
+    module_name, _, func = path.partition(":")
+    mod = importlib.import_module(module_name)
+    fn = getattr(mod, func, None)
+    if not callable(fn):
+        raise AttributeError(f"{module_name} has no function {func!r}")
+    return fn
+
+
+def make_input(spec: WarmupInput, device: torch.device, *, default_high: int = 2, seed: int = 0) -> torch.Tensor:
+    """A deterministic sample input for a declared shape and dtype."""
+    dtype = TORCH_INPUT_DTYPES[spec.dtype]
+    gen = torch.Generator().manual_seed(seed)
+    if spec.dtype in ("int64", "int32"):
+        x = torch.randint(0, spec.high or default_high, spec.shape, generator=gen, dtype=dtype)
+    elif spec.dtype == "bool":
+        x = torch.randint(0, 2, spec.shape, generator=gen).bool()
+    else:
+        x = torch.randn(spec.shape, generator=gen).to(dtype)
+    return x.to(device)
+
+
+def summarize(y: Any) -> dict[str, Any]:
+    """A small JSON-able summary of a module's output."""
+    if isinstance(y, tuple | list):
+        y = y[0]
+    if isinstance(y, dict):
+        y = next(iter(y.values()))
+    if not isinstance(y, torch.Tensor):
+        return {"type": type(y).__name__}
+    f = y.detach().float()
+    out: dict[str, Any] = {"shape": list(y.shape), "dtype": str(y.dtype).removeprefix("torch."),
+                           "mean": float(f.mean()), "std": float(f.std()) if f.numel() > 1 else 0.0,
+                           "min": float(f.min()), "max": float(f.max()),
+                           "finite": bool(torch.isfinite(f).all())}
+    if y.dim() >= 2:
+        last = f.reshape(-1, f.shape[-1])[-1]
+        out["top"] = [int(i) for i in torch.topk(last, k=min(5, last.numel())).indices]
+    return out
+
+
+class NodeWorker:
+    """Every GPU this process serves; the operations behind the Celery tasks."""
+
+    def __init__(self, r: redis.Redis, catalog_path: Path, node: str, devices: list[DeviceSpec],
+                 options: WorkerOptions | None = None, *, worker_id: str | None = None) -> None:
+        self.r = r
+        self.catalog_path = Path(catalog_path)
+        self.node = node
+        self.options = options or WorkerOptions()
+        self.worker_id = worker_id or f"{node}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.started_at = time.time()
+        if not devices:
+            raise ValueError("a worker needs at least one device")
+        self.gpus: dict[str, GpuSlot] = {}
+        for spec in devices:
+            g = GpuSlot(node, spec, self.worker_id, self.started_at)
+            self.gpus[g.id] = g
+        self._by_queue = {g.queue: g for g in self.gpus.values()}
+        self._catalog: Catalog | None = None
+        self._catalog_mtime = -1.0
+        self._catalog_error: str | None = None
+        self._catalog_lock = threading.Lock()
+
+    # --- catalog ----------------------------------------------------------------------------------
+    def catalog(self) -> Catalog:
+        """The catalog, reloaded when its file changes; a broken edit keeps the last good one."""
+        with self._catalog_lock:
+            try:
+                mtime = self.catalog_path.stat().st_mtime
+            except FileNotFoundError:
+                mtime = -2.0
+            if mtime != self._catalog_mtime:
+                self._catalog_mtime = mtime
+                try:
+                    self._catalog = load_catalog(self.catalog_path)
+                    self._catalog_error = None
+                except CatalogError as exc:
+                    self._catalog_error = str(exc)
+                    log.error("catalog %s: %s", self.catalog_path, exc)
+            if self._catalog is None:
+                raise UnknownModel(f"this worker has no usable catalog: {self._catalog_error}")
+            return self._catalog
+
+    def entry(self, model: str, version: str | None) -> ModelEntry:
+        cat = self.catalog()
+        try:
+            return cat.get(model, version or None)
+        except KeyError as exc:
+            extra = f" (the catalog file has an error, the last good one is in use: {self._catalog_error})" \
+                if self._catalog_error else ""
+            raise UnknownModel(f"{exc.args[0]} (catalog {self.catalog_path}){extra}") from None
+
+    # --- which GPU ---------------------------------------------------------------------------------
+    def gpu_for(self, gpu: str | None = None, routing_key: str | None = None) -> GpuSlot:
+        """The GPU a task is for: the `gpu` kwarg (id or device name), else the queue it arrived on."""
+        if gpu:
+            for g in self.gpus.values():
+                if gpu in (g.id, g.spec.device, g.queue):
+                    return g
+            raise BadRequest(f"GPU {gpu!r} is not served by this worker (it serves {', '.join(self.gpus)})")
+        if routing_key and routing_key in self._by_queue:
+            return self._by_queue[routing_key]
+        if len(self.gpus) == 1:
+            return next(iter(self.gpus.values()))
+        raise BadRequest(f"cannot tell which GPU the task is for (queue {routing_key!r}); pass gpu=<node/device>")
+
+    # --- publication ------------------------------------------------------------------------------
+    def publish(self, g: GpuSlot, s: Slot) -> None:
+        """Write one replica's current record (under the GPU's publish lock, with the heartbeat's TTL)."""
+        with g.publish_lock:
+            with g.lock:
+                rec = replace(s.record)
+                current = g.replicas.get(state.replica_field(rec.model, rec.version)) is s
+            if not current:
+                return  # evicted or replaced meanwhile: do not resurrect it
+            try:
+                state.put_replica(self.r, rec, self.options.heartbeat_ttl)
+                # The inventory changes with the replica: publish it at once, not at the next heartbeat.
+                self._write_gpu(g)
+            except redis.RedisError as exc:
+                log.warning("could not publish %s on %s: %s", rec.model, g.id, exc)
+
+    def _write_gpu(self, g: GpuSlot) -> None:
+        """Refresh the GPU's inventory hash alone (the replicas hash is written separately)."""
+        rec = g.gpu_record()
+        info = {"node": rec.node, "device": rec.device, "queue": rec.queue, "total_bytes": rec.total_bytes,
+                "used_bytes": rec.used_bytes, "free_bytes": rec.free_bytes,
+                "last_heartbeat": rec.last_heartbeat, "worker": rec.worker, "started_at": rec.started_at,
+                "kind": rec.kind}
+        pipe = self.r.pipeline(transaction=True)
+        pipe.sadd(keys.GPUS, g.id)
+        pipe.hset(keys.gpu(g.id), mapping=info)
+        pipe.pexpire(keys.gpu(g.id), int(self.options.heartbeat_ttl * 1000))
+        pipe.execute()
+
+    def heartbeat(self) -> None:
+        """Announce every GPU with its full replica set; expire old failed records."""
+        now = time.time()
+        for g in self.gpus.values():
+            with g.publish_lock:
+                with g.lock:
+                    for k, s in list(g.replicas.items()):
+                        if s.record.state == "failed" and now - s.record.since > self.options.failed_retention_seconds:
+                            del g.replicas[k]
+                    reps = [replace(s.record) for s in g.replicas.values()]
+                state.write_heartbeat(self.r, g.gpu_record(), reps, self.options.heartbeat_ttl)
+
+    def _drop_published(self, g: GpuSlot, model: str, version: str) -> None:
+        with g.publish_lock:
+            try:
+                state.drop_replica(self.r, g.id, model, version)
+                self._write_gpu(g)
+            except redis.RedisError as exc:
+                log.warning("could not unpublish %s on %s: %s", model, g.id, exc)
+
+    def _event(self, kind: str, model: str, g: GpuSlot, reason: str, numbers: dict[str, Any]) -> None:
+        try:
+            events.record(self.r, kind, "worker", model=model, gpu=g.id, reason=reason, numbers=numbers,
+                          maxlen=self.options.event_log_max)
+        except redis.RedisError as exc:
+            log.warning("could not record event %s %s: %s", kind, model, exc)
+
+    def _release_intent(self, model: str, g: GpuSlot) -> None:
+        try:
+            state.release_intent(self.r, model, g.id)
+        except redis.RedisError as exc:
+            log.warning("could not release intent %s on %s: %s", model, g.id, exc)
+
+    # --- preload ----------------------------------------------------------------------------------
+    def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
+                kind: str = "") -> dict[str, Any]:
+        """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py)."""
+        try:
+            entry = self.entry(model, version)
+        except UnknownModel as exc:
+            self._fail_unknown(g, model, version, str(exc))
+            raise
+        key = entry.key
+        now = time.time()
+        with g.lock:
+            s = g.replicas.get(key)
+            if s is not None and s.record.state == "ready":
+                owner, waiting = False, False
+            elif s is not None and s.record.state in IN_FLIGHT:
+                owner, waiting = False, True
+            else:
+                s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state="pending",
+                                       total_bytes=entry.size_bytes, since=now, created_at=now,
+                                       reason=reason or None))
+                g.replicas[key] = s
+                owner, waiting = True, False
+        if not owner:
+            if waiting:
+                s.done.wait()  # the first preload's outcome is this one's
+            self._release_intent(entry.id, g)
+            with g.lock:
+                rec = replace(s.record)
+            if rec.state != "ready":
+                raise LoadFailed(rec.error or f"preload of {key} on {g.id} did not complete ({rec.state})")
+            return self._result(rec, s, noop=True)
+        self.publish(g, s)
+        try:
+            self._load(g, s, entry)
+        except WorkerError as exc:
+            return self._failed(g, s, entry, exc)
+        except Exception as exc:  # noqa: BLE001 - anything else still fails the replica cleanly
+            return self._failed(g, s, entry, LoadFailed(f"preload of {key} on {g.id} failed: "
+                                                         f"{type(exc).__name__}: {exc}"))
+        finally:
+            s.done.set()
+        with g.lock:
+            rec = replace(s.record)
+        total = (rec.load_seconds or 0.0) + (rec.warmup_seconds or 0.0)
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.lpush(keys.load_times(entry.id), f"{total:.4f}")
+            pipe.ltrim(keys.load_times(entry.id), 0, LOAD_TIMES_KEPT - 1)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not record load time of %s: %s", key, exc)
+        self._release_intent(entry.id, g)
+        self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)})",
+                    {"version": entry.version, "bytes": rec.bytes, "load_seconds": rec.load_seconds,
+                     "warmup_seconds": rec.warmup_seconds, "kind": kind})
+        return self._result(rec, s, noop=False)
+
+    def _result(self, rec: state.Replica, s: Slot, *, noop: bool) -> dict[str, Any]:
+        return {"model": rec.model, "version": rec.version, "gpu": rec.gpu, "state": rec.state,
+                "bytes": rec.bytes, "load_seconds": rec.load_seconds, "warmup_seconds": rec.warmup_seconds,
+                "warmup": list(s.warmup), "noop": noop}
+
+    def _set(self, g: GpuSlot, s: Slot, **changes: Any) -> None:
+        with g.lock:
+            for k, v in changes.items():
+                setattr(s.record, k, v)
+            if "state" in changes:
+                s.record.since = time.time()
+        self.publish(g, s)
+
+    def _check_cancel(self, g: GpuSlot, s: Slot) -> None:
+        if s.cancel:
+            raise Cancelled(f"preload of {s.record.model}@{s.record.version} on {g.id} was cancelled: "
+                            f"{s.cancel_reason or 'evicted while loading'}")
+
+    def _load(self, g: GpuSlot, s: Slot, entry: ModelEntry) -> None:
+        key = entry.key
+        dev = g.device
+        # 1. The module's shape, on the meta device: no memory, no random init.
+        try:
+            builder = _import_builder(entry.builder)
+            with torch.device("meta"):
+                meta = builder(**entry.builder_args)
+            if not isinstance(meta, torch.nn.Module):
+                raise TypeError(f"returned {type(meta).__name__}, not a torch.nn.Module")
+        except Exception as exc:  # noqa: BLE001
+            raise LoadFailed(f"building {key}: builder {entry.builder}({_args(entry.builder_args)}) failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+        from gpu_worker.loader import expected_from_module
+
+        expected = expected_from_module(meta)
+        persistent = set(expected)
+        # Buffers outside the state dict are made by the builder, not read from the weights.
+        extra = [n for n, _ in meta.named_buffers() if n not in persistent]
+        del meta
+        # 2. Reserve what the weights need before allocating any of it.
+        need = entry.size_bytes
+        self._check_cancel(g, s)
+        dev.reserve(key, need, residents=[k for k in g.residents() if k != key])
+        module: torch.nn.Module | None = None
+        error: WorkerError | None = None
+        try:
+            self._set(g, s, state="loading", total_bytes=need, bytes=0, progress=0.0)
+            t0 = time.perf_counter()
+            module = self._read(g, s, entry, builder, expected, extra)
+            measured = module_bytes(module)
+            dev.commit(key, measured)
+            load_seconds = time.perf_counter() - t0
+            self._check_cancel(g, s)
+            self._set(g, s, state="warming", bytes=measured, progress=1.0, load_seconds=round(load_seconds, 4))
+            t1 = time.perf_counter()
+            s.warmup = self._warm(g, s, entry, module)
+            warmup_seconds = time.perf_counter() - t1
+            with g.lock:
+                s.module = module
+            self._set(g, s, state="ready", warmup_seconds=round(warmup_seconds, 4))
+            log.info("%s ready on %s: %d bytes, load %.2f s, warmup %.2f s", key, g.id, measured, load_seconds,
+                     warmup_seconds)
+        except WorkerError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001
+            error = LoadFailed(f"preload of {key} on {g.id} failed: {type(exc).__name__}: {exc}")
+        if error is not None:
+            # Outside the except block: no traceback keeps the load's tensors alive.
+            with g.lock:
+                s.module = None
+            module = None
+            dev.release(key)
+            dev.reclaim()
+            raise error
+
+    def _read(self, g: GpuSlot, s: Slot, entry: ModelEntry, builder: Callable[..., torch.nn.Module],
+              expected: dict[str, tuple[torch.dtype, tuple[int, ...]]], extra: list[str]) -> torch.nn.Module:
+        from gpu_worker.loader import LoadError, SafetensorsError, load_weights
+
+        key = entry.key
+        dev = g.device
+        t0 = time.monotonic()
+        last = [0.0]
+        pace = self.options.load_pace_bytes_per_s
+
+        def progress(done: int, total: int) -> None:
+            self._check_cancel(g, s)  # raising here cancels the load
+            if pace:
+                wait = done / pace - (time.monotonic() - t0)
+                while wait > 0:
+                    time.sleep(min(wait, 0.1))
+                    self._check_cancel(g, s)
+                    wait = done / pace - (time.monotonic() - t0)
+            now = time.monotonic()
+            if now - last[0] >= self.options.progress_publish_seconds or done == total:
+                last[0] = now
+                self._set(g, s, bytes=done, progress=round(done / total, 4) if total else 1.0)
+
+        try:
+            tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
+                                   threads=self.options.load_threads)
+        except Cancelled:
+            raise
+        except (SafetensorsError, LoadError) as exc:
+            raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
+        except OSError as exc:
+            raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
+        loaded_bytes = sum(t.untyped_storage().nbytes() for t in tensors.values())
+        if loaded_bytes != entry.size_bytes:
+            raise LoadFailed(f"loading {key} onto {g.id}: the weights at {entry.weights} hold {loaded_bytes} bytes "
+                             f"but the catalog measured {entry.size_bytes} when it was read; the files changed "
+                             "since: restart the worker or touch the catalog")
+        try:
+            if extra:
+                # The module has buffers the weights do not carry: build it for real on the device.
+                with dev.torch_device:
+                    module = builder(**entry.builder_args)
+            else:
+                with torch.device("meta"):
+                    module = builder(**entry.builder_args)
+            module.load_state_dict(tensors, strict=True, assign=True)
+        except Exception as exc:  # noqa: BLE001
+            tensors.clear()
+            raise LoadFailed(f"building {key} from {entry.weights}: {type(exc).__name__}: {exc}") from None
+        tensors.clear()
+        still_meta = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
+                      if t.device.type == "meta"]
+        if still_meta:
+            raise LoadFailed(f"building {key}: {len(still_meta)} tensor(s) of the module have no weights, "
+                             f"e.g. {still_meta[0]!r}; check the builder against {entry.weights}")
+        module.eval()
+        module.requires_grad_(False)
+        return module
+
+    def _warm(self, g: GpuSlot, s: Slot, entry: ModelEntry, module: torch.nn.Module) -> list[dict[str, Any]]:
+        """Run every declared input until its latency is stable (bounded); returns per-input figures."""
+        o = self.options
+        out = []
+        high = int(getattr(module, "vocab_size", 2) or 2)
+        for i, spec in enumerate(entry.warmup):
+            where = f"warmup input #{i} (shape {list(spec.shape)}, {spec.dtype})"
+            try:
+                x = make_input(spec, g.device.torch_device, default_high=high, seed=i)
+            except Exception as exc:  # noqa: BLE001
+                raise WarmupFailed(f"{entry.key} on {g.id}: {where}: cannot make the input: {exc}") from None
+            lat: list[float] = []
+            stable = False
+            for _ in range(max(o.warmup_min_passes, o.warmup_max_passes)):
+                self._check_cancel(g, s)
+                t0 = time.perf_counter()
+                try:
+                    with torch.inference_mode():
+                        y = module(x)
+                    g.device.synchronize()
+                except Exception as exc:  # noqa: BLE001
+                    raise WarmupFailed(f"{entry.key} on {g.id}: {where} failed: {type(exc).__name__}: {exc}") \
+                        from None
+                lat.append(time.perf_counter() - t0)
+                del y
+                if len(lat) >= o.warmup_min_passes and \
+                        abs(lat[-1] - lat[-2]) <= o.warmup_tolerance * max(lat[-1], lat[-2]):
+                    stable = True
+                    break
+            out.append({"shape": list(spec.shape), "dtype": spec.dtype, "passes": len(lat), "stable": stable,
+                        "latency_ms": round(lat[-1] * 1000, 3), "first_ms": round(lat[0] * 1000, 3)})
+        return out
+
+    def _failed(self, g: GpuSlot, s: Slot, entry: ModelEntry, exc: WorkerError) -> dict[str, Any]:
+        msg = str(exc)
+        cancelled = isinstance(exc, Cancelled)
+        with g.lock:
+            s.module = None
+            if cancelled:
+                # An evict cancelled it: the replica is gone, not failed.
+                if g.replicas.get(entry.key) is s:
+                    del g.replicas[entry.key]
+            s.record.state = "failed"
+            s.record.error = msg
+            s.record.bytes = 0
+            s.record.progress = 0.0
+            s.record.since = time.time()
+        if cancelled:
+            self._drop_published(g, entry.id, entry.version)
+        else:
+            self.publish(g, s)
+        self._release_intent(entry.id, g)
+        self._event("failed", entry.id, g, msg, {"version": entry.version, "cancelled": cancelled})
+        log.warning("preload of %s on %s failed: %s", entry.key, g.id, msg)
+        raise exc
+
+    def _fail_unknown(self, g: GpuSlot, model: str, version: str | None, msg: str) -> None:
+        v = version or "?"
+        rec = state.Replica(model=model, version=v, gpu=g.id, state="failed", error=msg, since=time.time(),
+                            created_at=time.time())
+        s = Slot(rec)
+        s.done.set()
+        with g.lock:
+            key = state.replica_field(model, v)
+            if key not in g.replicas or g.replicas[key].record.state == "failed":
+                g.replicas[key] = s
+        self.publish(g, s)
+        self._release_intent(model, g)
+        self._event("failed", model, g, msg, {"version": v})
+
+    # --- evict ------------------------------------------------------------------------------------
+    def evict(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
+              cancel_timeout: float = 120.0) -> dict[str, Any]:
+        """Drop every replica of `model` (of `version` when given) on `g`; idempotent."""
+        with g.lock:
+            targets = [(k, s) for k, s in g.replicas.items()
+                       if s.record.model == model and (not version or s.record.version == version)]
+            for _, s in targets:
+                if s.record.state in IN_FLIGHT:
+                    s.cancel = True
+                    s.cancel_reason = f"evicted while loading ({reason or 'evict'})"
+        freed = 0
+        versions: list[str] = []
+        for k, s in targets:
+            if not s.done.is_set() and s.record.state in IN_FLIGHT:
+                s.done.wait(cancel_timeout)
+            with g.lock:
+                was = s.record.state
+                if g.replicas.get(k) is s:
+                    if was == "ready":
+                        s.record.state = "evicting"
+                        s.record.since = time.time()
+                    del g.replicas[k]
+                s.module = None  # running infers keep their own reference until they return
+            freed += g.device.release(k)
+            versions.append(s.record.version)
+            self._drop_published(g, s.record.model, s.record.version)
+        if targets:
+            g.device.reclaim()
+        self._release_intent(model, g)
+        inv = g.device.inventory()
+        if targets:
+            self._event("evicted", model, g, reason or "evicted",
+                        {"versions": versions, "bytes_freed": freed, "free_bytes": inv.free_bytes})
+        return {"model": model, "gpu": g.id, "versions": versions, "bytes_freed": freed, "noop": not targets,
+                "free_bytes": inv.free_bytes, "used_bytes": inv.used_bytes}
+
+    # --- infer ------------------------------------------------------------------------------------
+    def infer(self, g: GpuSlot, model: str, inputs: Any = None, *, version: str | None = None,
+              seed: int = 0) -> dict[str, Any]:
+        """One forward pass on a ready replica; `inputs`: None (the first warmup shape), a spec
+        {"shape", "dtype", "high"}, or nested lists of numbers."""
+        with g.lock:
+            cands = [s for s in g.replicas.values()
+                     if s.record.model == model and (not version or s.record.version == version)]
+            ready = [s for s in cands if s.record.state == "ready" and s.module is not None]
+            if not ready:
+                seen = ", ".join(f"{s.record.version}: {s.record.state}" for s in cands) or "absent"
+                raise NotResident(f"{model}{'@' + version if version else ''} is not resident on {g.id} ({seen}); "
+                                  "preload it first")
+            s = max(ready, key=lambda x: x.record.since)
+            s.record.in_flight += 1
+            module = s.module
+            rec = replace(s.record)
+        try:
+            entry = self.entry(rec.model, rec.version)
+            x = self._infer_input(entry, inputs, g, module, seed)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                y = module(x)
+            g.device.synchronize()
+            latency = time.perf_counter() - t0
+            summary = summarize(y)
+        except WorkerError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise BadRequest(f"infer on {rec.model}@{rec.version} on {g.id} failed: {type(exc).__name__}: {exc}") \
+                from None
+        finally:
+            with g.lock:
+                s.record.in_flight -= 1
+                s.record.last_used = time.time()
+        return {"model": rec.model, "version": rec.version, "gpu": g.id, "latency_ms": round(latency * 1000, 3),
+                "latency_seconds": latency, "input": {"shape": list(x.shape), "dtype": str(x.dtype)[6:]},
+                "output": summary}
+
+    def _infer_input(self, entry: ModelEntry, inputs: Any, g: GpuSlot, module: torch.nn.Module | None,
+                     seed: int) -> torch.Tensor:
+        base = entry.warmup[0]
+        high = int(getattr(module, "vocab_size", 2) or 2)
+        if inputs is None:
+            return make_input(base, g.device.torch_device, default_high=high, seed=seed)
+        if isinstance(inputs, dict):
+            shape = inputs.get("shape", list(base.shape))
+            dtype = inputs.get("dtype", base.dtype)
+            if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+                raise BadRequest(f"inputs shape {shape!r} must be a list of positive integers")
+            if dtype not in TORCH_INPUT_DTYPES:
+                raise BadRequest(f"inputs dtype {dtype!r} is not one of {', '.join(TORCH_INPUT_DTYPES)}")
+            if math.prod(shape) > MAX_INFER_ELEMENTS:
+                raise BadRequest(f"inputs of shape {shape} exceed {MAX_INFER_ELEMENTS} elements")
+            spec = WarmupInput(tuple(shape), dtype, inputs.get("high", base.high))
+            return make_input(spec, g.device.torch_device, default_high=high, seed=seed)
+        if isinstance(inputs, list):
+            try:
+                x = torch.tensor(inputs, dtype=TORCH_INPUT_DTYPES[base.dtype])
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise BadRequest(f"inputs cannot be read as a {base.dtype} tensor: {exc}") from None
+            if x.numel() > MAX_INFER_ELEMENTS:
+                raise BadRequest(f"inputs exceed {MAX_INFER_ELEMENTS} elements")
+            return x.to(g.device.torch_device)
+        raise BadRequest("inputs must be null, a {shape, dtype, high} table, or nested lists of numbers")
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def replicas(self, g: GpuSlot) -> list[state.Replica]:
+        with g.lock:
+            return [replace(s.record) for s in g.replicas.values()]
+
+    def shutdown(self, reason: str = "worker shutting down") -> None:
+        """Cancel loads in progress, drop every replica and take this worker's GPUs out of the fleet."""
+        for g in self.gpus.values():
+            with g.lock:
+                for s in g.replicas.values():
+                    if s.record.state in IN_FLIGHT:
+                        s.cancel, s.cancel_reason = True, reason
+                        continue
+                    s.module = None
+            with g.publish_lock:
+                try:
+                    pipe = self.r.pipeline(transaction=True)
+                    pipe.delete(keys.gpu(g.id), keys.replicas(g.id))
+                    pipe.execute()
+                except redis.RedisError as exc:
+                    log.warning("could not remove %s from the fleet: %s", g.id, exc)
+
+
+def _args(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in args.items())

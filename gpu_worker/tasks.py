@@ -1,0 +1,49 @@
+"""The Celery tasks a GPU worker runs, registered under the names in prewarm.celery_app.
+
+Senders (scheduler, web, CLI) use `send_task(name, ...)` to the GPU's queue `gpu.<node>.<device>` and
+never import this module. The GPU a task is for is its `gpu` kwarg when given, else the queue it came
+from. Shapes:
+
+- preload(model, version=None, *, reason="", kind="", gpu=None)
+    -> {"model", "version", "gpu", "state": "ready", "bytes", "load_seconds", "warmup_seconds",
+        "warmup": [{"shape", "dtype", "passes", "stable", "latency_ms", "first_ms"}], "noop"}
+- evict(model, *, version=None, reason="", gpu=None)
+    -> {"model", "gpu", "versions": [...], "bytes_freed", "noop", "free_bytes", "used_bytes"}
+- infer(model, inputs=None, *, version=None, gpu=None, seed=0)
+    -> {"model", "version", "gpu", "latency_ms", "latency_seconds", "input": {"shape", "dtype"},
+        "output": {"shape", "dtype", "mean", "std", "min", "max", "finite", "top"?}}
+
+Failures raise gpu_worker.errors.* (importable without torch) with a message naming what and where.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery, Task
+
+from gpu_worker.residency import GpuSlot, NodeWorker
+from prewarm.celery_app import EVICT, INFER, PRELOAD
+
+
+def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
+    info = task.request.delivery_info or {}
+    return worker.gpu_for(gpu, info.get("routing_key"))
+
+
+def register(app: Celery, worker: NodeWorker) -> None:
+    # Retrying is the sender's call (it sees the reason); redelivery after a worker crash is acks_late's.
+    @app.task(name=PRELOAD, bind=True)
+    def preload(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
+                gpu: str | None = None) -> dict[str, Any]:
+        return worker.preload(_gpu(worker, self, gpu), model, version, reason=reason, kind=kind)
+
+    @app.task(name=EVICT, bind=True)
+    def evict(self: Task, model: str, *, version: str | None = None, reason: str = "",
+              gpu: str | None = None) -> dict[str, Any]:
+        return worker.evict(_gpu(worker, self, gpu), model, version, reason=reason)
+
+    @app.task(name=INFER, bind=True)
+    def infer(self: Task, model: str, inputs: Any = None, *, version: str | None = None, gpu: str | None = None,
+              seed: int = 0) -> dict[str, Any]:
+        return worker.infer(_gpu(worker, self, gpu), model, inputs, version=version, seed=seed)
