@@ -1,0 +1,29 @@
+"""`prewarm scheduler`: the planning scheduler process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from prewarm.context import Context
+    from scheduler.live import Scheduler
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
+    port = args.metrics_port if args.metrics_port is not None else int(
+        os.environ.get("PREWARM_SCHEDULER_METRICS_PORT", "0") or 0)
+    if port:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr="127.0.0.1")
+    Scheduler(Context()).run()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scheduler", help="run the warming scheduler (one leader plans; others stand by)")
+    p.add_argument("--metrics-port", type=int, help="expose prewarm_scheduler_tick_seconds here "
+                                                    "(default PREWARM_SCHEDULER_METRICS_PORT; 0 = off)")
+    p.set_defaults(func=cmd_scheduler)

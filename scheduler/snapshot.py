@@ -1,0 +1,174 @@
+"""Reading what the scheduler knows into a policy `Snapshot` (the I/O side of the tick).
+
+Catalog, measured load times, operator pins and rollouts, the fleet and its replicas, in-flight intents,
+and the traffic: per-second request counts read from Redis since the last tick and fed into one
+`TrafficHistory` that lives as long as the process (warmed from per-minute buckets at start, so a new
+leader knows the last hours' patterns too).
+
+Model keys: the policy sees one `ModelSpec` per model id at its current catalog version; a version under
+rollout, or an old version still resident, appears as `"<id>@<version>"`, so the policy can warm the new
+version (its `min_replicas` follows the rollout's traffic fraction) and release the old one as it goes
+quiet, with no special case in `plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+
+import redis
+
+from prewarm import events, keys, state, traffic
+from prewarm.catalog import Catalog, ModelEntry
+from scheduler.policy import (
+    GpuState,
+    Intent,
+    ModelSpec,
+    PolicyConfig,
+    ReplicaState,
+    Snapshot,
+    TrafficHistory,
+)
+
+HISTORY_WARMUP_S = 4 * 3600  # how far back a starting scheduler reads per-minute traffic
+LATE_EVENT_LAG_S = 2  # per-second buckets this recent may still receive batched events: read them later
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    id: str
+    version: str
+
+
+def model_key(catalog: Catalog, model_id: str, version: str) -> str:
+    current = catalog.get(model_id).version if model_id in catalog else None
+    return model_id if version == current else f"{model_id}@{version}"
+
+
+def measured_load_seconds(r: redis.Redis, model_ids: list[str]) -> dict[str, float]:
+    pipe = r.pipeline(transaction=False)
+    for m in model_ids:
+        pipe.lrange(keys.load_times(m), 0, 19)
+    out = {}
+    for m, raw in zip(model_ids, pipe.execute(), strict=True):
+        vals = [float(x) for x in raw]
+        if vals:
+            out[m] = statistics.median(vals)
+    return out
+
+
+class SnapshotReader:
+    def __init__(self, r: redis.Redis, config: PolicyConfig) -> None:
+        self.r = r
+        self.config = config
+        self.history = TrafficHistory.for_config(config)
+        self.fed_until: int | None = None  # traffic seconds before this are in the history
+        self.recent_evictions: dict[str, float] = {}
+        self.refs: dict[str, ModelRef] = {}
+
+    # --- traffic -----------------------------------------------------------------------------
+    def _warm_history(self, now: float) -> None:
+        minute_edge = int(now // 60 * 60) - 60
+        w = traffic.read_minutes(self.r, minute_edge - HISTORY_WARMUP_S, minute_edge)
+        times = w.times()
+        for model, counts in w.counts.items():
+            for t, c in zip(times, counts, strict=True):
+                if c:
+                    self.history.add_bucket(model, t + 30, c)  # a minute's count, at its middle
+        for ev in events.read(self.r, limit=500, kind="evict"):
+            self.recent_evictions.setdefault(ev.model, ev.ts)
+        self.fed_until = minute_edge
+
+    def feed_traffic(self, now: float) -> int:
+        """Feed per-second counts since the last call; returns the requests fed."""
+        if self.fed_until is None:
+            self._warm_history(now)
+        assert self.fed_until is not None
+        end = int(now) - LATE_EVENT_LAG_S
+        # Never ask for more than the per-second buckets keep (a long pause, e.g. after losing leadership).
+        start = max(self.fed_until, end - traffic.SECOND_TTL_S + 60)
+        if end <= start:
+            return 0
+        w = traffic.read_seconds(self.r, start, end)
+        fed = 0
+        times = w.times()
+        for model, counts in w.counts.items():
+            for t, c in zip(times, counts, strict=True):
+                if c:
+                    self.history.add_bucket(model, t, c)
+                    fed += c
+        self.fed_until = end
+        return fed
+
+    def note_eviction(self, model_key_: str, at: float) -> None:
+        self.recent_evictions[model_key_] = at
+
+    # --- everything else ---------------------------------------------------------------------
+    def _spec(self, key: str, entry: ModelEntry, load_s: dict[str, float], pinned: set[str],
+              min_replicas: int | None = None) -> ModelSpec:
+        self.refs[key] = ModelRef(entry.id, entry.version)
+        return ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version,
+                         load_seconds=load_s.get(entry.id), pinned=entry.pinned or entry.id in pinned,
+                         min_replicas=entry.min_replicas if min_replicas is None else min_replicas,
+                         max_rate_per_replica=entry.max_rate_per_replica)
+
+    def read(self, catalog: Catalog, now: float) -> tuple[Snapshot, state.Fleet]:
+        self.feed_traffic(now)
+        fleet = state.read_fleet(self.r)
+        ids = catalog.ids()
+        load_s = measured_load_seconds(self.r, ids)
+        pinned = {x.decode() for x in self.r.smembers(keys.PINNED)}
+        rollouts = {k.decode(): json.loads(v) for k, v in self.r.hgetall(keys.ROLLOUTS).items()}
+        self.refs = {}
+        models: dict[str, ModelSpec] = {}
+        for mid in ids:
+            models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned)
+        replicas_now = {mid: 0 for mid in ids}
+        for rep in fleet.replicas():
+            if rep.model in replicas_now and rep.state in ("loading", "warming", "ready", "pending"):
+                replicas_now[rep.model] += 1
+        for mid, ro in rollouts.items():
+            try:
+                entry = catalog.get(mid, str(ro.get("version")))
+            except KeyError:
+                continue  # the hook validated it; a catalog edit since then removed it
+            if entry.version == catalog.get(mid).version:
+                continue
+            fraction = float(ro.get("traffic_fraction", 0))
+            # Enough replicas of the new version for its share of the current version's load.
+            need = max(1, math.ceil(fraction * max(1, replicas_now.get(mid, 0)))) if fraction > 0 else 0
+            key = f"{mid}@{entry.version}"
+            models[key] = self._spec(key, entry, load_s, pinned, min_replicas=need)
+        replicas: list[ReplicaState] = []
+        for g in fleet.alive():
+            for rep in g.replicas:
+                if rep.state == "failed":
+                    continue  # holds no memory; the worker keeps it only to show the reason
+                key = model_key(catalog, rep.model, rep.version) if rep.model in catalog else None
+                if key is None:
+                    continue
+                if key not in models:  # an old version still resident: no traffic of its own, so it goes
+                    try:
+                        models[key] = self._spec(key, catalog.get(rep.model, rep.version), load_s, pinned, 0)
+                    except KeyError:
+                        continue
+                held = max(rep.bytes, rep.total_bytes)
+                replicas.append(ReplicaState(model=key, gpu=g.id, state=rep.state, bytes=held,
+                                             since=rep.created_at or rep.since, version=rep.version,
+                                             last_request=rep.last_used, in_flight=rep.in_flight))
+        intents = []
+        for it in state.read_intents(self.r):
+            if it.model in catalog:
+                key = model_key(catalog, it.model, it.version)
+                size = models[key].size_bytes if key in models else 0
+                intents.append(Intent(model=key, gpu=it.gpu, kind=it.action, expires_at=it.expires_at,
+                                      bytes=size, version=it.version))
+        gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
+                              joined_at=g.started_at, alive=True) for g in fleet.alive())
+        snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
+                        intents=tuple(intents), recent_evictions=dict(self.recent_evictions),
+                        config=self.config)
+        return snap, fleet
+

@@ -1,0 +1,118 @@
+"""The live scheduler against a real Redis: snapshot from real traffic and heartbeats, plan, dispatch.
+
+GPUs are announced with real heartbeat records (as a worker writes them); the tasks land in the GPUs'
+Celery queues in Redis, where the test reads them. Worker-backed end-to-end runs are in
+test_system_integration.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from prewarm import events, keys, state, traffic
+from prewarm.config import Settings
+from prewarm.context import Context
+from scheduler.live import Scheduler
+from tests.catalogs import write_sized_catalog
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+@pytest.fixture
+def ctx(redis_url: str, tmp_path: Path) -> Context:
+    catalog = write_sized_catalog(tmp_path / "models", {"hot": 64 * MIB, "quiet": 32 * MIB, "other": 16 * MIB})
+    env = {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_LEADER_TTL": "1",
+           "PREWARM_DATA_DIR": str(tmp_path / "var")}
+    return Context(Settings.from_env(env))
+
+
+def announce(r: redis.Redis, node: str, device: str, total: int = 1 * GIB, started_at: float = 0.0) -> state.Gpu:
+    g = state.Gpu(id=state.gpu_id(node, device), node=node, device=device, queue=state.queue_name(node, device),
+                  total_bytes=total, used_bytes=0, free_bytes=total, last_heartbeat=time.time(),
+                  started_at=started_at or time.time() - 3600)
+    state.write_heartbeat(r, g, [], ttl=30)
+    return g
+
+
+def queued_tasks(r: redis.Redis, queue: str) -> list[dict]:
+    """Celery messages waiting in a GPU's queue (kombu's Redis transport keeps each queue as a list)."""
+    return [json.loads(m)["headers"] for m in r.lrange(queue, 0, -1)]
+
+
+def ramp(r: redis.Redis, model: str, now: float, seconds: int = 90) -> int:
+    """Requests rising from nothing to several per second over the last `seconds`."""
+    evs = [(model, 1 + (i * 6) // seconds, now - seconds + i) for i in range(seconds - 3)]
+    return traffic.record(r, evs, now=now)
+
+
+def test_ramp_of_traffic_dispatches_one_preload_with_reason(ctx: Context) -> None:
+    g = announce(ctx.r, "node-a", "cpu:0")
+    now = time.time()
+    ramp(ctx.r, "hot", now)
+    sched = Scheduler(ctx, ident="s1")
+    res = sched.tick(now)
+    assert res.leader and res.dispatched >= 1
+    tasks = queued_tasks(ctx.r, g.queue)
+    preloads = [t for t in tasks if t["task"] == "prewarm.preload"]
+    assert [json.loads(t["argsrepr"].replace("'", '"')) for t in preloads] == [["hot", "v1"]]
+    assert ctx.r.exists(keys.intent("hot", g.id))
+    ev = [e for e in events.read(ctx.r, kind="preload") if e.model == "hot"]
+    assert ev and ev[0].actor == "scheduler" and ev[0].gpu == g.id and "rate" in ev[0].reason
+    # The next tick sees the intent in flight and sends nothing more for the same model.
+    res2 = sched.tick(now + 2)
+    preloads2 = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.preload"]
+    assert len(preloads2) == 1, res2
+
+
+def test_quiet_models_are_not_loaded(ctx: Context) -> None:
+    g = announce(ctx.r, "node-a", "cpu:0")
+    sched = Scheduler(ctx, ident="s1")
+    res = sched.tick(time.time())
+    assert res.leader and res.dispatched == 0
+    assert queued_tasks(ctx.r, g.queue) == []
+
+
+def test_standby_plans_only_after_leader_dies(ctx: Context) -> None:
+    announce(ctx.r, "node-a", "cpu:0")
+    leader, standby = Scheduler(ctx, ident="s1"), Scheduler(Context(ctx.settings), ident="s2")
+    assert leader.tick().leader
+    assert not standby.tick().leader
+    assert ctx.r.get(keys.LEADER_LOCK) == b"s1"
+    # The leader stops ticking (dies) without releasing: the standby takes over once the TTL (1 s) lapses.
+    deadline = time.time() + 5
+    while not standby.tick().leader:
+        assert time.time() < deadline, "standby never took the lead"
+        time.sleep(0.2)
+    assert ctx.r.get(keys.LEADER_LOCK) == b"s2"
+    # The old leader, back from the dead, finds the lock taken and plans nothing.
+    assert not leader.tick().leader
+
+
+def test_two_schedulers_never_dispatch_the_same_action_twice(ctx: Context) -> None:
+    g = announce(ctx.r, "node-a", "cpu:0")
+    now = time.time()
+    ramp(ctx.r, "hot", now)
+    first = Scheduler(ctx, ident="s1")
+    assert first.tick(now).dispatched >= 1
+    first.leadership.release()
+    # A second scheduler with its own fresh view plans the same preload; the claimed intent stops it.
+    second = Scheduler(Context(ctx.settings), ident="s2")
+    res = second.tick(now)
+    assert res.leader
+    preloads = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.preload"]
+    assert len(preloads) == 1
+
+
+def test_new_leader_rebuilds_history_from_minute_buckets(ctx: Context) -> None:
+    now = time.time()
+    traffic.record(ctx.r, [("quiet", 3, now - 3600 + 60 * i) for i in range(50)], now=now)
+    sched = Scheduler(ctx, ident="s1")
+    sched.tick(now)
+    assert sched.reader is not None
+    assert sched.reader.history.last_arrival("quiet") is not None
