@@ -292,14 +292,23 @@ class HostCache:
     ) -> StagedModel:
         from gpu_worker.loader import load_weights, resolve_headers
 
+        headers = None
         with self._lock:
-            while key in self._loading:  # a concurrent stage of the same key: wait for it
-                self._lock.wait()
-            if key in self._entries:
-                entry = self._entries[key]
-                entry.value = max(entry.value, float(value))
-                return entry
-            headers = resolve_headers(source)  # validates before we reserve anything
+            while True:
+                while key in self._loading:  # a concurrent stage of the same key: wait for it
+                    self._lock.wait()
+                if key in self._entries:
+                    entry = self._entries[key]
+                    entry.value = max(entry.value, float(value))
+                    return entry
+                if headers is not None:
+                    break
+                # Validate (file I/O) without holding the lock, then look again.
+                self._lock.release()
+                try:
+                    headers = resolve_headers(source)
+                finally:
+                    self._lock.acquire()
             nbytes = sum(h.data_bytes for h in headers)
             for victim in self._plan_locked(nbytes, value):
                 self._entries.pop(victim).tensors = {}

@@ -361,11 +361,12 @@ def test_failed_load_returns_its_memory(tmp_path, monkeypatch, staged):
     """The bytes a failed load touched go back, even while its exception is still held."""
     psutil = pytest.importorskip("psutil")
     path = tmp_path / "big.safetensors"
-    save_file({"a": torch.ones(16 << 20, dtype=torch.uint8), "b": torch.ones(48 << 20, dtype=torch.uint8)}, path)
+    # Each tensor above glibc's largest mmap threshold (32 MiB), so freeing it unmaps it at once.
+    save_file({"a": torch.ones(40 << 20, dtype=torch.uint8), "b": torch.ones(40 << 20, dtype=torch.uint8)}, path)
     proc = psutil.Process()
     gc.collect()
     before = proc.memory_info().rss
-    monkeypatch.setattr(os, "preadv", CountingPreadv(fail_after=40))  # 40 MiB read, then EIO
+    monkeypatch.setattr(os, "preadv", CountingPreadv(fail_after=60))  # 60 MiB read, then EIO
     with pytest.raises(LoadError) as err:
         load_weights(path, CPU, chunk_bytes=1 << 20, threads=1, staged=staged)
     gc.collect()

@@ -1,0 +1,277 @@
+"""gpu_worker.staging: the loader's staging ring and the node's host-memory cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import gpu_worker.loader as loader
+from gpu_worker.staging import (
+    HostCache,
+    HostCacheFull,
+    StagingRing,
+    copy_tensors,
+    default_host_cache_bytes,
+)
+
+CPU = torch.device("cpu")
+
+
+def make_model(tmp_path: Path, name: str, nbytes: int, seed: int = 0) -> tuple[Path, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    n = nbytes // 4
+    tensors = {"w": torch.randn(n - 8, generator=g), "b": torch.randn(8, generator=g)}
+    path = tmp_path / f"{name}.safetensors"
+    save_file(tensors, path)
+    return path, tensors
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# StagingRing (the CPU run of the logic the CUDA path uses)
+
+
+def test_ring_copies_segments_and_cycles_buffers():
+    ring = StagingRing(64, 2, CPU)
+    assert ring.nbytes == 128
+    dest = torch.zeros(100, dtype=torch.uint8)
+    seen = []
+    for k in range(4):
+        i = ring.acquire()
+        seen.append(i)
+        ring.views[i][:10] = bytes(range(k * 10, k * 10 + 10))
+        # first 4 bytes to one place, the next 6 to another
+        ring.submit(i, [(dest, k * 20, 0, 4), (dest, k * 20 + 10, 4, 6)])
+    ring.close()
+    assert seen == [0, 1, 0, 1]
+    for k in range(4):
+        assert dest[k * 20 : k * 20 + 4].tolist() == list(range(k * 10, k * 10 + 4))
+        assert dest[k * 20 + 10 : k * 20 + 16].tolist() == list(range(k * 10 + 4, k * 10 + 10))
+        assert dest[k * 20 + 4 : k * 20 + 10].tolist() == [0] * 6
+    assert ring.buffers == []
+
+
+def test_ring_rejects_bad_sizes():
+    with pytest.raises(ValueError):
+        StagingRing(0, 2, CPU)
+
+
+# ---------------------------------------------------------------------------------------------
+# HostCache
+
+
+def test_stage_promote_evict(tmp_path):
+    path, tensors = make_model(tmp_path, "a", 1 << 16)
+    cache = HostCache(1 << 20, pin=False)
+    assert cache.budget_bytes == 1 << 20 and cache.used_bytes == 0
+    progress: list[tuple[int, int]] = []
+    entry = cache.stage("a@1", path, value=3.0, progress=lambda d, t: progress.append((d, t)))
+    assert entry.nbytes == 1 << 16
+    assert progress[-1] == (1 << 16, 1 << 16)
+    assert cache.used_bytes == 1 << 16 and cache.free_bytes == (1 << 20) - (1 << 16)
+    assert "a@1" in cache and len(cache) == 1 and cache.get("a@1") is entry
+    assert same(entry.tensors, tensors)
+    assert entry.pinned is False
+
+    # staging again is a no-op (same entry, no reload) that keeps the higher value
+    again = cache.stage("a@1", path, value=5.0)
+    assert again is entry and entry.value == 5.0
+
+    promoted = cache.promote("a@1", CPU)
+    assert same(promoted, tensors)
+    for name, t in promoted.items():  # owned copies, not the cache's tensors
+        assert t.data_ptr() != entry.tensors[name].data_ptr()
+    promoted["w"].zero_()
+    assert same(cache.get("a@1").tensors, tensors)
+    assert entry.promotions == 1 and entry.last_promoted_at is not None
+
+    assert cache.evict("a@1") == 1 << 16
+    assert cache.used_bytes == 0 and "a@1" not in cache
+    assert cache.evict("a@1") == 0  # idempotent
+    with pytest.raises(KeyError, match="not staged"):
+        cache.promote("a@1", CPU)
+
+
+def test_stage_sharded_index(tmp_path):
+    import json
+
+    g = torch.Generator().manual_seed(3)
+    wm = {}
+    tensors = {}
+    for s in range(2):
+        part = {f"x{s}": torch.randn(10, generator=g)}
+        save_file(part, tmp_path / f"s{s}.safetensors")
+        tensors.update(part)
+        wm.update({k: f"s{s}.safetensors" for k in part})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    cache = HostCache(1 << 20, pin=False)
+    entry = cache.stage("m", tmp_path / "model.safetensors.index.json")
+    assert same(entry.tensors, tensors) and entry.nbytes == 80
+
+
+def test_eviction_by_value_per_byte(tmp_path):
+    small, _ = make_model(tmp_path, "small", 40_000, 1)
+    big, _ = make_model(tmp_path, "big", 40_000, 2)
+    new, new_tensors = make_model(tmp_path, "new", 40_000, 3)
+    cache = HostCache(100_000, pin=False)
+    cache.stage("cheap", small, value=1.0)
+    cache.stage("dear", big, value=10.0)
+    # room for only one more: the cheaper per byte goes, if the newcomer is worth more per byte
+    assert cache.plan_eviction(40_000, 5.0) == ["cheap"]
+    cache.stage("new", new, value=5.0)
+    assert set(k for k in ("cheap", "dear", "new") if k in cache) == {"dear", "new"}
+    assert cache.used_bytes == 80_000
+    assert same(cache.get("new").tensors, new_tensors)
+
+    # a newcomer worth less per byte than everything staged is refused and evicts nothing
+    low, _ = make_model(tmp_path, "low", 40_000, 4)
+    with pytest.raises(HostCacheFull, match="worth more"):
+        cache.stage("low", low, value=0.5)
+    assert set(e.key for e in cache.entries()) == {"dear", "new"}
+    assert cache.used_bytes == 80_000
+
+    # bigger than the whole budget
+    huge, _ = make_model(tmp_path, "huge", 200_000, 5)
+    with pytest.raises(HostCacheFull, match="budget"):
+        cache.stage("huge", huge, value=1e9)
+
+
+def test_value_hook_and_set_value(tmp_path):
+    a, _ = make_model(tmp_path, "a", 40_000, 1)
+    b, _ = make_model(tmp_path, "b", 40_000, 2)
+    c, _ = make_model(tmp_path, "c", 40_000, 3)
+    scores = {"a": 1.0, "b": 2.0}
+    cache = HostCache(100_000, pin=False, value_fn=lambda e: scores.get(e.key, 0.0))
+    cache.stage("a", a)
+    cache.stage("b", b)
+    scores["a"] = 100.0  # the hook, not the staged value, decides
+    assert cache.plan_eviction(40_000, 50.0) == ["b"]
+    plain = HostCache(100_000, pin=False)
+    plain.stage("a", a, value=1.0)
+    plain.stage("b", b, value=2.0)
+    plain.set_value("a", 3.0)
+    assert plain.plan_eviction(40_000, 100.0) == ["b"]
+    plain.stage("c", c, value=100.0)
+    assert "b" not in plain and "a" in plain
+
+
+def test_entry_being_promoted_is_not_evicted(tmp_path):
+    a, tensors = make_model(tmp_path, "a", 40_000, 1)
+    b, _ = make_model(tmp_path, "b", 40_000, 2)
+    cache = HostCache(60_000, pin=False)
+    cache.stage("a", a, value=1.0)
+    cache.get("a")._users = 1  # as during a running promotion
+    with pytest.raises(HostCacheFull):
+        cache.stage("b", b, value=100.0)
+    assert "a" in cache
+    cache.get("a")._users = 0
+    cache.stage("b", b, value=100.0)
+    assert "a" not in cache
+
+
+def test_evict_during_promotion_keeps_the_promotion_whole(tmp_path, monkeypatch):
+    a, tensors = make_model(tmp_path, "a", 1 << 20, 1)
+    cache = HostCache(4 << 20, pin=False)
+    cache.stage("a", a)
+    started, release = threading.Event(), threading.Event()
+    import gpu_worker.staging as staging
+
+    real = staging.copy_tensors
+
+    def slow_copy(t, device, progress=None):
+        started.set()
+        release.wait(5)
+        return real(t, device, progress=progress)
+
+    monkeypatch.setattr(staging, "copy_tensors", slow_copy)
+    out: dict = {}
+    th = threading.Thread(target=lambda: out.update(cache.promote("a", CPU)))
+    th.start()
+    assert started.wait(5)
+    assert cache.evict("a") == 1 << 20
+    assert cache.used_bytes == 0
+    release.set()
+    th.join(5)
+    assert same(out, tensors)
+
+
+def test_concurrent_stage_of_one_key_loads_once(tmp_path, monkeypatch):
+    a, tensors = make_model(tmp_path, "a", 1 << 16, 1)
+    calls = []
+    real = loader.load_weights
+
+    def counting(*args, **kw):
+        calls.append(1)
+        time.sleep(0.05)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loader, "load_weights", counting)
+    cache = HostCache(1 << 20, pin=False)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(cache.stage("a", a))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(calls) == 1
+    assert len(results) == 4 and all(r is results[0] for r in results)
+    assert cache.used_bytes == 1 << 16
+
+
+def test_failed_stage_releases_its_reservation(tmp_path):
+    a, _ = make_model(tmp_path, "a", 1 << 16, 1)
+    a.write_bytes(a.read_bytes()[:-10])  # truncated: rejected by the header check
+    cache = HostCache(1 << 20, pin=False)
+    with pytest.raises(loader.SafetensorsError, match="truncated"):
+        cache.stage("a", a)
+    assert cache.used_bytes == 0 and "a" not in cache
+
+    b, tensors = make_model(tmp_path, "b", 1 << 16, 2)
+    with pytest.raises(loader.WeightMismatchError):
+        cache.stage("b", b, expected={"w": (torch.float16, (1,))})
+    assert cache.used_bytes == 0
+    cache.stage("b", b)  # and a later stage of the same key works
+    assert same(cache.get("b").tensors, tensors)
+
+
+def test_budget_from_environment(monkeypatch):
+    import psutil
+
+    total = psutil.virtual_memory().total
+    monkeypatch.delenv("PREWARM_HOST_CACHE", raising=False)
+    assert default_host_cache_bytes() == total // 4
+    monkeypatch.setenv("PREWARM_HOST_CACHE", "3GiB")
+    assert default_host_cache_bytes() == 3 << 30
+    assert HostCache().budget_bytes == 3 << 30
+    monkeypatch.setenv("PREWARM_HOST_CACHE", "10%")
+    assert default_host_cache_bytes() == int(total * 0.1)
+    monkeypatch.setenv("PREWARM_HOST_CACHE", "lots")
+    with pytest.raises(ValueError, match="PREWARM_HOST_CACHE"):
+        default_host_cache_bytes()
+
+
+def test_copy_tensors_reports_progress_and_owns():
+    src = {"a": torch.arange(10.0), "b": torch.ones(3, dtype=torch.int64)}
+    seen = []
+    out = copy_tensors(src, CPU, progress=lambda d, t: seen.append((d, t)))
+    assert same(out, src)
+    assert out["a"].data_ptr() != src["a"].data_ptr()
+    assert seen[-1] == (64, 64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_stage_and_promote_to_cuda(tmp_path):
+    a, tensors = make_model(tmp_path, "a", 1 << 20, 1)
+    cache = HostCache(4 << 20)
+    entry = cache.stage("a", a)
+    assert entry.pinned and all(t.is_pinned() for t in entry.tensors.values())
+    out = cache.promote("a", "cuda:0")
+    assert same({k: v.cpu() for k, v in out.items()}, tensors)
