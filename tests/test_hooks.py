@@ -1,0 +1,254 @@
+"""The request router's hooks against a real Redis (no worker: the fleet is published as heartbeats)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from flask.testing import FlaskClient
+
+from prewarm import celery_app, events, keys, traffic
+from web.app import create_app
+from web.schemas import MAX_BATCH
+
+from .web_support import make_catalog, make_context, publish_gpu, queued_tasks, replica
+
+GPU = "node-a/cpu:0"
+QUEUE = "gpu.node-a.cpu:0"
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Path:
+    return make_catalog(tmp_path / "models", extra_versions={"alpha": ["v2"]})
+
+
+@pytest.fixture
+def client(redis_url: str, catalog: Path) -> FlaskClient:
+    app = create_app(make_context(redis_url, catalog))
+    return app.test_client()
+
+
+# --- POST /hooks/requests ---------------------------------------------------------------------------
+def test_single_event_and_batch_are_recorded(client: FlaskClient, r: redis.Redis) -> None:
+    resp = client.post("/hooks/requests", json={"model": "alpha"})
+    assert resp.status_code == 202 and resp.get_json() == {"accepted": 1, "requests": 1}
+    resp = client.post("/hooks/requests", json={"events": [{"model": "alpha", "count": 3, "ts": time.time() - 2},
+                                                           {"model": "beta", "count": 2}]})
+    assert resp.status_code == 202 and resp.get_json() == {"accepted": 2, "requests": 5}
+    assert traffic.totals(r) == {"alpha": 4, "beta": 2}
+    assert traffic.read_seconds(r, time.time() - 10, time.time() + 1).total("alpha") == 4
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"model": "nope"}, 422, "model"),
+    ({"events": [{"model": "alpha"}, {"model": "nope"}]}, 422, "events[1].model"),
+    ({"events": [{"model": "alpha", "count": -1}]}, 422, "events[0].count"),
+    ({"events": [{"model": "alpha", "count": 1.5}]}, 422, "events[0].count"),
+    ({"events": [{"model": "alpha", "count": "1"}]}, 422, "events[0].count"),
+    ({"events": [{"model": "alpha", "count": True}]}, 422, "events[0].count"),
+    ({"events": [{"model": "alpha", "ts": time.time() + 86400}]}, 422, "events[0].ts"),
+    ({"events": [{"model": "alpha", "ts": "yesterday"}]}, 422, "events[0].ts"),
+    ({"events": [{"model": "alpha", "colour": "red"}]}, 422, "events[0].colour"),
+    ({"events": []}, 422, "events"),
+    ({"events": "alpha"}, 422, "events"),
+    ({"count": 1}, 422, "model"),
+    ([{"model": "alpha"}], 422, "body"),
+])
+def test_bad_events_are_refused_naming_the_field(client: FlaskClient, r: redis.Redis, body: object,
+                                                 status: int, field: str) -> None:
+    resp = client.post("/hooks/requests", json=body)
+    assert resp.status_code == status, resp.get_json()
+    data = resp.get_json()
+    assert data["field"] == field and data["error"].startswith(field)
+    assert traffic.totals(r) == {}  # all-or-nothing: nothing of a refused batch is recorded
+
+
+def test_nan_and_infinite_timestamps_are_refused(client: FlaskClient, r: redis.Redis) -> None:
+    for raw in ('{"model": "alpha", "ts": NaN}', '{"events": [{"model": "alpha", "ts": Infinity}]}'):
+        resp = client.post("/hooks/requests", data=raw, content_type="application/json")
+        assert resp.status_code == 422 and "ts" in resp.get_json()["field"]
+    assert traffic.totals(r) == {}
+
+
+def test_malformed_and_missing_json(client: FlaskClient) -> None:
+    resp = client.post("/hooks/requests", data="{not json", content_type="application/json")
+    assert resp.status_code == 400 and resp.get_json()["error"] == "body: malformed JSON"
+    assert client.post("/hooks/requests").status_code == 400
+    resp = client.post("/hooks/requests", data="model=alpha", content_type="application/x-www-form-urlencoded")
+    assert resp.status_code == 415 and "Content-Type" in resp.get_json()["error"]
+
+
+def test_oversize_batch_is_refused_whole(client: FlaskClient, r: redis.Redis) -> None:
+    resp = client.post("/hooks/requests", json={"events": [{"model": "alpha"}] * (MAX_BATCH + 1)})
+    assert resp.status_code == 413 and resp.get_json()["field"] == "events"
+    assert traffic.totals(r) == {}
+    resp = client.post("/hooks/requests", json={"events": [{"model": "alpha"}] * MAX_BATCH})
+    assert resp.status_code == 202 and traffic.totals(r) == {"alpha": MAX_BATCH}
+
+
+def test_concurrent_posts_count_exactly(redis_url: str, catalog: Path, r: redis.Redis) -> None:
+    app = create_app(make_context(redis_url, catalog))
+    accepted = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        c = app.test_client()
+        for j in range(40):
+            body = {"events": [{"model": "alpha", "count": 1 + (i + j) % 4}, {"model": "beta", "count": 1}]}
+            resp = c.post("/hooks/requests", json=body)
+            assert resp.status_code == 202
+            with lock:
+                accepted.append(resp.get_json()["requests"])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(traffic.totals(r).values()) == sum(accepted) and len(accepted) == 320
+
+
+def test_hook_token_is_required_when_set(redis_url: str, catalog: Path, r: redis.Redis) -> None:
+    client = create_app(make_context(redis_url, catalog, hook_token="s3cret-hook")).test_client()
+    for method, url, body in (("post", "/hooks/requests", {"model": "alpha"}), ("get", "/hooks/route?model=alpha", None),
+                              ("post", "/hooks/rollout", {"model": "alpha", "version": "v2", "traffic_fraction": 0.1})):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret-hook"}):
+            resp = getattr(client, method)(url, json=body, headers=headers)
+            assert resp.status_code == 401, (url, headers)
+            assert "PREWARM_HOOK_TOKEN" in resp.get_json()["error"] and "s3cret" not in resp.get_data(as_text=True)
+    assert traffic.totals(r) == {} and not r.exists(keys.ROLLOUTS)
+    ok = client.post("/hooks/requests", json={"model": "alpha"}, headers={"Authorization": "Bearer s3cret-hook"})
+    assert ok.status_code == 202
+
+
+# --- GET /hooks/route -------------------------------------------------------------------------------
+def test_route_lists_ready_replicas_first(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, "node-a/cpu:0", replicas=[replica("alpha", "node-a/cpu:0", "loading", progress=0.4)])
+    publish_gpu(r, "node-b/cpu:0", replicas=[replica("alpha", "node-b/cpu:0", "ready")])
+    publish_gpu(r, "node-c/cpu:0", replicas=[replica("alpha", "node-c/cpu:0", "failed")])
+    resp = client.get("/hooks/route?model=alpha")
+    assert resp.status_code == 200
+    body = resp.get_json()
+    assert body["state"] == "ready" and body["model"] == "alpha" and body["version"] == "v1"
+    assert [(x["gpu"], x["state"]) for x in body["replicas"]] == [("node-b/cpu:0", "ready"),
+                                                                  ("node-a/cpu:0", "loading")]
+    assert body["replicas"][0]["queue"] == "gpu.node-b.cpu:0" and body["replicas"][1]["progress"] == 0.4
+    assert "preload" not in body
+
+
+def test_route_loading_does_not_enqueue(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "warming", progress=1.0)])
+    body = client.get("/hooks/route?model=alpha").get_json()
+    assert body["state"] == "loading" and "preload" not in body
+    assert queued_tasks(r, QUEUE) == []
+
+
+def test_cold_model_gets_exactly_one_preload(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU)
+    first = client.get("/hooks/route?model=beta").get_json()
+    assert first["state"] == "cold" and first["replicas"] == []
+    assert first["preload"]["queued"] is True and first["preload"]["gpu"] == GPU
+    for _ in range(5):
+        again = client.get("/hooks/route?model=beta").get_json()
+        # The preload is in flight (an intent): the model is reported as loading, nothing more is sent.
+        assert again["state"] == "loading" and "preload" not in again
+    tasks = queued_tasks(r, QUEUE)
+    assert len(tasks) == 1 and tasks[0]["headers"]["task"] == celery_app.PRELOAD
+    evs = events.read(r, model="beta")
+    assert [(e.kind, e.actor) for e in evs] == [("preload", "router")]
+    assert r.hexists(keys.COLD_STARTS, "beta")
+
+
+def test_cold_claim_prevents_a_second_preload_even_without_an_intent(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU)
+    client.get("/hooks/route?model=beta")
+    for k in r.scan_iter(match=keys.INTENT_PATTERN):  # the intent expired, the claim did not
+        r.delete(k)
+    body = client.get("/hooks/route?model=beta").get_json()
+    assert body["state"] == "cold" and body["preload"]["queued"] is False
+    assert len(queued_tasks(r, QUEUE)) == 1
+
+
+def test_concurrent_cold_lookups_enqueue_one_preload(redis_url: str, catalog: Path, r: redis.Redis) -> None:
+    publish_gpu(r, GPU)
+    app = create_app(make_context(redis_url, catalog))
+    barrier = threading.Barrier(8)
+
+    def look() -> None:
+        c = app.test_client()
+        barrier.wait()
+        assert c.get("/hooks/route?model=gamma").status_code == 200
+
+    threads = [threading.Thread(target=look) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(queued_tasks(r, QUEUE)) == 1
+
+
+def test_cold_with_no_room_says_why_and_sends_nothing(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, total_mib=3)  # gamma needs 4 MiB
+    body = client.get("/hooks/route?model=gamma").get_json()
+    assert body["state"] == "cold" and body["preload"]["queued"] is False
+    assert "free" in body["preload"]["message"]
+    assert queued_tasks(r, QUEUE) == [] and not r.exists(keys.cold_claim("gamma"))
+
+
+def test_cold_start_closes_when_ready(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU)
+    client.get("/hooks/route?model=alpha")
+    seen_at = json.loads(r.hget(keys.COLD_STARTS, "alpha"))["seen_at"]
+    publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready", since=seen_at + 2.5)])
+    assert client.get("/hooks/route?model=alpha").get_json()["state"] == "ready"
+    assert not r.hexists(keys.COLD_STARTS, "alpha")
+    assert float(r.hget(keys.LAST_COLD_START, "alpha")) == pytest.approx(2.5, abs=0.01)
+
+
+def test_route_for_a_version(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready")])
+    body = client.get("/hooks/route?model=alpha&version=v2").get_json()
+    assert body["version"] == "v2" and body["state"] in ("cold", "loading")
+    assert queued_tasks(r, QUEUE)[0]["headers"]["task"] == celery_app.PRELOAD
+
+
+@pytest.mark.parametrize("query, status, field", [
+    ("", 400, "model"), ("?model=nope", 404, "model"), ("?model=alpha&version=v9", 404, "version"),
+    ("?model=" + "x" * 300, 400, "model"),
+])
+def test_route_bad_queries(client: FlaskClient, query: str, status: int, field: str) -> None:
+    resp = client.get("/hooks/route" + query)
+    assert resp.status_code == status and resp.get_json()["field"] == field
+
+
+def test_route_with_no_fleet_is_cold(client: FlaskClient) -> None:
+    body = client.get("/hooks/route?model=alpha").get_json()
+    assert body["state"] == "cold" and body["preload"]["queued"] is False
+    assert "no GPU" in body["preload"]["message"]
+
+
+# --- POST /hooks/rollout -----------------------------------------------------------------------------
+def test_rollout_is_stored_for_the_scheduler(client: FlaskClient, r: redis.Redis) -> None:
+    resp = client.post("/hooks/rollout", json={"model": "alpha", "version": "v2", "traffic_fraction": 0.25})
+    assert resp.status_code == 202
+    rec = json.loads(r.hget(keys.ROLLOUTS, "alpha"))
+    assert rec["version"] == "v2" and rec["traffic_fraction"] == 0.25 and rec["from_version"] == "v1"
+    evs = events.read(r, kind="rollout")
+    assert len(evs) == 1 and evs[0].actor == "router" and "25%" in evs[0].reason
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"model": "alpha", "version": "v9", "traffic_fraction": 0.5}, "version"),
+    ({"model": "nope", "version": "v2", "traffic_fraction": 0.5}, "model"),
+    ({"model": "alpha", "version": "v2", "traffic_fraction": 1.5}, "traffic_fraction"),
+    ({"model": "alpha", "version": "v2"}, "traffic_fraction"),
+    ({"model": "alpha", "version": "../../etc", "traffic_fraction": 0.5}, "version"),
+])
+def test_rollout_bad_input(client: FlaskClient, r: redis.Redis, body: dict, field: str) -> None:
+    resp = client.post("/hooks/rollout", json=body)
+    assert resp.status_code == 422 and resp.get_json()["field"] == field
+    assert not r.exists(keys.ROLLOUTS)

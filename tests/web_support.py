@@ -1,0 +1,75 @@
+"""Helpers for the web tests: a small catalog of real safetensors files, a Context on the test Redis,
+and a simulated fleet published with the worker's own heartbeat function (real Redis state, no worker).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+from safetensors.numpy import save_file
+
+from prewarm import state
+from prewarm.config import Settings
+from prewarm.context import Context
+
+MIB = 1024 * 1024
+
+
+def make_catalog(root: Path, models: dict[str, int] | None = None,
+                 extra_versions: dict[str, list[str]] | None = None) -> Path:
+    """models: id -> size in MiB; extra_versions: id -> later versions (rollout candidates)."""
+    models = models or {"alpha": 1, "beta": 2, "gamma": 4}
+    root.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for model_id, mib in models.items():
+        for version in ["v1", *(extra_versions or {}).get(model_id, [])]:
+            name = f"{model_id}-{version}.safetensors"
+            save_file({"w": np.zeros((mib * MIB // 4,), dtype=np.float32)}, str(root / name))
+            # The builder only has to be importable here: these tests never load a model.
+            lines += ["[[models]]", f'id = "{model_id}"', f'version = "{version}"', f'weights = "{name}"',
+                      'builder = "json:loads"', "[[models.warmup]]", "shape = [1, 4]", ""]
+    path = root / "catalog.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def make_context(redis_url: str, catalog: Path, *, hook_token: str | None = None,
+                 admin_token: str | None = None, data_dir: Path | None = None) -> Context:
+    env = {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_NODE": "test-node",
+           "PREWARM_DATA_DIR": str(data_dir or catalog.parent)}
+    if hook_token:
+        env["PREWARM_HOOK_TOKEN"] = hook_token
+    if admin_token:
+        env["PREWARM_ADMIN_TOKEN"] = admin_token
+    return Context(Settings.from_env(env), start_redis=False)
+
+
+def publish_gpu(r: redis.Redis, gid: str, *, total_mib: int = 64, replicas: list[state.Replica] | None = None,
+                ttl: float = 30.0) -> state.Gpu:
+    """Announce a GPU as its worker would; used bytes are what the replicas hold."""
+    node, _, device = gid.partition("/")
+    reps = replicas or []
+    used = sum(x.bytes for x in reps)
+    g = state.Gpu(id=gid, node=node, device=device, queue=state.queue_name(node, device),
+                  total_bytes=total_mib * MIB, used_bytes=used, free_bytes=total_mib * MIB - used,
+                  last_heartbeat=time.time(), worker="fake-worker", started_at=time.time(), kind="cpu")
+    state.write_heartbeat(r, g, reps, ttl)
+    return g
+
+
+def replica(model: str, gid: str, st: str = "ready", *, mib: int = 1, version: str = "v1",
+            since: float | None = None, progress: float | None = None) -> state.Replica:
+    now = time.time()
+    return state.Replica(model=model, version=version, gpu=gid, state=st, bytes=mib * MIB,
+                         total_bytes=mib * MIB, progress=1.0 if progress is None else progress,
+                         since=now if since is None else since, created_at=now - 1)
+
+
+def queued_tasks(r: redis.Redis, queue: str) -> list[dict]:
+    """Celery messages waiting in a GPU's queue (the Redis transport keeps a list per queue)."""
+    import json
+
+    return [json.loads(raw) for raw in r.lrange(queue, 0, -1)]

@@ -1,0 +1,245 @@
+"""The JSON API behind the console.
+
+    GET  /healthz                      {"status": "ok"} (503 while Redis is down)
+    GET  /api/fleet                    every GPU (stale ones flagged alive=false) with replicas and memory
+    GET  /api/models[?window=60]       every catalog model: requests_total, rate_per_s, replicas, pinned,
+                                       min_replicas, cold starts, p95 load time, sparkline (last hour)
+    GET  /api/events[?model&gpu&actor&kind&limit]   the decision log, newest first
+    POST /api/models/<id>/preload      {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 / 422
+    POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409
+    POST /api/models/<id>/pin | unpin  -> 200
+
+Actions go through the one dispatch path (`prewarm.dispatch.Dispatcher`, actor "operator") and land in
+the event log. They need the admin bearer token, or a console session plus its CSRF token.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from flask import Blueprint, jsonify, request
+from flask.typing import ResponseReturnValue
+
+from prewarm import events, keys, state, traffic
+from prewarm.catalog import ModelEntry
+from prewarm.ops_cli import pick_gpu
+from web import coldstarts
+from web.auth import require_admin
+from web.metrics import memory_split
+from web.schemas import EvictBody, PreloadBody
+from web.util import ApiError, ctx, json_body, validate
+
+bp = Blueprint("api", __name__)
+
+SPARK_MINUTES = 60
+
+
+def speculative_share() -> float:
+    """Share of each GPU that speculative loads may hold (the scheduler's default is 0.6)."""
+    try:
+        v = float(os.environ.get("PREWARM_SPECULATIVE_SHARE") or 0.6)
+    except ValueError:
+        return 0.6
+    return v if 0.0 <= v <= 1.0 else 0.6
+
+
+@bp.get("/healthz")
+def healthz() -> ResponseReturnValue:
+    ctx().r.ping()  # a RedisError here becomes the app's 503
+    return jsonify({"status": "ok"})
+
+
+# --- reads ------------------------------------------------------------------------------------------
+def fleet_view(now: float | None = None) -> dict[str, Any]:
+    c = ctx()
+    now = time.time() if now is None else now
+    fleet = state.read_fleet(c.r)
+    coldstarts.close_cold_starts(c.r, fleet)
+    intents = state.read_intents(c.r)
+    share = speculative_share()
+    gpus = []
+    for g in fleet.gpus:
+        d = g.public()
+        d["memory"] = memory_split(g) if g.alive else {"ready": 0, "loading": 0, "free": 0}
+        d["speculative_budget_bytes"] = int(g.total_bytes * share)
+        d["heartbeat_age_s"] = round(now - g.last_heartbeat, 1) if g.last_heartbeat else None
+        d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,
+                         "reason": i.reason} for i in intents if i.gpu == g.id]
+        gpus.append(d)
+    return {"gpus": gpus, "speculative_share": share, "now": now}
+
+
+@bp.get("/api/fleet")
+def api_fleet() -> ResponseReturnValue:
+    return jsonify(fleet_view())
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, math.ceil(0.95 * len(s)) - 1)]
+
+
+def models_view(window_s: float = 60.0, now: float | None = None) -> list[dict[str, Any]]:
+    c = ctx()
+    now = time.time() if now is None else now
+    catalog = c.catalog
+    ids = catalog.ids()
+    fleet = state.read_fleet(c.r)
+    coldstarts.close_cold_starts(c.r, fleet)
+    rates = traffic.rates(c.r, window_s, now=now)
+    minute_end = traffic.bucket_start(now, traffic.MINUTE) + traffic.MINUTE  # include the current minute
+    spark = traffic.read_minutes(c.r, minute_end - SPARK_MINUTES * 60, minute_end)
+    totals = traffic.totals(c.r)
+    last = traffic.last_requests(c.r)
+    pipe = c.r.pipeline(transaction=False)
+    pipe.smembers(keys.PINNED)
+    for m in ids:
+        pipe.lrange(keys.load_times(m), 0, 99)
+    raw = pipe.execute()
+    pinned = {x.decode() for x in raw[0]}
+    loads = {m: [float(x) for x in raw[1 + i]] for i, m in enumerate(ids)}
+    last_cold = coldstarts.last_durations(c.r)
+    open_cold = coldstarts.open_models(c.r)
+    gpus = {g.id: g for g in fleet.gpus}
+    out = []
+    for m in ids:
+        entry = catalog.get(m)
+        reps = [{"gpu": x.gpu, "version": x.version, "state": x.state, "progress": round(x.progress, 4),
+                 "bytes": x.bytes, "queue": gpus[x.gpu].queue if x.gpu in gpus else ""}
+                for x in fleet.replicas(m)]
+        out.append({
+            "id": m, "version": entry.version, "versions": [v.version for v in catalog.versions(m)],
+            "size_bytes": entry.size_bytes, "requests_total": totals.get(m, 0),
+            "rate_per_s": round(rates.get(m, 0.0), 4), "rate_window_s": window_s,
+            "last_request": last.get(m), "replicas": reps,
+            "pinned": entry.pinned or m in pinned, "pinned_in_catalog": entry.pinned,
+            "min_replicas": entry.min_replicas,
+            "last_cold_start_s": last_cold.get(m), "cold_start_open_since": open_cold.get(m),
+            "p95_load_s": _p95(loads[m]), "load_samples": len(loads[m]),
+            "sparkline": {"start": spark.start, "resolution_s": spark.resolution_s,
+                          "counts": spark.series(m)},
+        })
+    return out
+
+
+@bp.get("/api/models")
+def api_models() -> ResponseReturnValue:
+    raw = request.args.get("window", "60")
+    try:
+        window = float(raw)
+    except ValueError:
+        raise ApiError(400, f"window: {raw!r} is not a number of seconds", "window") from None
+    if not 1 <= window <= 7 * 24 * 3600:
+        raise ApiError(400, "window: must be between 1 s and 7 days", "window")
+    return jsonify({"models": models_view(window)})
+
+
+@bp.get("/api/events")
+def api_events() -> ResponseReturnValue:
+    raw = request.args.get("limit", "200")
+    if not raw.isdigit() or not 1 <= int(raw) <= 2000:
+        raise ApiError(400, "limit: must be an integer from 1 to 2000", "limit")
+    filters = {k: request.args.get(k) or None for k in ("model", "gpu", "actor", "kind")}
+    for k, v in filters.items():
+        if v is not None and len(v) > 200:
+            raise ApiError(400, f"{k}: too long", k)
+    evs = events.read(ctx().r, limit=int(raw), **filters)
+    return jsonify({"events": [e.public() for e in evs]})
+
+
+# --- actions ------------------------------------------------------------------------------------------
+def _entry(model: str, version: str | None) -> ModelEntry:
+    catalog = ctx().catalog
+    if model not in catalog:
+        raise ApiError(404, f"model: unknown model {model!r}", "model")
+    try:
+        return catalog.get(model, version)
+    except KeyError:
+        raise ApiError(422, f"version: unknown version {version!r} of {model!r}", "version") from None
+
+
+def do_preload(model: str, body: PreloadBody) -> dict[str, Any]:
+    c = ctx()
+    entry = _entry(model, body.version)
+    fleet = state.read_fleet(c.r)
+    try:
+        gpu = pick_gpu(fleet, entry.size_bytes, body.gpu)
+    except LookupError as exc:
+        raise ApiError(422 if body.gpu else 409, f"gpu: {exc}", "gpu") from None
+    if any(x.model == entry.id and x.version == entry.version for x in gpu.replicas):
+        raise ApiError(409, f"{entry.key} is already on {gpu.id}", "gpu")
+    d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="operator", kind="operator",
+                             reason=body.reason or "operator preload from the console")
+    if not d.sent:
+        raise ApiError(409, d.message, "gpu")
+    return {"queued": True, "task_id": d.task_id, "gpu": d.gpu, "model": entry.id, "version": entry.version,
+            "message": d.message}
+
+
+def do_evict(model: str, body: EvictBody) -> dict[str, Any]:
+    c = ctx()
+    entry = _entry(model, body.version)
+    fleet = state.read_fleet(c.r)
+    if body.gpu and fleet.gpu(body.gpu) is None:
+        raise ApiError(422, f"gpu: GPU {body.gpu!r} is not in the fleet", "gpu")
+    targets = [g for g in fleet.alive() if body.gpu in (None, g.id)
+               and any(x.model == entry.id and x.version == entry.version for x in g.replicas)]
+    if not targets:
+        where = f" on {body.gpu}" if body.gpu else ""
+        raise ApiError(409, f"{entry.key} is not resident{where}: nothing to evict", "model")
+    sent = []
+    for g in targets:
+        d = c.dispatcher.evict(entry.id, entry.version, g, actor="operator", kind="operator",
+                               reason=body.reason or "operator evict from the console")
+        sent.append({"gpu": g.id, "queued": d.sent, "task_id": d.task_id, "message": d.message})
+    return {"model": entry.id, "version": entry.version, "evictions": sent,
+            "message": "; ".join(s["message"] for s in sent)}
+
+
+def do_pin(model: str, pin: bool) -> dict[str, Any]:
+    c = ctx()
+    entry = _entry(model, None)
+    if pin:
+        c.r.sadd(keys.PINNED, entry.id)
+    else:
+        c.r.srem(keys.PINNED, entry.id)
+    word = "pin" if pin else "unpin"
+    events.record(c.r, word, "operator", model=entry.id, reason=f"operator {word} from the console",
+                  maxlen=c.settings.event_log_max)
+    note = " (pinned in the catalog too: it stays pinned)" if not pin and entry.pinned else ""
+    return {"model": entry.id, "pinned": pin or entry.pinned, "message": f"{entry.id} {word}ned{note}"}
+
+
+def _optional_body(model: type[PreloadBody]) -> PreloadBody:
+    if not request.get_data(cache=True):
+        return model()
+    return validate(model, json_body())
+
+
+@bp.post("/api/models/<model>/preload")
+@require_admin
+def api_preload(model: str) -> ResponseReturnValue:
+    return jsonify(do_preload(model, _optional_body(PreloadBody))), 202
+
+
+@bp.post("/api/models/<model>/evict")
+@require_admin
+def api_evict(model: str) -> ResponseReturnValue:
+    return jsonify(do_evict(model, _optional_body(EvictBody))), 202
+
+
+@bp.post("/api/models/<model>/pin")
+@require_admin
+def api_pin(model: str) -> ResponseReturnValue:
+    return jsonify(do_pin(model, True))
+
+
+@bp.post("/api/models/<model>/unpin")
+@require_admin
+def api_unpin(model: str) -> ResponseReturnValue:
+    return jsonify(do_pin(model, False))

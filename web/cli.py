@@ -1,0 +1,83 @@
+"""`prewarm web`: the Flask app under gunicorn on PORT.
+
+Metrics: gunicorn runs several worker processes, so prometheus_client's multiprocess mode is switched on
+(PROMETHEUS_MULTIPROC_DIR, set here before anything imports prometheus_client when the environment does
+not set it) and each dead worker's files are marked as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+
+def _multiproc_dir(data_dir: str) -> str:
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        path = os.path.join(data_dir, f"prometheus-web-{os.getpid()}")
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):  # leftovers from an earlier run would be summed in
+            if name.endswith(".db"):
+                os.unlink(os.path.join(path, name))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from prewarm import runtime
+    from prewarm.config import Settings
+
+    settings = Settings.from_env()
+    _multiproc_dir(str(settings.data_dir))
+    # Resolve (or start) Redis once in the master, so every worker shares it and we own its lifetime.
+    url = runtime.redis_url(settings, start=True)
+    os.environ["PREWARM_REDIS_URL"] = url
+    port = args.port or settings.port
+    workers = args.workers or int(os.environ.get("PREWARM_WEB_WORKERS") or 2)
+
+    from gunicorn.app.base import BaseApplication
+
+    def child_exit(_server: Any, worker: Any) -> None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
+    class _App(BaseApplication):
+        def load_config(self) -> None:
+            self.cfg.set("bind", f"{args.host}:{port}")
+            self.cfg.set("workers", workers)
+            self.cfg.set("worker_class", "gthread")
+            self.cfg.set("threads", args.threads)
+            self.cfg.set("timeout", 60)
+            self.cfg.set("graceful_timeout", 10)
+            self.cfg.set("keepalive", 5)
+            self.cfg.set("child_exit", child_exit)
+            self.cfg.set("accesslog", "-" if args.access_log else None)
+            self.cfg.set("proc_name", "prewarm-web")
+
+        def load(self) -> Any:
+            from web.app import create_app
+
+            return create_app()
+
+    print(f"prewarm web: http://{args.host}:{port}/ ({workers} workers × {args.threads} threads)",
+          file=sys.stderr, flush=True)
+    try:
+        _App().run()
+    finally:
+        runtime.stop_owned()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("web", help="serve the console, JSON API, hooks and /metrics (gunicorn on PORT)")
+    p.add_argument("--host", default=os.environ.get("PREWARM_WEB_HOST") or "0.0.0.0",
+                   help="address to bind (default PREWARM_WEB_HOST or 0.0.0.0)")
+    p.add_argument("--port", type=int, help="port (default PORT or 8000)")
+    p.add_argument("--workers", type=int, help="gunicorn worker processes (default PREWARM_WEB_WORKERS or 2)")
+    p.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")
+    p.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    p.set_defaults(func=cmd_web)

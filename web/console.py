@@ -1,0 +1,165 @@
+"""The admin console: server-rendered Fleet / Models / Events pages, login, and operator actions.
+
+Pages are plain HTML; `static/console.js` re-fetches the page every few seconds and swaps its main
+section, so there is no build step and the pages work without JavaScript too. Actions are form posts
+with a CSRF token, go through the same functions as the JSON API (and so the one dispatch path), and
+redirect back with a flash message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from pydantic import ValidationError
+
+from prewarm import events, traffic
+from prewarm.config import format_bytes
+from web import api, auth
+from web.schemas import EvictBody, PreloadBody
+from web.util import ApiError, ctx
+
+bp = Blueprint("console", __name__, template_folder="templates", static_folder="static",
+               static_url_path="/static")
+
+
+@bp.app_template_filter("bytes")
+def _bytes(n: float | None) -> str:
+    return format_bytes(n or 0)
+
+
+@bp.app_template_filter("ago")
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "never"
+    d = max(0.0, time.time() - ts)
+    if d < 60:
+        return f"{d:.0f} s ago"
+    if d < 3600:
+        return f"{d / 60:.0f} min ago"
+    if d < 86400:
+        return f"{d / 3600:.1f} h ago"
+    return f"{d / 86400:.1f} d ago"
+
+
+@bp.app_template_filter("clock")
+def _clock(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+@bp.app_template_filter("pct")
+def _pct(part: float, whole: float) -> str:
+    return f"{(100.0 * part / whole) if whole else 0.0:.2f}%"
+
+
+@bp.app_context_processor
+def _globals() -> dict[str, Any]:
+    return {"logged_in": auth.logged_in(), "csrf_token": auth.csrf_token,
+            "actions_enabled": bool(ctx().settings.admin_token)}
+
+
+def _sparkline_points(counts: list[int], width: float = 120.0, height: float = 24.0) -> str:
+    """SVG polyline points for a sparkline (scaled to the window's peak)."""
+    if not counts:
+        return ""
+    peak = max(counts) or 1
+    step = width / max(1, len(counts) - 1)
+    return " ".join(f"{i * step:.1f},{height - (c / peak) * (height - 2) - 1:.1f}" for i, c in enumerate(counts))
+
+
+@bp.get("/")
+def index() -> ResponseReturnValue:
+    return redirect(url_for("console.fleet"))
+
+
+@bp.get("/fleet")
+def fleet() -> ResponseReturnValue:
+    view = api.fleet_view()
+    c = ctx()
+    now = view["now"]
+    rates = traffic.rates(c.r, 60, now=now)
+    last = traffic.last_requests(c.r)
+    return render_template("fleet.html", view=view, rates=rates, last=last, models=c.catalog.models)
+
+
+@bp.get("/models")
+def models() -> ResponseReturnValue:
+    rows = api.models_view()
+    for row in rows:
+        row["spark_points"] = _sparkline_points(row["sparkline"]["counts"])
+        row["spark_peak"] = max(row["sparkline"]["counts"] or [0])
+    alive = [g for g in api.fleet_view()["gpus"] if g["alive"]]
+    return render_template("models.html", rows=rows, gpus=alive)
+
+
+@bp.get("/events")
+def events_page() -> ResponseReturnValue:
+    filters = {k: (request.args.get(k) or "").strip()[:200] or None for k in ("model", "gpu", "actor")}
+    evs = events.read(ctx().r, limit=300, **filters)
+    return render_template("events.html", events=evs, filters=filters, actors=events.ACTORS)
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login() -> ResponseReturnValue:
+    nxt = _safe_next(request.values.get("next"))
+    if request.method == "POST":
+        auth.check_csrf()
+        if auth.login(request.form.get("token", "")):
+            flash("Logged in.", "ok")
+            return redirect(nxt)
+        flash("That is not the admin token (PREWARM_ADMIN_TOKEN).", "error")
+        return render_template("login.html", next=nxt), 401
+    return render_template("login.html", next=nxt)
+
+
+@bp.post("/logout")
+def logout() -> ResponseReturnValue:
+    auth.check_csrf()
+    from flask import session
+
+    session.clear()
+    flash("Logged out.", "ok")
+    return redirect(url_for("console.fleet"))
+
+
+def _safe_next(target: str | None) -> str:
+    """Only same-site paths: no open redirect through ?next= or the Referer."""
+    if target:
+        parsed = urlparse(target)
+        if not parsed.scheme and not parsed.netloc and target.startswith("/") and not target.startswith("//"):
+            return target
+    return url_for("console.fleet")
+
+
+@bp.post("/actions/preload")
+def action_form() -> ResponseReturnValue:
+    """The fleet page's per-GPU preload form, where the model is a form field."""
+    return action((request.form.get("model") or "")[:128], "preload")
+
+
+@bp.post("/actions/<model>/<action>")
+def action(model: str, action: str) -> ResponseReturnValue:
+    back = _safe_next(request.form.get("next"))
+    if not auth.logged_in():
+        flash("Log in to act on the fleet.", "error")
+        return redirect(url_for("console.login", next=back))
+    auth.check_csrf()
+    form = {k: v for k, v in request.form.items() if k in ("gpu", "version", "reason") and v}
+    try:
+        if action == "preload":
+            result = api.do_preload(model, PreloadBody(**form))
+        elif action == "evict":
+            result = api.do_evict(model, EvictBody(**form))
+        elif action in ("pin", "unpin"):
+            result = api.do_pin(model, action == "pin")
+        else:
+            raise ApiError(404, f"action: unknown action {action!r}", "action")
+        flash(result["message"], "ok")
+    except ApiError as exc:
+        flash(exc.message, "error")
+    except ValidationError as exc:
+        flash(f"invalid form: {exc.errors(include_url=False)[0]['msg']}", "error")
+    return redirect(back)

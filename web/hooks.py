@@ -1,0 +1,166 @@
+"""Hooks for the request router: report requests, look up where a model is warm, announce a rollout.
+
+    POST /hooks/requests   {"model", "count"=1, "ts"?} or {"events": [...]} (<= 10,000)
+                           -> 202 {"accepted": <events>, "requests": <sum of counts>}; all-or-nothing
+    GET  /hooks/route?model=<id>[&version=<v>]
+                           -> 200 {"model", "version", "state": ready|loading|cold, "replicas": [...],
+                                   "preload"?: {"queued", "gpu", "message"}}   ready replicas first
+    POST /hooks/rollout    {"model", "version", "traffic_fraction"} -> 202; the scheduler warms it
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from flask import Blueprint, jsonify, request
+from flask.typing import ResponseReturnValue
+
+from prewarm import events, keys, state, traffic
+from prewarm.catalog import ModelEntry
+from prewarm.config import format_bytes
+from web import coldstarts, metrics
+from web.auth import require_hook_token
+from web.schemas import MAX_BATCH, RequestBatch, RequestEvent, Rollout
+from web.util import ApiError, ctx, json_body, validate
+
+bp = Blueprint("hooks", __name__, url_prefix="/hooks")
+
+# Routable replica states, best first: a router sends to `ready`; the others say when it will be.
+_ORDER = {"ready": 0, "warming": 1, "loading": 2, "pending": 3}
+
+
+@bp.post("/requests")
+@require_hook_token
+def requests_hook() -> ResponseReturnValue:
+    data = json_body()
+    if isinstance(data, dict) and "events" in data:
+        if isinstance(data["events"], list) and len(data["events"]) > MAX_BATCH:
+            raise ApiError(413, f"events: a batch holds at most {MAX_BATCH} events, "
+                                f"got {len(data['events'])}", "events")
+        evs = validate(RequestBatch, data).events
+        prefix = "events[{}]."
+    else:
+        evs = [validate(RequestEvent, data)]
+        prefix = ""
+    catalog = ctx().catalog
+    for i, ev in enumerate(evs):
+        if ev.model not in catalog:
+            field = prefix.format(i) + "model"
+            raise ApiError(422, f"{field}: unknown model {ev.model!r}", field)
+    recorded = traffic.record(ctx().r, [(ev.model, ev.count, ev.ts) for ev in evs])
+    return jsonify({"accepted": len(evs), "requests": recorded}), 202
+
+
+def _model_arg() -> tuple[ModelEntry, str | None]:
+    model = request.args.get("model", "")
+    version = request.args.get("version") or None
+    if not model:
+        raise ApiError(400, "model: query parameter is required", "model")
+    if len(model) > 128 or (version is not None and len(version) > 128):
+        raise ApiError(400, "model: too long", "model")
+    catalog = ctx().catalog
+    if model not in catalog:
+        raise ApiError(404, f"model: unknown model {model!r}", "model")
+    try:
+        return catalog.get(model, version), version
+    except KeyError:
+        raise ApiError(404, f"version: unknown version {version!r} of {model!r}", "version") from None
+
+
+def replica_view(rep: state.Replica, gpu: state.Gpu) -> dict[str, Any]:
+    return {"gpu": gpu.id, "queue": gpu.queue, "version": rep.version, "state": rep.state,
+            "progress": round(rep.progress, 4), "in_flight": rep.in_flight}
+
+
+@bp.get("/route")
+@require_hook_token
+def route_hook() -> ResponseReturnValue:
+    entry, _ = _model_arg()
+    c = ctx()
+    fleet = state.read_fleet(c.r, include_stale=False)
+    found = [(rep, g) for g in fleet.alive() for rep in g.replicas
+             if rep.model == entry.id and rep.version == entry.version and rep.state in _ORDER]
+    # Ready first; among ready, the least busy; then the furthest along.
+    found.sort(key=lambda p: (_ORDER[p[0].state], p[0].in_flight, -p[0].progress, p[1].id))
+    body: dict[str, Any] = {"model": entry.id, "version": entry.version,
+                            "replicas": [replica_view(rep, g) for rep, g in found]}
+    if found and found[0][0].state == "ready":
+        body["state"] = "ready"
+        coldstarts.close_cold_starts(c.r, fleet, [entry.id])
+    elif found or _preload_in_flight(entry, fleet):
+        body["state"] = "loading"
+        coldstarts.open_cold_start(c.r, entry.id, entry.version)
+    else:
+        body["state"] = "cold"
+        coldstarts.open_cold_start(c.r, entry.id, entry.version)
+        body["preload"] = _on_demand_preload(entry, fleet)
+    metrics.ROUTE_LOOKUPS.labels(body["state"]).inc()
+    return jsonify(body)
+
+
+def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
+    """A preload already dispatched (by anyone) but not yet visible as a replica."""
+    gpus = fleet.alive()
+    if not gpus:
+        return False
+    for raw in ctx().r.mget([keys.intent(entry.id, g.id) for g in gpus]):
+        if raw:
+            try:
+                intent = json.loads(raw)
+            except ValueError:
+                continue
+            if intent.get("action") == "preload" and intent.get("version") == entry.version:
+                return True
+    return False
+
+
+def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
+    c = ctx()
+    # One on-demand preload per cold episode, however many routers ask at once.
+    if not c.r.set(keys.cold_claim(entry.id), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
+        return {"queued": False, "message": "an on-demand preload is already in flight"}
+    fits = [g for g in fleet.alive() if g.free_bytes >= entry.size_bytes]
+    if not fits:
+        c.r.delete(keys.cold_claim(entry.id))  # nothing sent: let the next lookup try again
+        where = "no GPU in the fleet" if not fleet.alive() else \
+            f"no GPU has {format_bytes(entry.size_bytes)} free; the scheduler will make room"
+        return {"queued": False, "message": where}
+    gpu = max(fits, key=lambda g: (g.free_bytes, g.id))
+    try:
+        d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
+                                 reason="route lookup found the model cold: on-demand preload",
+                                 numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes})
+    except Exception:
+        c.r.delete(keys.cold_claim(entry.id))
+        raise
+    return {"queued": d.sent, "gpu": d.gpu, "message": d.message}
+
+
+@bp.post("/rollout")
+@require_hook_token
+def rollout_hook() -> ResponseReturnValue:
+    body = validate(Rollout, json_body())
+    catalog = ctx().catalog
+    if body.model not in catalog:
+        raise ApiError(422, f"model: unknown model {body.model!r}", "model")
+    try:
+        catalog.get(body.model, body.version)
+    except KeyError:
+        raise ApiError(422, f"version: {body.model}@{body.version} is not in the catalog; add it first",
+                       "version") from None
+    current = catalog.get(body.model)
+    rec = {"version": body.version, "traffic_fraction": body.traffic_fraction, "since": time.time(),
+           "from_version": current.version}
+    r = ctx().r
+    pipe = r.pipeline(transaction=True)
+    pipe.hset(keys.ROLLOUTS, body.model, json.dumps(rec))
+    events.record(pipe, "rollout", "router", model=body.model,
+                  reason=f"rollout announced: {body.model}@{body.version} to take "
+                         f"{body.traffic_fraction:.0%} of traffic from {current.version}",
+                  numbers={"version": body.version, "traffic_fraction": body.traffic_fraction},
+                  maxlen=ctx().settings.event_log_max)
+    pipe.execute()
+    return jsonify({"model": body.model, **rec}), 202
+

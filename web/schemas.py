@@ -1,0 +1,87 @@
+"""Request payloads of the hooks and the JSON API, validated with pydantic.
+
+Validation errors become a 4xx whose message names the field (`events[3].count: ...`), never a stack
+trace; see `web.errors`. Checks that need the catalog (is this a known model?) are done by the views.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+
+MAX_BATCH = 10_000
+FUTURE_SKEW_S = 300.0  # a router's clock may run a little ahead of ours; more than this is a bug
+MAX_AGE_S = 8 * 24 * 3600.0  # older than the coarse traffic buckets keep: nothing to record it into
+ModelId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+class RequestEvent(_Strict):
+    model: ModelId
+    count: Annotated[StrictInt, Field(ge=0, le=1_000_000)] = 1
+    ts: float | None = None
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _sane_ts(cls, v: Any) -> float | None:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError("must be a number of Unix seconds")
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of Unix seconds")
+        now = time.time()
+        if v > now + FUTURE_SKEW_S:
+            raise ValueError(f"is {v - now:.0f} s in the future (at most {FUTURE_SKEW_S:.0f} s allowed)")
+        if v < now - MAX_AGE_S:
+            raise ValueError("is older than the traffic store keeps (8 days)")
+        return float(v)
+
+
+class RequestBatch(_Strict):
+    events: Annotated[list[RequestEvent], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class Rollout(_Strict):
+    model: ModelId
+    version: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    traffic_fraction: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class PreloadBody(_Strict):
+    gpu: Annotated[str, Field(max_length=200)] | None = None
+    version: Annotated[str, Field(max_length=128)] | None = None
+    reason: Annotated[str, Field(max_length=500)] | None = None
+
+
+class EvictBody(PreloadBody):
+    pass
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """('events', 3, 'count') -> 'events[3].count'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "body"
+
+
+def describe(exc: ValidationError) -> tuple[str, str]:
+    """The first error as (field, message), e.g. ('events[3].count', 'events[3].count: input ...')."""
+    err = exc.errors(include_url=False)[0]
+    name = field_path(tuple(err["loc"]))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    return name, f"{name}: {msg}"
