@@ -1,0 +1,224 @@
+"""JSON API, console pages, login and CSRF against a real Redis (the fleet is published as heartbeats)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+
+from prewarm import celery_app, events, keys, traffic
+from web.app import create_app
+
+from .web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
+
+ADMIN = "admin-t0ken"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+GPU_A, GPU_B = "node-a/cpu:0", "node-b/cpu:0"
+
+
+@pytest.fixture
+def app(redis_url: str, tmp_path: Path) -> Flask:
+    return create_app(make_context(redis_url, make_catalog(tmp_path / "models"), admin_token=ADMIN))
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+def _csrf(client: FlaskClient, path: str = "/login") -> str:
+    html = client.get(path).get_data(as_text=True)
+    m = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert m, f"no CSRF token on {path}"
+    return m.group(1)
+
+
+def _login(client: FlaskClient) -> str:
+    resp = client.post("/login", data={"token": ADMIN, "csrf_token": _csrf(client), "next": "/fleet"})
+    assert resp.status_code == 302 and resp.headers["Location"].endswith("/fleet")
+    return _csrf(client, "/fleet")
+
+
+def test_healthz(client: FlaskClient) -> None:
+    resp = client.get("/healthz")
+    assert resp.status_code == 200 and resp.get_json() == {"status": "ok"}
+
+
+def test_fleet_shows_memory_split_and_stale_gpus(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, total_mib=10, replicas=[replica("alpha", GPU_A, "ready", mib=1),
+                                                   replica("beta", GPU_A, "loading", mib=2, progress=0.5)])
+    r.sadd(keys.GPUS, "node-z/cpu:0")  # announced once, heartbeat gone: stale
+    body = client.get("/api/fleet").get_json()
+    gpus = {g["id"]: g for g in body["gpus"]}
+    a = gpus[GPU_A]
+    assert a["alive"] is True and a["memory"] == {"ready": MIB, "loading": 2 * MIB, "free": 7 * MIB}
+    assert a["speculative_budget_bytes"] == int(10 * MIB * 0.6)
+    assert {x["model"]: x["state"] for x in a["replicas"]} == {"alpha": "ready", "beta": "loading"}
+    assert gpus["node-z/cpu:0"]["alive"] is False
+
+
+def test_models_have_rates_totals_replicas_and_sparklines(client: FlaskClient, r: redis.Redis) -> None:
+    now = time.time()
+    traffic.record(r, [("alpha", 30, now - 10), ("alpha", 30, now - 20), ("beta", 1, now - 5)])
+    publish_gpu(r, GPU_A, replicas=[replica("alpha", GPU_A, "ready")])
+    r.lpush(keys.load_times("alpha"), *[str(x) for x in (1.0, 2.0, 3.0, 4.0, 10.0)])
+    r.hset(keys.LAST_COLD_START, "alpha", "2.500")
+    r.sadd(keys.PINNED, "beta")
+    models = {m["id"]: m for m in client.get("/api/models").get_json()["models"]}
+    assert set(models) == {"alpha", "beta", "gamma"}
+    a = models["alpha"]
+    assert a["requests_total"] == 60 and a["rate_per_s"] == pytest.approx(1.0)
+    assert a["replicas"][0]["gpu"] == GPU_A and a["replicas"][0]["state"] == "ready"
+    assert a["p95_load_s"] == 10.0 and a["last_cold_start_s"] == 2.5
+    assert a["sparkline"]["resolution_s"] == 60 and len(a["sparkline"]["counts"]) == 60
+    assert sum(a["sparkline"]["counts"]) == 60
+    assert models["beta"]["pinned"] is True and models["gamma"]["requests_total"] == 0
+    assert client.get("/api/models?window=abc").status_code == 400
+
+
+def test_actions_refuse_without_credentials(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, replicas=[replica("alpha", GPU_A, "ready")])
+    for action in ("preload", "evict", "pin", "unpin"):
+        for headers in ({}, {"Authorization": "Bearer nope"}):
+            resp = client.post(f"/api/models/alpha/{action}", headers=headers)
+            assert resp.status_code == 401, action
+            assert "admin" in resp.get_json()["error"].lower() and ADMIN not in resp.get_data(as_text=True)
+    assert queued_tasks(r, "gpu.node-a.cpu:0") == [] and not r.exists(keys.PINNED)
+
+
+def test_actions_are_disabled_without_an_admin_token(redis_url: str, tmp_path: Path) -> None:
+    client = create_app(make_context(redis_url, make_catalog(tmp_path / "m"))).test_client()
+    resp = client.post("/api/models/alpha/pin", headers={"Authorization": "Bearer anything"})
+    assert resp.status_code == 403 and "PREWARM_ADMIN_TOKEN" in resp.get_json()["error"]
+
+
+def test_preload_and_evict_through_the_dispatcher(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, total_mib=8)
+    publish_gpu(r, GPU_B, total_mib=16)
+    resp = client.post("/api/models/beta/preload", json={"gpu": GPU_A, "reason": "warm for a demo"}, headers=AUTH)
+    assert resp.status_code == 202, resp.get_json()
+    assert resp.get_json()["gpu"] == GPU_A and resp.get_json()["queued"] is True
+    tasks = queued_tasks(r, "gpu.node-a.cpu:0")
+    assert len(tasks) == 1 and tasks[0]["headers"]["task"] == celery_app.PRELOAD
+    again = client.post("/api/models/beta/preload", json={"gpu": GPU_A}, headers=AUTH)
+    assert again.status_code == 409 and "in flight" in again.get_json()["error"]
+    # Without a gpu: the one with most free memory.
+    assert client.post("/api/models/alpha/preload", headers=AUTH).get_json()["gpu"] == GPU_B
+    ev = events.read(r, model="beta")[0]
+    assert (ev.kind, ev.actor, ev.gpu, ev.reason) == ("preload", "operator", GPU_A, "warm for a demo")
+
+    assert client.post("/api/models/gamma/evict", headers=AUTH).status_code == 409  # not resident
+    publish_gpu(r, GPU_B, total_mib=16, replicas=[replica("gamma", GPU_B, "ready", mib=4)])
+    resp = client.post("/api/models/gamma/evict", json={}, headers=AUTH)
+    assert resp.status_code == 202 and resp.get_json()["evictions"][0]["gpu"] == GPU_B
+    names = sorted(t["headers"]["task"] for t in queued_tasks(r, "gpu.node-b.cpu:0"))
+    assert names == [celery_app.EVICT, celery_app.PRELOAD]
+    assert events.read(r, model="gamma", actor="operator")[0].kind == "evict"
+
+
+@pytest.mark.parametrize("url, body, status, field", [
+    ("/api/models/nope/preload", {}, 404, "model"),
+    ("/api/models/alpha/preload", {"gpu": "node-q/cuda:7"}, 422, "gpu"),
+    ("/api/models/alpha/preload", {"version": "v9"}, 422, "version"),
+    ("/api/models/alpha/preload", {"gpu": 5}, 422, "gpu"),
+    ("/api/models/alpha/preload", {"path": "/etc/passwd"}, 422, "path"),
+    ("/api/models/alpha/evict", {"gpu": "nowhere"}, 422, "gpu"),
+])
+def test_action_bad_input(client: FlaskClient, r: redis.Redis, url: str, body: dict, status: int,
+                          field: str) -> None:
+    publish_gpu(r, GPU_A)
+    resp = client.post(url, json=body, headers=AUTH)
+    assert resp.status_code == status, resp.get_json()
+    assert resp.get_json()["field"] == field
+
+
+def test_preload_with_no_fleet_is_a_conflict(client: FlaskClient) -> None:
+    resp = client.post("/api/models/alpha/preload", headers=AUTH)
+    assert resp.status_code == 409 and "no GPU" in resp.get_json()["error"]
+
+
+def test_pin_and_unpin(client: FlaskClient, r: redis.Redis) -> None:
+    assert client.post("/api/models/alpha/pin", headers=AUTH).get_json()["pinned"] is True
+    assert r.sismember(keys.PINNED, "alpha")
+    assert client.post("/api/models/alpha/unpin", headers=AUTH).get_json()["pinned"] is False
+    assert not r.sismember(keys.PINNED, "alpha")
+    assert [e.kind for e in events.read(r, model="alpha")] == ["unpin", "pin"]
+
+
+def test_events_filters(client: FlaskClient, r: redis.Redis) -> None:
+    events.record(r, "preload", "scheduler", model="alpha", gpu=GPU_A, reason="rate rising",
+                  numbers={"rate": 3.1})
+    events.record(r, "evict", "operator", model="beta", gpu=GPU_B, reason="manual")
+    assert len(client.get("/api/events").get_json()["events"]) == 2
+    only = client.get("/api/events?model=alpha").get_json()["events"]
+    assert len(only) == 1 and only[0]["numbers"] == {"rate": 3.1}
+    assert [e["model"] for e in client.get(f"/api/events?gpu={GPU_B}").get_json()["events"]] == ["beta"]
+    assert [e["model"] for e in client.get("/api/events?actor=scheduler").get_json()["events"]] == ["alpha"]
+    assert client.get("/api/events?limit=0").status_code == 400
+
+
+# --- console -----------------------------------------------------------------------------------------
+def test_pages_render_read_only_without_login(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, replicas=[replica("alpha", GPU_A, "loading", progress=0.3)])
+    r.sadd(keys.GPUS, "node-z/cpu:0")
+    events.record(r, "preload", "scheduler", model="alpha", gpu=GPU_A, reason="forecast 12/s in 40 s")
+    fleet = client.get("/fleet").get_data(as_text=True)
+    assert GPU_A in fleet and "STALE" in fleet and 'data-state="loading"' in fleet
+    assert "Log in" in fleet and "Preload" not in fleet  # no action forms for anonymous visitors
+    assert "alpha" in client.get("/models").get_data(as_text=True)
+    assert "forecast 12/s in 40 s" in client.get("/events?model=alpha").get_data(as_text=True)
+    assert client.get("/").status_code == 302
+
+
+def test_login_wrong_token_and_csrf(client: FlaskClient) -> None:
+    assert client.post("/login", data={"token": ADMIN}).status_code == 403  # no CSRF token
+    resp = client.post("/login", data={"token": "wrong", "csrf_token": _csrf(client)})
+    assert resp.status_code == 401 and "not the admin token" in resp.get_data(as_text=True)
+    resp = client.post("/login", data={"token": ADMIN, "csrf_token": _csrf(client), "next": "https://evil.example/"})
+    assert resp.status_code == 302 and resp.headers["Location"] == "/fleet"  # no open redirect
+
+
+def test_console_actions_need_csrf(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A)
+    token = _login(client)
+    resp = client.post("/actions/alpha/pin", data={"next": "/models"})
+    assert resp.status_code == 403 and not r.sismember(keys.PINNED, "alpha")
+    # The JSON API with a session cookie but no CSRF header is refused too.
+    assert client.post("/api/models/alpha/pin").status_code == 403
+    resp = client.post("/actions/alpha/pin", data={"csrf_token": token, "next": "/models"})
+    assert resp.status_code == 302 and r.sismember(keys.PINNED, "alpha")
+    resp = client.post("/api/models/alpha/unpin", headers={"X-CSRF-Token": token})
+    assert resp.status_code == 200 and not r.sismember(keys.PINNED, "alpha")
+
+
+def test_console_preload_and_evict_forms(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A)
+    token = _login(client)
+    fleet = client.get("/fleet").get_data(as_text=True)
+    assert 'data-action="preload"' in fleet
+    resp = client.post("/actions/preload", data={"csrf_token": token, "model": "alpha", "gpu": GPU_A,
+                                                 "next": "/fleet"}, follow_redirects=True)
+    assert "preload of alpha queued on node-a/cpu:0" in resp.get_data(as_text=True)
+    assert len(queued_tasks(r, "gpu.node-a.cpu:0")) == 1
+    resp = client.post("/actions/gamma/evict", data={"csrf_token": token, "next": "/fleet"}, follow_redirects=True)
+    assert "not resident" in resp.get_data(as_text=True)
+
+
+def test_logout(client: FlaskClient, r: redis.Redis) -> None:
+    token = _login(client)
+    assert client.post("/logout", data={"csrf_token": token}).status_code == 302
+    resp = client.post("/actions/alpha/pin", data={"csrf_token": token})
+    assert resp.status_code == 302 and "/login" in resp.headers["Location"]
+    assert not r.sismember(keys.PINNED, "alpha")
+
+
+def test_unknown_paths_and_methods_answer_in_json(client: FlaskClient) -> None:
+    resp = client.get("/api/nothing")
+    assert resp.status_code == 404 and "no such page" in resp.get_json()["error"]
+    resp = client.get("/api/models/alpha/pin")
+    assert resp.status_code == 405 and "POST" in resp.headers["Allow"]
