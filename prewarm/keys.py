@@ -66,6 +66,8 @@ def load_times(model: str) -> str:
 
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at} of an open cold start (route saw it cold).
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
+OBSERVED_LOADS = PREFIX + "observed_loads"  # Hash "<gpu>|<model>@<version>" -> created_at already put in
+#                                            the load/warmup histograms (so each load is observed once).
 DISPATCH_COUNTS = PREFIX + "dispatch_counts"  # Hash "<action>:<kind>" -> actions dispatched (for metrics).
 
 # --- decisions and leadership ---------------------------------------------------------------------
