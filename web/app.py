@@ -53,7 +53,9 @@ def create_app(context: Context | None = None) -> Flask:
     @app.get("/metrics")
     def metrics_view() -> Response:
         c = ctx()
-        coldstarts.close_cold_starts(c.r, state.read_fleet(c.r))  # a cold start ends even with no lookups
+        fleet = state.read_fleet(c.r)
+        coldstarts.close_cold_starts(c.r, fleet)  # a cold start ends even when no lookup notices it
+        coldstarts.observe_loads(c.r, fleet)
         return Response(metrics.exposition(ctx().r), mimetype="text/plain; version=0.0.4; charset=utf-8")
 
     @app.errorhandler(ApiError)

@@ -5,6 +5,9 @@ so one episode is counted once however many lookups see it) and closes when a re
 is ready. Whichever process first notices the ready replica closes it (HDEL returning 1 decides), so
 the duration histogram gets each cold start exactly once. The duration runs to the moment the replica
 became ready (its `since`), not to when it was noticed.
+
+Model load and warmup times are put into their histograms the same way: the worker records them on the
+replica, and the first web process to see the ready replica (at a /metrics scrape) claims it in Redis.
 """
 
 from __future__ import annotations
@@ -74,3 +77,34 @@ def open_models(r: redis.Redis) -> dict[str, float]:
 
 def last_durations(r: redis.Redis) -> dict[str, float]:
     return {k.decode(): float(v) for k, v in r.hgetall(keys.LAST_COLD_START).items()}
+
+
+# Claim replicas whose load has not been observed yet: ARGV is field, created_at pairs; returns the
+# indexes (1-based pair numbers) newly claimed. Atomic, so two web processes never observe one load twice.
+_CLAIM_LOADS = """
+local out = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) ~= ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    table.insert(out, (i + 1) / 2)
+  end
+end
+return out
+"""
+
+
+def observe_loads(r: redis.Redis, fleet: state.Fleet) -> int:
+    """Put each newly ready replica's measured load and warmup seconds into the histograms, once."""
+    done = [x for x in fleet.replicas() if x.state == "ready" and x.load_seconds is not None]
+    if not done:
+        return 0
+    argv: list[str] = []
+    for x in done:
+        argv += [f"{x.gpu}|{x.model}@{x.version}", f"{x.created_at:.6f}"]
+    claimed = r.eval(_CLAIM_LOADS, 1, keys.OBSERVED_LOADS, *argv)
+    for n in claimed:
+        x = done[int(n) - 1]
+        metrics.MODEL_LOAD.observe(float(x.load_seconds or 0.0))
+        if x.warmup_seconds is not None:
+            metrics.MODEL_WARMUP.observe(float(x.warmup_seconds))
+    return len(claimed)
