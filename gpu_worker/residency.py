@@ -46,6 +46,7 @@ from gpu_worker.errors import (
 from prewarm import events, keys, state
 from prewarm.catalog import Catalog, CatalogError, ModelEntry, WarmupInput, load_catalog
 from prewarm.config import DeviceSpec, Settings, format_bytes
+from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 log = logging.getLogger("prewarm.worker")
 
@@ -201,20 +202,33 @@ class NodeWorker:
                     self._catalog = load_catalog(self.catalog_path)
                     self._catalog_error = None
                 except CatalogError as exc:
-                    self._catalog_error = str(exc)
-                    log.error("catalog %s: %s", self.catalog_path, exc)
+                    # One model's broken weights must not take every model down: without the file checks
+                    # the catalog still loads, and a preload of the broken model fails naming its file.
+                    try:
+                        self._catalog = load_catalog(self.catalog_path, check_files=False)
+                        self._catalog_error = None
+                        log.error("catalog %s: %s (serving the other models; that one will fail to load)",
+                                  self.catalog_path, exc)
+                    except CatalogError as exc2:
+                        self._catalog_error = str(exc2)
+                        log.error("catalog %s: %s", self.catalog_path, exc2)
             if self._catalog is None:
                 raise UnknownModel(f"this worker has no usable catalog: {self._catalog_error}")
             return self._catalog
 
     def entry(self, model: str, version: str | None) -> ModelEntry:
         cat = self.catalog()
+        extra = f" (the catalog file has an error, the last good one is in use: {self._catalog_error})" \
+            if self._catalog_error else ""
+        if model not in cat:
+            raise UnknownModel(f"unknown model {model!r}: not in the catalog {self.catalog_path} this worker "
+                               f"serves{extra}")
         try:
             return cat.get(model, version or None)
-        except KeyError as exc:
-            extra = f" (the catalog file has an error, the last good one is in use: {self._catalog_error})" \
-                if self._catalog_error else ""
-            raise UnknownModel(f"{exc.args[0]} (catalog {self.catalog_path}){extra}") from None
+        except KeyError:
+            known = ", ".join(m.version for m in cat.versions(model))
+            raise UnknownModel(f"unknown model version {model}@{version}: the catalog {self.catalog_path} has "
+                               f"{model} in version(s) {known}{extra}") from None
 
     # --- which GPU ---------------------------------------------------------------------------------
     def gpu_for(self, gpu: str | None = None, routing_key: str | None = None) -> GpuSlot:
@@ -388,8 +402,12 @@ class NodeWorker:
         # Buffers outside the state dict are made by the builder, not read from the weights.
         extra = [n for n, _ in meta.named_buffers() if n not in persistent]
         del meta
-        # 2. Reserve what the weights need before allocating any of it.
-        need = entry.size_bytes
+        # 2. Reserve what the weights need before allocating any of it: their headers say exactly how much
+        #    (read now, not from the catalog's cache, so a file changed since is measured as it is).
+        try:
+            need = sum(read_header(f).data_bytes for f in weight_files(entry.weights))
+        except SafetensorsError as exc:
+            raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
         self._check_cancel(g, s)
         dev.reserve(key, need, residents=[k for k in g.residents() if k != key])
         module: torch.nn.Module | None = None
@@ -426,7 +444,7 @@ class NodeWorker:
 
     def _read(self, g: GpuSlot, s: Slot, entry: ModelEntry, builder: Callable[..., torch.nn.Module],
               expected: dict[str, tuple[torch.dtype, tuple[int, ...]]], extra: list[str]) -> torch.nn.Module:
-        from gpu_worker.loader import LoadError, SafetensorsError, load_weights
+        from gpu_worker.loader import LoadError, load_weights
 
         key = entry.key
         dev = g.device
@@ -436,16 +454,16 @@ class NodeWorker:
 
         def progress(done: int, total: int) -> None:
             self._check_cancel(g, s)  # raising here cancels the load
+            now = time.monotonic()
+            if now - last[0] >= self.options.progress_publish_seconds or done == total:
+                last[0] = now
+                self._set(g, s, bytes=done, progress=round(done / total, 4) if total else 1.0)
             if pace:
                 wait = done / pace - (time.monotonic() - t0)
                 while wait > 0:
                     time.sleep(min(wait, 0.1))
                     self._check_cancel(g, s)
                     wait = done / pace - (time.monotonic() - t0)
-            now = time.monotonic()
-            if now - last[0] >= self.options.progress_publish_seconds or done == total:
-                last[0] = now
-                self._set(g, s, bytes=done, progress=round(done / total, 4) if total else 1.0)
 
         try:
             tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
@@ -456,11 +474,6 @@ class NodeWorker:
             raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
         except OSError as exc:
             raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
-        loaded_bytes = sum(t.untyped_storage().nbytes() for t in tensors.values())
-        if loaded_bytes != entry.size_bytes:
-            raise LoadFailed(f"loading {key} onto {g.id}: the weights at {entry.weights} hold {loaded_bytes} bytes "
-                             f"but the catalog measured {entry.size_bytes} when it was read; the files changed "
-                             "since: restart the worker or touch the catalog")
         try:
             if extra:
                 # The module has buffers the weights do not carry: build it for real on the device.
