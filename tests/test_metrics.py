@@ -10,23 +10,18 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import redis
 from flask.testing import FlaskClient
 
-from prewarm import keys, state
-from prewarm.redis_server import free_port
+from prewarm import keys
 from web import metrics
 from web.app import create_app
 
-from .web_support import MIB, make_catalog, make_context, publish_gpu, replica
+from .web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, replica
 
 REPO = Path(__file__).resolve().parent.parent
 PROMTOOL = shutil.which("promtool")
@@ -151,61 +146,28 @@ def test_metric_docs_list_every_metric() -> None:
 
 
 # --- under gunicorn: several worker processes, multiprocess mode -------------------------------------
-def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def test_multiprocess_metrics_under_gunicorn(redis_url: str, tmp_path: Path, r: redis.Redis) -> None:
-    catalog = make_catalog(tmp_path / "models")
-    port = free_port()
-    env = {**os.environ, "PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PORT": str(port),
-           "PREWARM_DATA_DIR": str(tmp_path / "data"), "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom"),
-           "PYTHONPATH": str(REPO)}
-    (tmp_path / "prom").mkdir()
-    log = open(tmp_path / "web.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "prewarm.cli", "web", "--host", "127.0.0.1", "--workers", "3"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    web = WebProc(redis_url, make_catalog(tmp_path / "models"), tmp_path, workers=3)
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if _get(base + "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, (tmp_path / "web.log").read_text()
-            assert time.time() < deadline, "prewarm web did not answer /healthz within 60 s"
-            time.sleep(0.2)
         publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready")])
         lookups = 60
-        for _ in range(lookups):  # new connections: spread over the gunicorn workers
-            status, body = _get(base + "/hooks/route?model=alpha")
+        for _ in range(lookups):  # a new connection each time: spread over the gunicorn workers
+            status, body = web.get("/hooks/route?model=alpha")
             assert status == 200 and json.loads(body)["state"] == "ready"
-        status, body = _get(base + "/metrics")
+        status, body = web.get("/metrics")
         assert status == 200
         text = body.decode()
-        s = _samples(text)
-        assert s['prewarm_route_lookups_total{result="ready"}'] == lookups  # summed over every worker
-        assert len([f for f in os.listdir(tmp_path / "prom") if f.startswith("counter_")]) >= 2
+        assert _samples(text)['prewarm_route_lookups_total{result="ready"}'] == lookups  # summed over workers
+        assert len([f for f in os.listdir(web.multiproc_dir) if f.startswith("counter_")]) >= 2
         if PROMTOOL:
             _promtool_check_metrics(text)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-    assert state.read_fleet(r).gpus  # the test's Redis was used, not an embedded one
+        web.stop()
 
 
 def test_metric_objects_are_importable_without_flask() -> None:
+    import sys
+
     code = "import sys, web.metrics; assert 'flask' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
     assert metrics.SCHEDULER_TICK is not None

@@ -73,3 +73,71 @@ def queued_tasks(r: redis.Redis, queue: str) -> list[dict]:
     import json
 
     return [json.loads(raw) for raw in r.lrange(queue, 0, -1)]
+
+
+class WebProc:
+    """A real `prewarm web` (gunicorn) on a free loopback port, for tests that need HTTP."""
+
+    def __init__(self, redis_url: str, catalog: Path, work: Path, *, workers: int = 2,
+                 env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from prewarm.redis_server import free_port
+
+        repo = Path(__file__).resolve().parent.parent
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = work / f"web-{self.port}.log"
+        self.multiproc_dir = work / f"prom-{self.port}"
+        self.multiproc_dir.mkdir(parents=True, exist_ok=True)
+        e = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
+        e.update({"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PORT": str(self.port),
+                  "PREWARM_DATA_DIR": str(work / "web-data"), "PROMETHEUS_MULTIPROC_DIR": str(self.multiproc_dir),
+                  "PYTHONPATH": str(repo), **(env or {})})
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "prewarm.cli", "web", "--host", "127.0.0.1", "--workers", str(workers)],
+                env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=repo,
+                start_new_session=True)
+        deadline = time.time() + 60
+        while True:
+            try:
+                if self.get("/healthz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise AssertionError(f"prewarm web did not come up:\n{self.log()[-4000:]}")
+            time.sleep(0.2)
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        import os
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
