@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
+
 __all__ = [
     "HostCache",
     "HostCacheFull",
@@ -383,6 +385,8 @@ def copy_tensors(
         else:
             for name, t in tensors.items():
                 dst = torch.empty(t.shape, dtype=t.dtype, device=device)
+                if t.numel() * t.element_size() >= 2 * HUGE_PAGE_BYTES:
+                    advise_hugepages(dst)  # 2 MiB faults: a 4 KiB-faulted copy runs at a third the speed
                 dst.copy_(t)
                 out[name] = dst
                 done += t.numel() * t.element_size()

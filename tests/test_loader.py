@@ -373,3 +373,24 @@ def test_failed_load_returns_its_memory(tmp_path, monkeypatch, staged):
     grown = proc.memory_info().rss - before
     assert err.value.__traceback__ is not None
     assert grown < 16 << 20, f"a failed load kept {grown} bytes"
+
+
+def test_bench_writes_a_valid_model_and_reports_the_agreed_keys(tmp_path):
+    """`prewarm bench load` at a tiny size: the generated file is real safetensors and the JSON
+    keeps the worker issue's keys (figures are not checked: it reports, it does not assert)."""
+    from safetensors.torch import load_file
+
+    from gpu_worker import bench
+
+    path = tmp_path / "m.safetensors"
+    data_bytes = bench.write_model(path, 4 << 20, seed=3)
+    assert read_header(path).data_bytes == data_bytes
+    assert_same(load_weights(path, CPU), load_file(path))
+
+    r = bench.run_bench(4 << 20, runs=1, directory=str(tmp_path), device="cpu")
+    for key in ("loader_gib_s", "raw_read_gib_s", "load_file_gib_s", "ratio_to_raw_read", "ratio_to_load_file",
+                "peak_rss_bytes", "cold_loader_gib_s", "promote_gib_s"):
+        assert isinstance(r[key], int | float) and r[key] > 0, key
+    assert r["ratio_to_raw_read"] == pytest.approx(r["loader_gib_s"] / r["raw_read_gib_s"], rel=0.01)
+    assert list(tmp_path.glob("prewarm-bench-*")) == []  # its temp dir is gone
+    assert "loader / raw read" in bench._fmt_report(r)
