@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from prewarm import state
 from prewarm.catalog import CatalogError
 from prewarm.context import Context
-from web import api, auth, coldstarts, console, hooks, metrics
+from web import api, auth, coldstarts, console, hooks, metrics, openapi
 from web.util import ApiError, ctx, json_error
 
 log = logging.getLogger("prewarm.web")
@@ -49,6 +49,7 @@ def create_app(context: Context | None = None) -> Flask:
     app.register_blueprint(hooks.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(console.bp)
+    app.register_blueprint(openapi.bp)
 
     @app.get("/metrics")
     def metrics_view() -> Response:
