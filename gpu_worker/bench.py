@@ -299,9 +299,10 @@ def run_bench(
                 "fresh_memcpy_gib_s": round(_gib_s(data_bytes, times["fresh_memcpy"]), 3),
             }
         )
-        result["ratio_to_raw_read"] = round(result["loader_gib_s"] / result["raw_read_gib_s"], 3)
-        result["ratio_to_load_file"] = round(result["loader_gib_s"] / result["load_file_gib_s"], 3)
-        result["ratio_to_fresh_memcpy"] = round(result["loader_gib_s"] / result["fresh_memcpy_gib_s"], 3)
+        loader_gib_s = _gib_s(data_bytes, times["loader"])
+        result["ratio_to_raw_read"] = round(loader_gib_s / _gib_s(file_bytes, times["raw_read"]), 3)
+        result["ratio_to_load_file"] = round(loader_gib_s / _gib_s(data_bytes, times["load_file"]), 3)
+        result["ratio_to_fresh_memcpy"] = round(loader_gib_s / _gib_s(data_bytes, times["fresh_memcpy"]), 3)
         result["spread_gib_s"] = {k: _spread(data_bytes if k != "raw_read" else file_bytes, v) for k, v in times.items()}
 
         # ---- peak RSS of one load in a fresh process (CPU target: the bytes stay in the process)

@@ -265,23 +265,34 @@ def load_weights(
     headers = resolve_headers(source)
     if expected is not None:
         _check_expected(headers, expected)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LoadError(f"cannot load onto {device}: torch.cuda.is_available() is False on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise LoadError(f"cannot load onto {device}: only cpu and cuda devices are supported")
     staged = device.type != "cpu" if staged is None else staged
     nthreads = max(1, threads or default_threads())
-    plan = _plan(headers, chunk_bytes)
-    nthreads = min(nthreads, max(1, len(plan)))
     total = sum(h.data_bytes for h in headers)
     depth = 2
+    # Small models: smaller chunks (not under 1 MiB) so every thread gets a few to read.
+    chunk_bytes = max(min(chunk_bytes, MiB), min(chunk_bytes, total // (4 * nthreads)))
     if staged:
         # The pool bound wins over the chunk size: threads x depth buffers of chunk_bytes.
         chunk_bytes = max(4096, min(chunk_bytes, pool_bytes // (nthreads * depth)))
-        plan = _plan(headers, chunk_bytes)
+    plan = _plan(headers, chunk_bytes)
+    nthreads = min(nthreads, max(1, len(plan)))
 
     tensors: dict[str, torch.Tensor] = {}
     fds: list[int] = []
     try:
         for h in headers:
             for name, e in h.tensors.items():
-                tensors[name] = _allocate(e.shape, TORCH_DTYPES[e.dtype], device, pin_memory)
+                try:
+                    tensors[name] = _allocate(e.shape, TORCH_DTYPES[e.dtype], device, pin_memory)
+                except RuntimeError as exc:  # out of (device) memory, or a device torch cannot use
+                    raise LoadError(
+                        f"allocating tensor {name!r} ({e.nbytes} bytes) on {device} failed "
+                        f"after {sum(t.numel() * t.element_size() for t in tensors.values())} bytes: {exc}"
+                    ) from None
         for h in headers:
             fds.append(os.open(h.path, os.O_RDONLY))
             # Readers walk each file forward: ask the kernel for a larger readahead window.
@@ -362,7 +373,7 @@ def _run(
     def staged_worker() -> None:
         ring: StagingRing | None = None
         try:
-            ring = StagingRing(chunk_bytes, depth, device)
+            ring = StagingRing(chunk_bytes, depth, device, after=alloc_stream)
             while (c := take()) is not None:
                 i = ring.acquire()
                 read(c, [ring.views[i][: c.nbytes]])
@@ -383,6 +394,9 @@ def _run(
                 except BaseException as exc:  # noqa: BLE001
                     fail(_wrap(exc))
 
+    # Copies must follow the allocations, which ran on the caller's current stream (thread-local:
+    # the workers' own current stream is the default one).
+    alloc_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     target = staged_worker if staged else direct_worker
     workers = [threading.Thread(target=target, name=f"prewarm-load-{i}", daemon=True) for i in range(nthreads)]
     for w in workers:

@@ -65,7 +65,15 @@ class StagingRing:
     buffer busy until the copy completes; ``drain()`` waits for every copy of this ring.
     """
 
-    def __init__(self, chunk_bytes: int, depth: int, device: torch.device, *, pin: bool | None = None):
+    def __init__(
+        self,
+        chunk_bytes: int,
+        depth: int,
+        device: torch.device,
+        *,
+        pin: bool | None = None,
+        after: torch.cuda.Stream | None = None,
+    ):
         if chunk_bytes <= 0 or depth <= 0:
             raise ValueError("chunk_bytes and depth must be positive")
         self.device = device
@@ -78,7 +86,7 @@ class StagingRing:
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         if self.stream is not None:
             # Destinations were allocated on the current stream: order our copies after that.
-            self.stream.wait_stream(torch.cuda.current_stream(device))
+            self.stream.wait_stream(after if after is not None else torch.cuda.current_stream(device))
         self._next = 0
 
     @property
@@ -377,9 +385,14 @@ def copy_tensors(
         if device.type == "cuda":
             stream = torch.cuda.Stream(device=device)
             stream.wait_stream(torch.cuda.current_stream(device))
+            # Allocate on the current stream (the caching allocator ties blocks to the stream that
+            # allocated them), copy on the side stream, then wait: the result is ready on return.
+            for name, t in tensors.items():
+                out[name] = torch.empty(t.shape, dtype=t.dtype, device=device)
+            stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for name, t in tensors.items():
-                    out[name] = t.to(device, non_blocking=t.is_pinned())
+                    out[name].copy_(t, non_blocking=t.is_pinned())
             stream.synchronize()
             done = total
         else:

@@ -391,6 +391,32 @@ def test_bench_writes_a_valid_model_and_reports_the_agreed_keys(tmp_path):
     for key in ("loader_gib_s", "raw_read_gib_s", "load_file_gib_s", "ratio_to_raw_read", "ratio_to_load_file",
                 "peak_rss_bytes", "cold_loader_gib_s", "promote_gib_s"):
         assert isinstance(r[key], int | float) and r[key] > 0, key
-    assert r["ratio_to_raw_read"] == pytest.approx(r["loader_gib_s"] / r["raw_read_gib_s"], rel=0.01)
+    assert r["ratio_to_raw_read"] == pytest.approx(r["loader_gib_s"] / r["raw_read_gib_s"], rel=0.05, abs=0.01)
     assert list(tmp_path.glob("prewarm-bench-*")) == []  # its temp dir is gone
     assert "loader / raw read" in bench._fmt_report(r)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA guard")
+def test_cuda_target_without_cuda_is_a_clear_error(model):
+    path, _ = model
+    with pytest.raises(LoadError, match=r"cuda:0.*torch.cuda.is_available\(\) is False"):
+        load_weights(path, "cuda:0")
+
+
+def test_allocation_failure_is_a_load_error_and_frees(model, monkeypatch):
+    path, _ = model
+    refs = track_allocations(monkeypatch)
+    real = loader._allocate
+    count = {"n": 0}
+
+    def failing(*args):
+        count["n"] += 1
+        if count["n"] == 5:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args)
+
+    monkeypatch.setattr(loader, "_allocate", failing)
+    with pytest.raises(LoadError, match=r"allocating tensor '.+' \(\d+ bytes\) on cpu failed.*simulated"):
+        load_weights(path, CPU)
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
