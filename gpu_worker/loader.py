@@ -294,9 +294,19 @@ def load_weights(
                         f"after {sum(t.numel() * t.element_size() for t in tensors.values())} bytes: {exc}"
                     ) from None
         for h in headers:
-            fds.append(os.open(h.path, os.O_RDONLY))
-            # Readers walk each file forward: ask the kernel for a larger readahead window.
-            os.posix_fadvise(fds[-1], 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            try:
+                fds.append(os.open(h.path, os.O_RDONLY))
+                size = os.fstat(fds[-1]).st_size
+            except OSError as exc:
+                raise LoadError(f"{h.path}: cannot open for reading: {exc.strerror or exc}") from None
+            if size != h.file_size:  # replaced or rewritten since its header was validated
+                raise LoadError(
+                    f"{h.path}: file is {size} bytes now, {h.file_size} when its header was read "
+                    "(changed during the load); retry once the file is complete"
+                )
+            if hasattr(os, "posix_fadvise"):
+                # Readers walk each file forward: ask the kernel for a larger readahead window.
+                os.posix_fadvise(fds[-1], 0, 0, os.POSIX_FADV_SEQUENTIAL)
         _run(plan, headers, fds, tensors, device, staged, nthreads, chunk_bytes, depth, total, progress,
              progress_interval)
         return tensors

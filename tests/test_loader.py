@@ -420,3 +420,15 @@ def test_allocation_failure_is_a_load_error_and_frees(model, monkeypatch):
         load_weights(path, CPU)
     gc.collect()
     assert [r for r in refs if r() is not None] == []
+
+
+def test_file_changed_after_its_header_was_read(model):
+    path, _ = model
+    header = read_header(path)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 64)
+    with pytest.raises(LoadError, match="changed during the load"):
+        load_weights([header], CPU)
+    path.unlink()
+    with pytest.raises(LoadError, match="cannot open"):
+        load_weights([header], CPU)
