@@ -222,3 +222,23 @@ def test_unknown_paths_and_methods_answer_in_json(client: FlaskClient) -> None:
     assert resp.status_code == 404 and "no such page" in resp.get_json()["error"]
     resp = client.get("/api/models/alpha/pin")
     assert resp.status_code == 405 and "POST" in resp.headers["Allow"]
+
+
+def test_trend_forecast_follows_the_sparkline() -> None:
+    from web.api import trend_forecast
+
+    assert trend_forecast([0] * 59) == [0.0] * 10
+    flat = trend_forecast([30] * 59)
+    assert all(f == pytest.approx(30, abs=0.01) for f in flat)
+    ramp = trend_forecast(list(range(0, 118, 2)))  # +2 requests/min every minute
+    assert ramp[0] > 116 and ramp[-1] > ramp[0]
+    falling = trend_forecast(list(range(118, 0, -2)))
+    assert falling[0] <= 2.0 and falling[-1] == 0.0  # never below zero
+
+
+def test_models_api_has_the_forecast(client: FlaskClient, r: redis.Redis) -> None:
+    now = time.time()
+    traffic.record(r, [("alpha", 10 * (i + 1), now - 60 * (30 - i)) for i in range(30)])
+    alpha = next(m for m in client.get("/api/models").get_json()["models"] if m["id"] == "alpha")
+    assert len(alpha["sparkline"]["forecast"]) == 10 and alpha["sparkline"]["forecast"][0] > 200
+    assert "forecast" in client.get("/models").get_data(as_text=True)

@@ -171,3 +171,19 @@ def test_metric_objects_are_importable_without_flask() -> None:
     code = "import sys, web.metrics; assert 'flask' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
     assert metrics.SCHEDULER_TICK is not None
+
+
+def test_retry_lookups_are_not_counted_twice(client: FlaskClient, r: redis.Redis) -> None:
+    def lookups() -> dict[str, float]:
+        s = _samples(client.get("/metrics").get_data(as_text=True))
+        return {k: s[f'prewarm_route_lookups_total{{result="{k}"}}'] for k in ("ready", "loading", "cold")}
+
+    publish_gpu(r, GPU)
+    before = lookups()
+    assert client.get("/hooks/route?model=alpha").get_json()["state"] == "cold"
+    for _ in range(3):  # the router waits for the preload, re-asking
+        assert client.get("/hooks/route?model=alpha&retry=1").get_json()["state"] == "loading"
+    publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready")])
+    assert client.get("/hooks/route?model=alpha&retry=1").get_json()["state"] == "ready"
+    after = lookups()
+    assert {k: after[k] - before[k] for k in after} == {"ready": 0, "loading": 0, "cold": 1}

@@ -35,6 +35,24 @@ from web.util import ApiError, ctx, json_body, validate
 bp = Blueprint("api", __name__)
 
 SPARK_MINUTES = 60
+FORECAST_MINUTES = 10
+
+
+def trend_forecast(counts: list[int], ahead: int = FORECAST_MINUTES, alpha: float = 0.5,
+                   beta: float = 0.3) -> list[float]:
+    """Requests per minute for the next `ahead` minutes by Holt's linear smoothing of complete minutes.
+
+    For display beside the sparkline: the scheduler's own forecasts (with the reasons it acts on) are in
+    the event log.
+    """
+    if not any(counts):
+        return [0.0] * ahead
+    level, trend = float(counts[0]), 0.0
+    for x in counts[1:]:
+        prev = level
+        level = alpha * x + (1 - alpha) * (level + trend)
+        trend = beta * (level - prev) + (1 - beta) * trend
+    return [round(max(0.0, level + (h + 1) * trend), 3) for h in range(ahead)]
 
 
 def speculative_share() -> float:
@@ -122,7 +140,8 @@ def models_view(window_s: float = 60.0, now: float | None = None) -> list[dict[s
             "last_cold_start_s": last_cold.get(m), "cold_start_open_since": open_cold.get(m),
             "p95_load_s": _p95(loads[m]), "load_samples": len(loads[m]),
             "sparkline": {"start": spark.start, "resolution_s": spark.resolution_s,
-                          "counts": spark.series(m)},
+                          "counts": spark.series(m),  # the last bucket is the current, partial minute
+                          "forecast": trend_forecast(spark.series(m)[:-1])},
         })
     return out
 

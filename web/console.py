@@ -61,13 +61,21 @@ def _globals() -> dict[str, Any]:
             "actions_enabled": bool(ctx().settings.admin_token)}
 
 
-def _sparkline_points(counts: list[int], width: float = 120.0, height: float = 24.0) -> str:
-    """SVG polyline points for a sparkline (scaled to the window's peak)."""
-    if not counts:
-        return ""
-    peak = max(counts) or 1
-    step = width / max(1, len(counts) - 1)
-    return " ".join(f"{i * step:.1f},{height - (c / peak) * (height - 2) - 1:.1f}" for i, c in enumerate(counts))
+def _sparkline(counts: list[int], forecast: list[float], width: float = 144.0,
+               height: float = 24.0) -> tuple[str, str]:
+    """SVG polyline points for the last hour and, continuing it, the forecast (scaled to the joint peak)."""
+    values = [float(c) for c in counts] + list(forecast)
+    if not values:
+        return "", ""
+    peak = max(values) or 1.0
+    step = width / max(1, len(values) - 1)
+
+    def pt(i: int, v: float) -> str:
+        return f"{i * step:.1f},{height - (v / peak) * (height - 2) - 1:.1f}"
+
+    past = " ".join(pt(i, v) for i, v in enumerate(values[:len(counts)]))
+    ahead = " ".join(pt(i, v) for i, v in enumerate(values) if i >= len(counts) - 1)
+    return past, ahead
 
 
 @bp.get("/")
@@ -89,8 +97,10 @@ def fleet() -> ResponseReturnValue:
 def models() -> ResponseReturnValue:
     rows = api.models_view()
     for row in rows:
-        row["spark_points"] = _sparkline_points(row["sparkline"]["counts"])
+        row["spark_points"], row["forecast_points"] = _sparkline(row["sparkline"]["counts"],
+                                                                 row["sparkline"]["forecast"])
         row["spark_peak"] = max(row["sparkline"]["counts"] or [0])
+        row["forecast_per_s"] = (row["sparkline"]["forecast"] or [0.0])[-1] / 60.0
     alive = [g for g in api.fleet_view()["gpus"] if g["alive"]]
     return render_template("models.html", rows=rows, gpus=alive)
 

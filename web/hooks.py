@@ -2,9 +2,11 @@
 
     POST /hooks/requests   {"model", "count"=1, "ts"?} or {"events": [...]} (<= 10,000)
                            -> 202 {"accepted": <events>, "requests": <sum of counts>}; all-or-nothing
-    GET  /hooks/route?model=<id>[&version=<v>]
+    GET  /hooks/route?model=<id>[&version=<v>][&retry=1]
                            -> 200 {"model", "version", "state": ready|loading|cold, "replicas": [...],
                                    "preload"?: {"queued", "gpu", "message"}}   ready replicas first
+                           retry=1: a repeat lookup while waiting for a cold model; not counted again in
+                           prewarm_route_lookups_total (which counts requests, not polls)
     POST /hooks/rollout    {"model", "version", "traffic_fraction"} -> 202; the scheduler warms it
 """
 
@@ -96,7 +98,10 @@ def route_hook() -> ResponseReturnValue:
         body["state"] = "cold"
         coldstarts.open_cold_start(c.r, entry.id, entry.version)
         body["preload"] = _on_demand_preload(entry, fleet)
-    metrics.ROUTE_LOOKUPS.labels(body["state"]).inc()
+    # One lookup per request: a router re-asking while it waits for a cold model passes retry=1, so the
+    # hit rate and cold-start share count requests, not polls.
+    if request.args.get("retry") not in ("1", "true"):
+        metrics.ROUTE_LOOKUPS.labels(body["state"]).inc()
     return jsonify(body)
 
 

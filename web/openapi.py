@@ -68,7 +68,9 @@ def spec() -> dict[str, Any]:
             "summary": "Where is the model warm? Ready replicas first; a cold model gets one on-demand preload",
             "security": hook_sec,
             "parameters": [{"name": "model", "in": "query", "required": True, "schema": _MODEL_ID},
-                           {"name": "version", "in": "query", "required": False, "schema": _MODEL_ID}],
+                           {"name": "version", "in": "query", "required": False, "schema": _MODEL_ID},
+                           {"name": "retry", "in": "query", "required": False, "schema": {"enum": ["0", "1"]},
+                            "description": "1: a repeat lookup while waiting; not counted in the hit rate"}],
             "responses": {"200": _resp("the model's state and replicas", {
                 "type": "object", "required": ["model", "version", "state", "replicas"],
                 "properties": {"model": {"type": "string"}, "version": {"type": "string"},
