@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import time
 
 from gpu_worker.heartbeat import Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
@@ -18,6 +20,8 @@ from prewarm.celery_app import make_celery
 from prewarm.config import Settings
 
 log = logging.getLogger("prewarm.worker")
+
+EX_FAILURE = 1  # celery.platforms.EX_FAILURE: the worker stopped on an unrecoverable error
 
 
 def default_threads(n_devices: int) -> int:
@@ -39,34 +43,69 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     except Exception as exc:  # noqa: BLE001 - serve anyway: tasks fail with the catalog's reason
         log.error("catalog %s is not usable (%s); preloads will fail until it is fixed", settings.catalog, exc)
 
-    claim_gpus(worker)
-    heartbeat = Heartbeat(worker).start()
-    for g in worker.gpus.values():
-        inv = g.device.inventory()
-        log.info("serving %s on queue %s: %d bytes total (%s)", g.id, g.queue, inv.total_bytes, g.device.kind)
+    # Until Celery installs its own handlers, SIGTERM/SIGINT stop us cleanly too (claims released, GPUs out).
+    def early_stop(signum: int, _frame: object) -> None:
+        raise SystemExit(0)
 
-    from gpu_worker import tasks
-
-    app = make_celery(url, name="prewarm-worker")
-    tasks.register(app, worker)
-    concurrency = threads or int(os.environ.get("PREWARM_WORKER_THREADS") or default_threads(len(devices)))
-    celery_worker = app.Worker(
-        hostname=f"prewarm@{settings.node}.{os.getpid()}",
-        queues=[g.queue for g in worker.gpus.values()],
-        pool="threads",
-        concurrency=concurrency,
-        loglevel=loglevel.upper(),
-        without_gossip=True,
-        without_mingle=True,
-        without_heartbeat=True,
-        optimization="fair",
-    )
+    signal.signal(signal.SIGTERM, early_stop)
+    signal.signal(signal.SIGINT, early_stop)
+    heartbeat: Heartbeat | None = None
+    exitcode = 0
     try:
-        celery_worker.start()
+        claim_gpus(worker)
+        # Claims are refreshed from now on; the GPUs join the fleet once their queues are consumed.
+        heartbeat = Heartbeat(worker, announce=False).start()
+        for g in worker.gpus.values():
+            inv = g.device.inventory()
+            log.info("serving %s on queue %s: %d bytes total (%s)", g.id, g.queue, inv.total_bytes,
+                     g.device.kind)
+
+        from celery.signals import worker_ready
+
+        from gpu_worker import tasks
+
+        hb = heartbeat
+
+        def on_ready(**_kw: object) -> None:
+            hb.announce()
+            log.info("worker %s ready: %s", worker.worker_id, ", ".join(worker.gpus))
+
+        worker_ready.connect(on_ready, weak=False)
+        concurrency = threads or int(os.environ.get("PREWARM_WORKER_THREADS") or default_threads(len(devices)))
+        # The resident models live in this process, so a broker failure must not end it: kombu's Redis
+        # transport can die with an "Unrecoverable error" when Redis vanishes mid-ack (celery/kombu#970
+        # and kin). Then we build a fresh Celery app and consumer and carry on serving the same replicas.
+        backoff = 0.5
+        while True:
+            app = make_celery(url, name="prewarm-worker")
+            tasks.register(app, worker)
+            celery_worker = app.Worker(
+                hostname=f"prewarm@{settings.node}.{os.getpid()}",
+                queues=[g.queue for g in worker.gpus.values()],
+                pool="threads",
+                concurrency=concurrency,
+                loglevel=loglevel.upper(),
+                without_gossip=True,
+                without_mingle=True,
+                without_heartbeat=True,
+                optimization="fair",
+            )
+            started = time.monotonic()
+            celery_worker.start()
+            exitcode = int(getattr(celery_worker, "exitcode", 0) or 0)
+            if exitcode != EX_FAILURE:  # a requested (warm) shutdown exits 0: never retried
+                break
+            backoff = 0.5 if time.monotonic() - started > 30 else min(backoff * 2, 10.0)
+            log.warning("Celery consumer failed (broker lost?); restarting it in %.1f s, replicas kept", backoff)
+            time.sleep(backoff)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
     finally:
-        heartbeat.stop()
+        if heartbeat is not None:
+            heartbeat.stop()
         worker.shutdown()
         release_claims(worker)
         runtime.stop_owned()
         log.info("worker %s on %s stopped", worker.worker_id, socket.gethostname())
-    return int(getattr(celery_worker, "exitcode", 0) or 0)
+    return exitcode
