@@ -195,10 +195,41 @@ def _plan(headers: list[SafetensorsHeader], chunk_bytes: int) -> list[_Chunk]:
                 cur.nbytes += n
                 done += n
         per_file.append(chunks)
-    out: list[_Chunk] = []
-    for i in range(max((len(c) for c in per_file), default=0)):
-        out.extend(c[i] for c in per_file if i < len(c))
-    return out
+    # File after file: threads take contiguous stripes of this list (see _Stripes), so each walks
+    # one file forward and, with more threads than shards, shards load side by side.
+    return [c for chunks in per_file for c in chunks]
+
+
+class _Stripes:
+    """Hands out plan indices: thread ``t`` walks its own contiguous stripe in order (a sequential
+    read per open file keeps the kernel's readahead effective); a thread whose stripe is done takes
+    the back half of the longest remaining one, so a slow thread does not hold the load back."""
+
+    def __init__(self, items: int, threads: int):
+        bounds = [items * i // threads for i in range(threads + 1)]
+        self._ranges = [[bounds[i], bounds[i + 1]] for i in range(threads)]
+        self._lock = threading.Lock()
+
+    def take(self, t: int) -> tuple[int, int | None] | None:
+        """``(index, next index this thread will read or None)``, or None when all is handed out."""
+        with self._lock:
+            mine = self._ranges[t]
+            if mine[0] >= mine[1]:
+                victim = max(self._ranges, key=lambda r: r[1] - r[0])
+                left = victim[1] - victim[0]
+                if left <= 0:
+                    return None
+                steal = max(1, left // 2)
+                mine[0], mine[1] = victim[1] - steal, victim[1]
+                victim[1] -= steal
+            i = mine[0]
+            mine[0] += 1
+            return i, (mine[0] if mine[0] < mine[1] else None)
+
+    def cancel(self) -> None:
+        with self._lock:
+            for r in self._ranges:
+                r[0] = r[1]
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -304,9 +335,6 @@ def load_weights(
                     f"{h.path}: file is {size} bytes now, {h.file_size} when its header was read "
                     "(changed during the load); retry once the file is complete"
                 )
-            if hasattr(os, "posix_fadvise"):
-                # Readers walk each file forward: ask the kernel for a larger readahead window.
-                os.posix_fadvise(fds[-1], 0, 0, os.POSIX_FADV_SEQUENTIAL)
         _run(plan, headers, fds, tensors, device, staged, nthreads, chunk_bytes, depth, total, progress,
              progress_interval)
         return tensors
@@ -333,9 +361,9 @@ def _run(
     progress_interval: float,
 ) -> None:
     lock = threading.Lock()
-    state = {"next": 0, "done": 0}
+    state = {"done": 0}
     failure: list[BaseException] = []
-    stop = threading.Event()
+    stripes = _Stripes(len(plan), nthreads)
 
     if staged:
         dests = {name: _byte_view(t) for name, t in tensors.items()}
@@ -343,13 +371,47 @@ def _run(
         # One writable memoryview per tensor over its own memory: preadv fills it in place.
         dests = {name: memoryview(_byte_view(t).numpy()) for name, t in tensors.items()}
 
-    def take() -> _Chunk | None:
-        with lock:
-            i = state["next"]
-            if i >= len(plan) or stop.is_set():
-                return None
-            state["next"] = i + 1
-        return plan[i]
+    class Reader:
+        """One thread's own file descriptors (the kernel keeps readahead state per open file)."""
+
+        def __init__(self, t: int):
+            self.t = t
+            self.fds: dict[int, int] = {}
+
+        def fd(self, f: int) -> int:
+            fd = self.fds.get(f)
+            if fd is None:
+                # Reopen the inode we validated (not the path, which may point elsewhere by now):
+                # a new open file has its own readahead window, which a shared one would not.
+                try:
+                    fd = os.open(f"/proc/self/fd/{fds[f]}", os.O_RDONLY)
+                except OSError:
+                    fd = os.dup(fds[f])
+                self.fds[f] = fd
+                if hasattr(os, "posix_fadvise"):
+                    # We walk the stripe forward: ask for the larger readahead window.
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            return fd
+
+        def next(self) -> _Chunk | None:
+            # (WILLNEED on the following chunk was tried: no measurable gain over readahead.)
+            got = stripes.take(self.t)
+            return None if got is None else plan[got[0]]
+
+        def read(self, c: _Chunk, bufs: list[memoryview]) -> None:
+            path = headers[c.file].path
+            try:
+                _preadv_full(self.fd(c.file), bufs, c.offset, path)
+            except OSError as exc:
+                raise LoadError(
+                    f"{path}: reading bytes [{c.offset}, {c.offset + c.nbytes}) failed: {exc.strerror or exc} "
+                    f"(errno {exc.errno}); check the storage device"
+                ) from None
+
+        def close(self) -> None:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
 
     def record(n: int) -> None:
         with lock:
@@ -360,33 +422,27 @@ def _run(
         with lock:
             if not failure:
                 failure.append(exc)
-        stop.set()
+        stripes.cancel()
 
-    def read(c: _Chunk, bufs: list[memoryview]) -> None:
-        path = headers[c.file].path
+    def direct_worker(t: int) -> None:
+        r = Reader(t)
         try:
-            _preadv_full(fds[c.file], bufs, c.offset, path)
-        except OSError as exc:
-            raise LoadError(
-                f"{path}: reading bytes [{c.offset}, {c.offset + c.nbytes}) failed: {exc.strerror or exc} "
-                f"(errno {exc.errno}); check the storage device"
-            ) from None
-
-    def direct_worker() -> None:
-        try:
-            while (c := take()) is not None:
-                read(c, [dests[name][off : off + n] for name, off, n in c.segments])
+            while (c := r.next()) is not None:
+                r.read(c, [dests[name][off : off + n] for name, off, n in c.segments])
                 record(c.nbytes)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             fail(_wrap(exc))
+        finally:
+            r.close()
 
-    def staged_worker() -> None:
+    def staged_worker(t: int) -> None:
+        r = Reader(t)
         ring: StagingRing | None = None
         try:
             ring = StagingRing(chunk_bytes, depth, device, after=alloc_stream)
-            while (c := take()) is not None:
+            while (c := r.next()) is not None:
                 i = ring.acquire()
-                read(c, [ring.views[i][: c.nbytes]])
+                r.read(c, [ring.views[i][: c.nbytes]])
                 segs = []
                 buf_off = 0
                 for name, off, n in c.segments:
@@ -398,6 +454,7 @@ def _run(
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             fail(_wrap(exc))
         finally:
+            r.close()
             if ring is not None:
                 try:
                     ring.close()
@@ -408,7 +465,9 @@ def _run(
     # the workers' own current stream is the default one).
     alloc_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     target = staged_worker if staged else direct_worker
-    workers = [threading.Thread(target=target, name=f"prewarm-load-{i}", daemon=True) for i in range(nthreads)]
+    workers = [
+        threading.Thread(target=target, args=(i,), name=f"prewarm-load-{i}", daemon=True) for i in range(nthreads)
+    ]
     for w in workers:
         w.start()
     try:
@@ -423,7 +482,7 @@ def _run(
                     progress(done, total)
                     last_reported = done
     except BaseException:
-        stop.set()
+        stripes.cancel()
         for w in workers:
             w.join()
         dests.clear()

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import pickle
+import threading
 import weakref
 from pathlib import Path
 
@@ -432,3 +433,31 @@ def test_file_changed_after_its_header_was_read(model):
     path.unlink()
     with pytest.raises(LoadError, match="cannot open"):
         load_weights([header], CPU)
+
+
+def test_stripes_hand_out_each_chunk_once_in_order_and_share_the_tail():
+    s = loader._Stripes(10, 3)
+    got = [s.take(0) for _ in range(3)]
+    assert got == [(0, 1), (1, 2), (2, None)]  # thread 0's stripe, in order, then its end
+    # thread 0 is done with its stripe: it takes the back half of the longest remaining one
+    taken = [g[0] for g in got]
+    while (g := s.take(0)) is not None:
+        taken.append(g[0])
+    assert sorted(taken) == list(range(10))  # one thread alone can finish the whole plan
+    assert s.take(1) is None and s.take(2) is None
+
+    s = loader._Stripes(1000, 4)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def run(t):
+        while (g := s.take(t)) is not None:
+            with lock:
+                seen.append(g[0])
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(seen) == list(range(1000))
