@@ -33,6 +33,9 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     settings = settings or Settings.from_env()
     logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Celery logs every task received/succeeded at INFO (one line per infer); our own log says what matters.
+    for noisy in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     devices = settings.devices()
     url = runtime.redis_url(settings)
     r = runtime.connect(url)

@@ -51,17 +51,30 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
         raise ValueError(f"{path}: no function is active in {min_active} minutes or more")
     n = len(models)
     picked = [active[min(len(active) - 1, (i * (len(active) - 1)) // max(1, n - 1))] for i in range(n)]
-    total = sum(sum(r) for r in picked)
+    totals = [max(1, sum(r)) for r in picked]
     minutes = len(picked[0])
-    scale = 1.0
+    # Thin each model's requests with probability p = min(1, c / total^0.75): busy models are thinned
+    # most, rare ones kept whole, and every model keeps its own shape in time. c is solved (bisection)
+    # so the whole replay runs near target_rate requests per real second.
+    keep = [1.0] * n
     if target_rate:
-        real_seconds = minutes * 60 / speed
-        scale = min(1.0, target_rate * real_seconds / max(1, total))
+        budget = target_rate * minutes * 60 / speed
+
+        def kept(c: float) -> float:
+            return sum(min(1.0, c / t**0.75) * t for t in totals)
+
+        lo, hi = 0.0, max(totals) ** 0.75
+        if kept(hi) > budget:
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if kept(mid) < budget else (lo, mid)
+            keep = [min(1.0, lo / t**0.75) for t in totals]
     out: list[Request] = []
-    for model, counts in zip(models, picked, strict=True):
+    for model, counts, p in zip(models, picked, keep, strict=True):
         for m, c in enumerate(counts):
-            k = int(c * scale) + (1 if rng.random() < (c * scale) % 1 else 0)
-            out.extend(Request(60 * m + 60 * rng.random(), model) for _ in range(k))
+            for _ in range(c):
+                if p >= 1.0 or rng.random() < p:
+                    out.append(Request(60 * m + 60 * rng.random(), model))
     out.sort()
     return out
 

@@ -12,6 +12,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     from scheduler.live import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per tick drowns the decisions
     port = args.metrics_port if args.metrics_port is not None else int(
         os.environ.get("PREWARM_SCHEDULER_METRICS_PORT", "0") or 0)
     if port:

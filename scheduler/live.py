@@ -87,6 +87,9 @@ class Scheduler:
                 else:
                     continue
                 result.dispatched += int(d.sent)
+                if d.sent:
+                    log.info("%s %s on %s (%s): %s", type(action).__name__.lower(), action.model, action.gpu,
+                             action.kind, action.reason)
             except Exception as exc:  # one failed send must not lose the rest of the plan
                 log.exception("dispatch of %s failed", action)
                 result.errors.append(str(exc))
