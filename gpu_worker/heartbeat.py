@@ -71,11 +71,21 @@ def release_claims(worker: NodeWorker) -> None:
 class Heartbeat:
     """A daemon thread beating every `heartbeat_seconds` until stopped."""
 
-    def __init__(self, worker: NodeWorker) -> None:
+    def __init__(self, worker: NodeWorker, *, announce: bool = True) -> None:
         self.worker = worker
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="prewarm-heartbeat", daemon=True)
         self.beats = 0
+        # Claims are kept from the start; the GPUs are announced (join the fleet) only once tasks can be
+        # consumed from their queues, so nothing routes to a worker that is still starting.
+        self.announcing = threading.Event()
+        if announce:
+            self.announcing.set()
+
+    def announce(self) -> None:
+        """Start announcing the GPUs (now, and at every beat)."""
+        self.announcing.set()
+        self.beat()
 
     def beat(self) -> None:
         w = self.worker
@@ -85,7 +95,8 @@ class Heartbeat:
                 holder = w.r.get(keys.worker_lock(g.id))
                 log.error("GPU %s is now claimed by another worker (%s): two workers serve one GPU", g.id,
                           holder.decode() if holder else "?")
-        w.heartbeat()
+        if self.announcing.is_set():
+            w.heartbeat()
         self.beats += 1
 
     def _run(self) -> None:

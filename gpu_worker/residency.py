@@ -65,6 +65,7 @@ class WorkerOptions:
     warmup_min_passes: int = 3  # the first pass is cold (allocator, kernels); stability needs two more
     warmup_max_passes: int = 10
     warmup_tolerance: float = 0.15  # last two passes within 15% of each other: latency is stable
+    warmup_max_seconds: float = 5.0  # per input: past this (and the minimum passes) stop even if not stable
     progress_publish_seconds: float = 0.2
     failed_retention_seconds: float = 600.0
     load_threads: int | None = None
@@ -80,6 +81,7 @@ class WorkerOptions:
         return cls(heartbeat_seconds=s.heartbeat_seconds, heartbeat_ttl=s.heartbeat_ttl,
                    event_log_max=s.event_log_max,
                    warmup_max_passes=int(e.get("PREWARM_WARMUP_MAX_PASSES") or 10),
+                   warmup_max_seconds=float(e.get("PREWARM_WARMUP_MAX_SECONDS") or 5.0),
                    failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
                    load_threads=int(threads) if threads else None,
                    load_pace_bytes_per_s=float(pace) if pace else None)
@@ -509,6 +511,7 @@ class NodeWorker:
                 raise WarmupFailed(f"{entry.key} on {g.id}: {where}: cannot make the input: {exc}") from None
             lat: list[float] = []
             stable = False
+            started = time.perf_counter()
             for _ in range(max(o.warmup_min_passes, o.warmup_max_passes)):
                 self._check_cancel(g, s)
                 t0 = time.perf_counter()
@@ -525,6 +528,8 @@ class NodeWorker:
                         abs(lat[-1] - lat[-2]) <= o.warmup_tolerance * max(lat[-1], lat[-2]):
                     stable = True
                     break
+                if len(lat) >= o.warmup_min_passes and time.perf_counter() - started > o.warmup_max_seconds:
+                    break  # a busy host may never look stable: the time bound keeps preloads finite
             out.append({"shape": list(spec.shape), "dtype": spec.dtype, "passes": len(lat), "stable": stable,
                         "latency_ms": round(lat[-1] * 1000, 3), "first_ms": round(lat[0] * 1000, 3)})
         return out

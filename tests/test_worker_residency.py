@@ -37,6 +37,7 @@ def catalog(tmp_path: Path) -> Path:
 
 def make_worker(r: redis.Redis, catalog: Path, devices: str = "cpu:0=16MiB,cpu:1=16MiB",
                 **opts: object) -> NodeWorker:
+    opts.setdefault("warmup_max_passes", 4)  # a shared 2-core box is rarely "stable": keep tests quick
     w = NodeWorker(r, catalog, "node-t", parse_devices(devices), WorkerOptions(heartbeat_ttl=30, **opts))
     claim_gpus(w)
     w.heartbeat()
@@ -68,8 +69,8 @@ def test_preload_infer_evict_cycle_counts_bytes(r: redis.Redis, catalog: Path) -
     assert out["state"] == "ready" and not out["noop"]
     assert out["bytes"] == size  # measured storage bytes == the headers' data bytes
     assert out["load_seconds"] > 0 and out["warmup_seconds"] > 0
-    assert [x["shape"] for x in out["warmup"]] == [[1, 32], [4, 64]]  # every declared input warmed
-    assert all(2 <= x["passes"] <= 10 for x in out["warmup"])
+    assert [x["shape"] for x in out["warmup"]] == [[1, 16], [4, 32]]  # every declared input warmed
+    assert all(3 <= x["passes"] <= 4 for x in out["warmup"])  # at least the minimum, at most the bound
 
     pub = gpu_state(r, g.id)
     assert (pub.used_bytes, pub.free_bytes, pub.total_bytes) == (size, 16 * 2**20 - size, 16 * 2**20)
@@ -82,7 +83,7 @@ def test_preload_infer_evict_cycle_counts_bytes(r: redis.Redis, catalog: Path) -
     assert ready and ready[0].actor == "worker" and ready[0].numbers["bytes"] == size
 
     res = w.infer(g, "tiny-sharded")
-    assert res["output"]["shape"] == [1, 32, 1024] and res["output"]["finite"]
+    assert res["output"]["shape"] == [1, 16, 1024] and res["output"]["finite"]
     assert res["latency_ms"] > 0
     res = w.infer(g, "tiny-sharded", [[1, 2, 3, 4]])
     assert res["output"]["shape"] == [1, 4, 1024]
@@ -215,7 +216,7 @@ def _expect_failure(r: redis.Redis, w: NodeWorker, model: str, exc_type: type, *
     # Still serving: a good model loads and answers, and the failed one can be cleared by evict.
     assert w.infer(g, "tiny-mlp")["output"]["finite"]
     w.preload(g, "tiny-lm")
-    assert w.infer(g, "tiny-lm")["output"]["shape"] == [1, 32, 512]
+    assert w.infer(g, "tiny-lm")["output"]["shape"] == [1, 16, 512]
     w.evict(g, model)
     assert replica(r, g.id, model) is None
     return msg
