@@ -57,6 +57,9 @@ def cmd_web(args: argparse.Namespace) -> int:
             self.cfg.set("child_exit", child_exit)
             self.cfg.set("accesslog", "-" if args.access_log else None)
             self.cfg.set("proc_name", "prewarm-web")
+            if "control_socket_disable" in self.cfg.settings:
+                # One shared control socket path per user would make two `prewarm web`s collide.
+                self.cfg.set("control_socket_disable", True)
 
         def load(self) -> Any:
             from web.app import create_app

@@ -45,6 +45,12 @@ def _ago(ts: float | None) -> str:
     return f"{d / 86400:.1f} d ago"
 
 
+@bp.app_template_filter("num")
+def _num(v: object) -> str:
+    """Decision numbers at a readable precision (4 significant digits for floats)."""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
 @bp.app_template_filter("clock")
 def _clock(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else ""
