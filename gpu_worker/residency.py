@@ -436,7 +436,11 @@ class NodeWorker:
         except Exception as exc:  # noqa: BLE001
             error = LoadFailed(f"preload of {key} on {g.id} failed: {type(exc).__name__}: {exc}")
         if error is not None:
-            # Outside the except block: no traceback keeps the load's tensors alive.
+            # The error's traceback and context reach the frames that held the load's tensors (a partly
+            # assigned module): cut them, so the memory is returned now, not whenever the error is collected.
+            error.__traceback__ = None
+            error.__context__ = None
+            error.__cause__ = None
             with g.lock:
                 s.module = None
             module = None

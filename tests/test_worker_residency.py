@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from gpu_worker.errors import BadRequest, Cancelled, DoesNotFit, LoadFailed, NotResident, UnknownModel
+from gpu_worker.errors import (
+    BadRequest,
+    Cancelled,
+    DoesNotFit,
+    LoadFailed,
+    NotResident,
+    UnknownModel,
+    WarmupFailed,
+)
 from gpu_worker.heartbeat import Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
 from prewarm import events, keys, state
@@ -371,3 +379,46 @@ def test_published_records_are_plain_json(r: redis.Redis, catalog: Path) -> None
     rec = json.loads(raw[b"tiny-mlp@v1"])
     assert rec["state"] == "ready" and rec["reason"] == "because" and rec["gpu"] == g.id
     assert r.pttl(keys.replicas(g.id)) > 0 and r.pttl(keys.gpu(g.id)) > 0
+
+
+def _prefixed_mlp_catalog(folder: Path, builders: dict[str, str]) -> Path:
+    """Models whose modules wrap tiny-mlp as `.mlp`: the same weights under an `mlp.` prefix."""
+    from safetensors.torch import save_file
+
+    from gpu_worker.demo_models import random_state_dict
+    from tests.model_files import small_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"mlp.{k}": v for k, v in random_state_dict(small_model("tiny-mlp")).items()}
+    save_file(tensors, str(folder / "wrapped.safetensors"))
+    parts = [f'[[models]]\nid = "{mid}"\nversion = "v1"\nweights = "wrapped.safetensors"\n'
+             f'builder = "tests.builders:{fn}"\n'
+             '[[models.warmup]]\nshape = [1, 64]\ndtype = "float32"\n'
+             '[[models.warmup]]\nshape = [8, 64]\ndtype = "float32"\n' for mid, fn in builders.items()]
+    (folder / "catalog.toml").write_text("\n".join(parts))
+    return folder / "catalog.toml"
+
+
+def test_builder_buffers_warmup_failures_and_non_modules(r: redis.Redis, tmp_path: Path) -> None:
+    cat = _prefixed_mlp_catalog(tmp_path / "w", {"buffered": "build_with_buffer", "exploding": "build_exploding",
+                                                 "notmodule": "build_not_a_module"})
+    w = make_worker(r, cat)
+    g = w.gpu_for("cpu:0")
+    weights = tmp_path / "w" / "wrapped.safetensors"
+    size = read_header(weights).data_bytes
+
+    out = w.preload(g, "buffered")  # built for real on the device: its buffer exists, the weights assigned
+    assert out["bytes"] == size + 10 * 4  # the buffer's bytes are measured too
+    res = w.infer(g, "buffered", {"shape": [2, 64]})
+    assert res["output"]["shape"] == [2, 10]
+
+    with pytest.raises(WarmupFailed) as info:
+        w.preload(g, "exploding")
+    msg = str(info.value)
+    assert "warmup input #1 (shape [8, 64], float32)" in msg and "batch of 8 is not supported" in msg
+    assert gpu_state(r, g.id).used_bytes == out["bytes"]  # the exploded one's bytes were returned
+    assert replica(r, g.id, "exploding").state == "failed"
+
+    with pytest.raises(LoadFailed, match="returned dict, not a torch.nn.Module"):
+        w.preload(g, "notmodule")
+    assert weights.exists() and gpu_state(r, g.id).used_bytes == out["bytes"]
