@@ -6,12 +6,33 @@ Delivery is at-least-once (`acks_late`): the worker's tasks are idempotent.
 
 from __future__ import annotations
 
+import ssl
+from urllib.parse import parse_qs, urlsplit
+
 from celery import Celery
 
 PRELOAD = "prewarm.preload"
 EVICT = "prewarm.evict"
 INFER = "prewarm.infer"
 STAGE = "prewarm.stage"
+
+
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+
+def tls_options(redis_url: str) -> dict[str, object]:
+    """TLS settings for Celery's broker and backend from a rediss:// URL's query, the parameters redis-py
+    reads itself for prewarm's own connections: ssl_cert_reqs, ssl_ca_certs, ssl_certfile, ssl_keyfile.
+    Certificates are verified unless the URL says ssl_cert_reqs=none."""
+    query = {k: v[-1] for k, v in parse_qs(urlsplit(redis_url).query).items()}
+    reqs = query.get("ssl_cert_reqs", "required").lower()
+    if reqs not in _CERT_REQS:
+        raise ValueError(f"PREWARM_REDIS_URL: ssl_cert_reqs={reqs!r}; use required, optional or none")
+    opts: dict[str, object] = {"ssl_cert_reqs": _CERT_REQS[reqs]}
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if key in query:
+            opts[key] = query[key]
+    return opts
 
 
 def make_celery(redis_url: str, *, name: str = "prewarm") -> Celery:
@@ -31,9 +52,7 @@ def make_celery(redis_url: str, *, name: str = "prewarm") -> Celery:
         task_track_started=True,
     )
     if redis_url.startswith("rediss://"):
-        import ssl
-
-        # Certificates are verified by default; the URL's ssl_cert_reqs parameter can relax that.
-        app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
-        app.conf.redis_backend_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        ssl_opts = tls_options(redis_url)
+        app.conf.broker_use_ssl = ssl_opts
+        app.conf.redis_backend_use_ssl = ssl_opts
     return app

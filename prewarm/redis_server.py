@@ -44,9 +44,11 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A throwaway redis-server owned by this process."""
 
-    def __init__(self, port: int | None = None, extra_args: list[str] | None = None) -> None:
+    def __init__(self, port: int | None = None, extra_args: list[str] | None = None,
+                 client_url: str | None = None) -> None:
         self.port = port or free_port()
         self.extra_args = extra_args or []
+        self.client_url = client_url  # how to reach it when extra_args change that (TLS port, password)
         self.dir = tempfile.mkdtemp(prefix="prewarm-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -62,7 +64,7 @@ class EmbeddedRedis:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = self._client(socket_connect_timeout=0.5)
         try:
             while True:
                 try:
@@ -77,13 +79,18 @@ class EmbeddedRedis:
         atexit.register(self.stop)
         return self
 
+    def _client(self, **kw: float) -> redis.Redis:
+        if self.client_url:
+            return redis.Redis.from_url(self.client_url, **kw)
+        return redis.Redis(port=self.port, **kw)
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
             try:
-                redis.Redis(port=self.port, socket_timeout=2).shutdown(nosave=True)
+                self._client(socket_timeout=2).shutdown(nosave=True)
             except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError):
                 pass  # shutdown closes the connection under us; fall through to signals if still alive
             try:
