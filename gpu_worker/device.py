@@ -14,6 +14,8 @@ loaded. Every figure is bytes the worker counted itself, never guessed from name
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import threading
 from dataclasses import dataclass
@@ -22,6 +24,18 @@ import torch
 
 from gpu_worker.errors import DoesNotFit
 from prewarm.config import DeviceSpec, format_bytes
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim  # noqa: B018 - glibc only
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_libc = _load_libc()
 
 
 def module_bytes(module: torch.nn.Module) -> int:
@@ -137,6 +151,13 @@ class CpuDevice(Device):
     @property
     def torch_device(self) -> torch.device:
         return torch.device("cpu")
+
+    def reclaim(self) -> None:
+        gc.collect()
+        # Tensors under glibc's mmap threshold live in the heap: freed, but kept by the process unless trimmed.
+        # Trimming hands them back to the OS, so an evict shows in the node's memory, not only in our count.
+        if _libc is not None:
+            _libc.malloc_trim(0)
 
     def total_bytes(self) -> int:
         assert self.spec.budget_bytes is not None

@@ -422,3 +422,24 @@ def test_builder_buffers_warmup_failures_and_non_modules(r: redis.Redis, tmp_pat
     with pytest.raises(LoadFailed, match="returned dict, not a torch.nn.Module"):
         w.preload(g, "notmodule")
     assert weights.exists() and gpu_state(r, g.id).used_bytes == out["bytes"]
+
+
+def test_evict_hands_the_memory_back_to_the_os(r: redis.Redis, tmp_path: Path) -> None:
+    """Not only the count: the process's resident memory falls by about the model's bytes."""
+    import psutil
+
+    from gpu_worker import demo_models as dm
+
+    model = dm._mlp("mlp-40mb", "v1", 256, 1024, 10, 10)
+    folder = tmp_path / "big"
+    weights = dm.write_weights(model, folder / "mlp-40mb")
+    (folder / "catalog.toml").write_text(dm.catalog_entry(model, f"mlp-40mb/{weights}"))
+    w = make_worker(r, folder / "catalog.toml", devices="cpu:0=256MiB")
+    g = w.gpu_for("cpu:0")
+    proc = psutil.Process()
+    size = w.preload(g, "mlp-40mb")["bytes"]
+    assert size > 40e6
+    loaded = proc.memory_info().rss
+    assert w.evict(g, "mlp-40mb")["bytes_freed"] == size
+    after = proc.memory_info().rss
+    assert loaded - after > 0.8 * size, f"RSS fell by {loaded - after} bytes of {size}"
