@@ -159,7 +159,8 @@ def test_events_filters(client: FlaskClient, r: redis.Redis) -> None:
     assert len(only) == 1 and only[0]["numbers"] == {"rate": 3.1}
     assert [e["model"] for e in client.get(f"/api/events?gpu={GPU_B}").get_json()["events"]] == ["beta"]
     assert [e["model"] for e in client.get("/api/events?actor=scheduler").get_json()["events"]] == ["alpha"]
-    assert client.get("/api/events?limit=0").status_code == 400
+    for bad in ("0", "²", "-1", "99999", "x"):
+        assert client.get(f"/api/events?limit={bad}").status_code == 400
 
 
 # --- console -----------------------------------------------------------------------------------------

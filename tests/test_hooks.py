@@ -252,3 +252,17 @@ def test_rollout_bad_input(client: FlaskClient, r: redis.Redis, body: dict, fiel
     resp = client.post("/hooks/rollout", json=body)
     assert resp.status_code == 422 and resp.get_json()["field"] == field
     assert not r.exists(keys.ROLLOUTS)
+
+
+def test_deeply_nested_json_is_a_400(client: FlaskClient, r: redis.Redis) -> None:
+    resp = client.post("/hooks/requests", data="[" * 100_000 + "]" * 100_000, content_type="application/json")
+    assert resp.status_code == 400 and resp.get_json()["field"] == "body"
+    assert traffic.totals(r) == {}
+
+
+def test_absurd_numbers_are_422_not_500(client: FlaskClient, r: redis.Redis) -> None:
+    for raw in ('{"model": "alpha", "ts": 1%s}' % ("0" * 400), '{"model": "alpha", "count": 1%s}' % ("0" * 400),
+                '{"model": "alpha", "ts": -1e400}'):
+        resp = client.post("/hooks/requests", data=raw, content_type="application/json")
+        assert resp.status_code == 422, resp.get_json()
+    assert traffic.totals(r) == {}

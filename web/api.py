@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -161,7 +162,7 @@ def api_models() -> ResponseReturnValue:
 @bp.get("/api/events")
 def api_events() -> ResponseReturnValue:
     raw = request.args.get("limit", "200")
-    if not raw.isdigit() or not 1 <= int(raw) <= 2000:
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= 2000:
         raise ApiError(400, "limit: must be an integer from 1 to 2000", "limit")
     filters = {k: request.args.get(k) or None for k in ("model", "gpu", "actor", "kind")}
     for k, v in filters.items():

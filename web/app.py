@@ -40,7 +40,7 @@ def create_app(context: Context | None = None) -> Flask:
         SECRET_KEY=auth.secret_key(c.settings.admin_token),
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Strict",  # with the CSRF token: no cross-site form posts
+        SESSION_COOKIE_SAMESITE="Lax",  # no cookie on cross-site posts; forms also carry a CSRF token
         SESSION_COOKIE_NAME="prewarm_session",
         PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
         JSON_SORT_KEYS=False,

@@ -34,6 +34,10 @@ class RequestEvent(_Strict):
             return v
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError("must be a number of Unix seconds")
+        try:
+            v = float(v)
+        except OverflowError:  # an integer too large for a float
+            raise ValueError("must be a finite number of Unix seconds") from None
         if not math.isfinite(v):
             raise ValueError("must be a finite number of Unix seconds")
         now = time.time()

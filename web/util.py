@@ -42,7 +42,10 @@ def json_body() -> Any:
         raise ApiError(415, "body: send Content-Type: application/json", "body")
     if not request.get_data(cache=True):
         raise ApiError(400, "body: a JSON object is required", "body")
-    data = request.get_json(silent=True)
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # absurdly deep nesting: not a ValueError, so not caught by `silent`
+        data = None
     if data is None:
         raise ApiError(400, "body: malformed JSON", "body")
     return data
