@@ -37,3 +37,8 @@ class Cancelled(WorkerError):
 
 class BadRequest(WorkerError):
     """The task's arguments cannot be used (unknown GPU, malformed inputs)."""
+
+
+class Busy(WorkerError):
+    """The GPU already runs as many loads as it may (or this very load): the task is retried shortly,
+    so a queue of preloads never ties up the threads that inference needs."""

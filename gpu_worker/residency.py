@@ -36,6 +36,7 @@ import torch
 from gpu_worker.device import Device, make_device, module_bytes
 from gpu_worker.errors import (
     BadRequest,
+    Busy,
     Cancelled,
     LoadFailed,
     NotResident,
@@ -67,6 +68,7 @@ class WorkerOptions:
     warmup_tolerance: float = 0.15  # last two passes within 15% of each other: latency is stable
     warmup_max_seconds: float = 5.0  # per input: past this (and the minimum passes) stop even if not stable
     progress_publish_seconds: float = 0.2
+    max_loads_per_gpu: int = 2  # concurrent loads on one GPU; more preloads wait in the queue (see Busy)
     failed_retention_seconds: float = 600.0
     load_threads: int | None = None
     # Paces the load phase to at most this many bytes/s (reporting and completion; the reader threads are
@@ -82,6 +84,7 @@ class WorkerOptions:
                    event_log_max=s.event_log_max,
                    warmup_max_passes=int(e.get("PREWARM_WARMUP_MAX_PASSES") or 10),
                    warmup_max_seconds=float(e.get("PREWARM_WARMUP_MAX_SECONDS") or 5.0),
+                   max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
                    failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
                    load_threads=int(threads) if threads else None,
                    load_pace_bytes_per_s=float(pace) if pace else None)
@@ -310,8 +313,13 @@ class NodeWorker:
 
     # --- preload ----------------------------------------------------------------------------------
     def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
-                kind: str = "") -> dict[str, Any]:
-        """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py)."""
+                kind: str = "", defer: bool = False) -> dict[str, Any]:
+        """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py).
+
+        With `defer`, raise Busy instead of waiting: when this model is already loading here (its outcome
+        will be this one's), or when the GPU runs `max_loads_per_gpu` loads already. The Celery task retries
+        then, so waiting preloads sit in the queue rather than on the threads inference needs.
+        """
         try:
             entry = self.entry(model, version)
         except UnknownModel as exc:
@@ -324,8 +332,13 @@ class NodeWorker:
             if s is not None and s.record.state == "ready":
                 owner, waiting = False, False
             elif s is not None and s.record.state in IN_FLIGHT:
+                if defer:
+                    raise Busy(f"{key} is already loading on {g.id}")
                 owner, waiting = False, True
             else:
+                loading = sum(x.record.state in IN_FLIGHT for x in g.replicas.values())
+                if defer and loading >= self.options.max_loads_per_gpu:
+                    raise Busy(f"{g.id} runs {loading} load(s) already")
                 s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state="pending",
                                        total_bytes=entry.size_bytes, since=now, created_at=now,
                                        reason=reason or None))

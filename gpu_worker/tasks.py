@@ -13,6 +13,8 @@ from. Shapes:
     -> {"model", "version", "gpu", "latency_ms", "latency_seconds", "input": {"shape", "dtype"},
         "output": {"shape", "dtype", "mean", "std", "min", "max", "finite", "top"?}}
 
+A preload that finds its GPU at `max_loads_per_gpu` loads (or its own model already loading) goes back to
+the queue for RETRY_BUSY_SECONDS instead of holding a thread; the result is the same once it runs.
 Failures raise gpu_worker.errors.* (importable without torch) with a message naming what and where.
 """
 
@@ -22,8 +24,11 @@ from typing import Any
 
 from celery import Celery, Task
 
+from gpu_worker.errors import Busy
 from gpu_worker.residency import GpuSlot, NodeWorker
 from prewarm.celery_app import EVICT, INFER, PRELOAD
+
+RETRY_BUSY_SECONDS = 0.5
 
 
 def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
@@ -33,10 +38,14 @@ def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
 
 def register(app: Celery, worker: NodeWorker) -> None:
     # Retrying is the sender's call (it sees the reason); redelivery after a worker crash is acks_late's.
-    @app.task(name=PRELOAD, bind=True)
+    @app.task(name=PRELOAD, bind=True, max_retries=None)
     def preload(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
                 gpu: str | None = None) -> dict[str, Any]:
-        return worker.preload(_gpu(worker, self, gpu), model, version, reason=reason, kind=kind)
+        try:
+            return worker.preload(_gpu(worker, self, gpu), model, version, reason=reason, kind=kind, defer=True)
+        except Busy:
+            # Back to the queue for a moment: a thread waiting on another load could be serving infer.
+            raise self.retry(countdown=RETRY_BUSY_SECONDS) from None
 
     @app.task(name=EVICT, bind=True)
     def evict(self: Task, model: str, *, version: str | None = None, reason: str = "",

@@ -189,3 +189,26 @@ def test_operator_cli_against_a_real_worker(r: redis.Redis, redis_url: str, cata
     assert p.returncode == 0, p.stderr
     kinds = [e.kind for e in events.read(r, model="tiny-lm-wide", actor="worker")]
     assert "failed" in kinds and "ready" in kinds and "evicted" in kinds
+
+
+def test_queued_preloads_do_not_take_the_threads_infer_needs(r: redis.Redis, celery: Celery, tmp_path: Path,
+                                                             worker_factory) -> None:
+    cat = tiny_catalog(tmp_path / "many", ["tiny-mlp", "tiny-lm", "tiny-lm@v2", "tiny-lm-wide", "tiny-sharded3"])
+    # 3 threads, one load at a time per GPU, each load paced to a few seconds: without deferral, three
+    # queued preloads would hold every thread and the infer below would wait behind them.
+    w = worker_factory(cat, devices="cpu:0=64MiB", threads=3,
+                       env={"PREWARM_LOAD_PACE_BYTES_PER_S": "400000", "PREWARM_MAX_LOADS_PER_GPU": "1"})
+    q = w.queues["node-a/cpu:0"]
+    celery.send_task(celery_app.PRELOAD, args=["tiny-mlp", "v1"], queue=q).get(timeout=60)
+    pending = [celery.send_task(celery_app.PRELOAD, args=[m, v], queue=q)
+               for m, v in (("tiny-lm", "v1"), ("tiny-lm", "v2"), ("tiny-sharded3", "v1"),
+                            ("tiny-lm", "v1"))]
+    wait_for(lambda: any(x.state == "loading" for x in gpu(r, "node-a/cpu:0").replicas), 20, what="a load",
+             log=w.log)
+    res = celery.send_task(celery_app.INFER, args=["tiny-mlp"], queue=q).get(timeout=20)
+    assert res["output"]["shape"] == [1, 10]
+    assert sum(not p.ready() for p in pending) >= 3, "the preloads were not still queued behind one another"
+    outs = [p.get(timeout=120) for p in pending]
+    assert [o["state"] for o in outs] == ["ready"] * 4
+    assert sum(o["noop"] for o in outs) == 1  # the duplicate tiny-lm preload loaded nothing
+    assert len(events.read(r, kind="ready", model="tiny-lm")) == 2  # v1 and v2, once each
