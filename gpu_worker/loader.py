@@ -8,7 +8,11 @@ Steps (issue 4):
 2. Each destination tensor is allocated once on the target device.
 3. The data sections are cut into chunks of ``chunk_bytes`` (a chunk may span several small
    tensors: one ``preadv`` scatters it into each of their buffers) and a bounded pool of threads
-   reads them, shards in parallel, with ``os.preadv`` (no GIL held while the kernel copies):
+   reads them with ``os.preadv`` (no GIL held while the kernel copies). Each thread walks its own
+   contiguous stripe of the chunk list through its own open file (the kernel keeps readahead state
+   per open file: interleaved readers on one file defeat it, which halved cold-cache throughput
+   here), taking over half of another thread's remaining stripe when its own is done; stripes
+   over a sharded set put threads on different shards, so shards load in parallel:
    - CPU target: straight into the destination tensors' memory. No intermediate copy; the result
      owns its memory (it is not a view of an mmap or of the page cache).
    - CUDA target: into a per-thread ring of pinned host buffers (:class:`StagingRing`), each chunk
@@ -19,15 +23,20 @@ Steps (issue 4):
    ``progress_interval`` seconds and once at the end; an exception raised by the callback cancels
    the load (that is how a worker aborts a preload).
 
-On any failure the loader stops its threads, drops every tensor it allocated and raises
-:class:`SafetensorsError` (bad file or index) or :class:`LoadError` (I/O error, a file that changed
-under us, a mismatch with ``expected``, cancellation). Nothing is ever unpickled.
+On any failure the loader stops its threads, drops every tensor it allocated (the exception it
+raises carries no frame that still references them) and raises :class:`SafetensorsError` (bad
+file or index) or :class:`LoadError` (I/O error, a file that changed under us, a failed
+allocation, a mismatch with ``expected``). Nothing is ever unpickled.
 
 API::
 
     load_weights(source, device, *, progress=None, threads=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                 expected=None, staged=None, pool_bytes=DEFAULT_POOL_BYTES, pin_memory=False,
+                 expected=None, staged=None, pool_bytes=DEFAULT_POOL_BYTES, allocator=None,
                  progress_interval=0.1) -> dict[str, torch.Tensor]
+        # source: a .safetensors path, an index json, a directory holding either, or a list of shard
+        #   paths / validated headers. Raises SafetensorsError (bad file, missing shard) or
+        #   LoadError (I/O, file changed, allocation failed; WeightMismatchError for ``expected``);
+        #   an exception raised by ``progress`` propagates unchanged after the load is torn down.
     expected_from_module(module) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]
     resolve_headers(source) -> list[SafetensorsHeader]
 """
@@ -93,6 +102,7 @@ if hasattr(torch, "float8_e8m0fnu"):
 
 Progress = Callable[[int, int], None]
 Expected = dict[str, tuple[torch.dtype, tuple[int, ...]]]
+Allocator = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Sequence[SafetensorsHeader]
 
 
@@ -237,12 +247,20 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One destination tensor, allocated once, never initialised (the reads fill every byte)."""
-    pin = pin and device.type == "cpu"
-    t = torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
-    if device.type == "cpu" and not pin and t.numel() * t.element_size() >= 2 * HUGE_PAGE_BYTES:
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if device.type == "cpu" and t.numel() * t.element_size() >= 2 * HUGE_PAGE_BYTES:
         advise_hugepages(t)  # before the reads first touch it: 2 MiB faults, not 4 KiB ones
+    return t
+
+
+def _checked(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    if tuple(t.shape) != tuple(shape) or t.dtype != TORCH_DTYPES[dtype] or not t.is_contiguous():
+        raise LoadError(
+            f"allocator returned {_fmt(t.dtype, t.shape)} for tensor {name!r}, "
+            f"expected a contiguous {_fmt(TORCH_DTYPES[dtype], shape)}"
+        )
     return t
 
 
@@ -280,15 +298,16 @@ def load_weights(
     expected: Expected | None = None,
     staged: bool | None = None,
     pool_bytes: int = DEFAULT_POOL_BYTES,
-    pin_memory: bool = False,
+    allocator: Allocator | None = None,
     progress_interval: float = 0.1,
 ) -> dict[str, torch.Tensor]:
     """Load every tensor of ``source`` onto ``device``; see the module docstring.
 
     ``source``: a ``.safetensors`` path, an index json, a directory, or a list of shard paths (or
     already-validated headers). ``staged``: read through host staging buffers (default: only for
-    non-CPU devices). ``pool_bytes`` bounds the staging buffers; ``pin_memory`` allocates CPU
-    destinations pinned (the host cache does, for fast promotion).
+    non-CPU devices). ``pool_bytes`` bounds the staging buffers. ``allocator(name, shape, dtype)``
+    replaces ``torch.empty`` on ``device`` for the destinations (the host cache carves them out of
+    one pinned arena); it must return contiguous tensors of that shape and dtype on ``device``.
     """
     device = torch.device(device)
     if chunk_bytes < 4096:
@@ -318,7 +337,12 @@ def load_weights(
         for h in headers:
             for name, e in h.tensors.items():
                 try:
-                    tensors[name] = _allocate(e.shape, TORCH_DTYPES[e.dtype], device, pin_memory)
+                    # No local name for the tensor: this frame outlives a failure in its traceback.
+                    tensors[name] = (
+                        _allocate(e.shape, TORCH_DTYPES[e.dtype], device)
+                        if allocator is None
+                        else _checked(allocator(name, e.shape, TORCH_DTYPES[e.dtype]), name, e.shape, e.dtype)
+                    )
                 except RuntimeError as exc:  # out of (device) memory, or a device torch cannot use
                     raise LoadError(
                         f"allocating tensor {name!r} ({e.nbytes} bytes) on {device} failed "

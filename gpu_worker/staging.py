@@ -11,7 +11,10 @@ Two things live here because both are "model bytes in host memory on their way t
    logic the CUDA path shares).
 
 2. :class:`HostCache` — the node-level *staging tier* of issue 4: a budgeted cache of whole models'
-   tensors in host memory (pinned where CUDA exists). API::
+   tensors in host memory (pinned where CUDA exists). Each staged model lives in one
+   :class:`HostArena` (one allocation, 64-byte aligned tensor views, ``cudaHostRegister``-pinned on
+   CUDA, unpinned and freed on eviction); its ``nbytes`` (what the budget counts) is the arena's
+   size: the data plus at most 63 bytes of padding per tensor. API::
 
        cache = HostCache(budget_bytes=None, *, pin=None, value_fn=None)
            # budget None: $PREWARM_HOST_CACHE (e.g. "16GiB"), else a quarter of physical RAM.
@@ -24,11 +27,16 @@ Two things live here because both are "model bytes in host memory on their way t
            # per byte is below the new one's; raises HostCacheFull when it cannot.
        cache.promote(key, device, *, progress=None) -> dict[str, torch.Tensor]
            # copy a staged model to a device (owned tensors; the cache keeps its copy). No storage I/O.
+           # KeyError when the key is not staged.
        cache.evict(key) -> int                      # bytes freed (0 when absent); idempotent
        cache.set_value(key, value) -> None          # update the keep-value used by eviction
        cache.plan_eviction(nbytes, value) -> list[str]   # pure: which keys stage() would evict
        cache.get(key) -> StagedModel | None; key in cache; len(cache); cache.entries() -> list[StagedModel]
+           # StagedModel: key, tensors, nbytes, pinned, value, staged_at, stage_seconds,
+           #   last_promoted_at, promotions. Its tensors are the cache's: read them, do not keep them
+           #   past an eviction (they stay valid memory, but unpinned and uncounted).
        cache.used_bytes, cache.free_bytes, cache.budget_bytes, cache.pinned
+       copy_tensors(tensors, device, *, progress=None) -> dict[str, torch.Tensor]   # promote's copy
 
    Entries that are being promoted are never evicted under a running promotion. The cache is
    thread-safe; loads for different keys run concurrently, one key loads once.
@@ -36,9 +44,11 @@ Two things live here because both are "model bytes in host memory on their way t
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -135,6 +145,63 @@ class StagingRing:
 # Host-memory staging tier
 
 
+def _host_register(ptr: int, nbytes: int) -> bool:
+    """Page-lock existing host memory for DMA (as torch's own checkpoint stager does)."""
+    try:
+        return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)) == 0  # 1: cudaHostRegisterPortable
+    except Exception:  # noqa: BLE001 - no CUDA runtime: stay unpinned, still correct
+        return False
+
+
+def _host_unregister(ptr: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+    except Exception:  # noqa: BLE001 - nothing to undo without a runtime
+        pass
+
+
+class HostArena:
+    """One host allocation holding all of a staged model's tensors (64-byte aligned views).
+
+    Why not ``pin_memory=True`` per tensor: torch's caching pinned allocator rounds every block up
+    to a power of two and keeps freed blocks, so a budgeted cache would hold up to twice its
+    bytes and never give them back. Here the arena is ordinary memory (huge-page advised) of
+    exactly the model's size, page-locked once with ``cudaHostRegister`` where CUDA exists, and
+    unregistered on :meth:`release` (or, failing that, when the buffer is garbage collected).
+    """
+
+    ALIGN = 64
+
+    def __init__(self, sizes: dict[str, int], *, pin: bool):
+        self.offsets: dict[str, int] = {}
+        off = 0
+        for name, n in sizes.items():
+            self.offsets[name] = off
+            off += -(-n // self.ALIGN) * self.ALIGN
+        self.nbytes = off
+        self.buffer: torch.Tensor | None = torch.empty(off, dtype=torch.uint8)
+        if off >= 2 * HUGE_PAGE_BYTES:
+            advise_hugepages(self.buffer)
+        self.pinned = bool(pin and off and _host_register(self.buffer.data_ptr(), off))
+        self._finalizer = (
+            weakref.finalize(self.buffer, _host_unregister, self.buffer.data_ptr()) if self.pinned else None
+        )
+
+    def allocate(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The loader's allocator: a view of the arena for tensor ``name``."""
+        if self.buffer is None:
+            raise RuntimeError("arena already released")
+        off = self.offsets[name]
+        n = math.prod(shape) * dtype.itemsize
+        return self.buffer[off : off + n].view(dtype).reshape(shape)
+
+    def release(self) -> None:
+        """Unpin now and drop the arena's own reference (views still held keep plain memory)."""
+        if self._finalizer is not None:
+            self._finalizer()  # runs _host_unregister once
+        self.buffer = None
+
+
 class HostCacheFull(RuntimeError):
     """A model cannot be staged: it is bigger than the budget, or room would need more valuable bytes."""
 
@@ -150,7 +217,9 @@ class StagedModel:
     stage_seconds: float = 0.0
     last_promoted_at: float | None = None
     promotions: int = 0
+    arena: HostArena | None = None
     _users: int = 0  # running promotions; an entry in use is never evicted
+    _evicted: bool = False
 
     @property
     def value_per_byte(self) -> float:
@@ -282,12 +351,18 @@ class HostCache:
         """Drop a staged model; returns the bytes freed. An entry being promoted is dropped from
         the cache at once and its memory is released when the promotion ends."""
         with self._lock:
-            entry = self._entries.pop(key, None)
-        if entry is None:
-            return 0
-        freed = entry.nbytes
+            if key not in self._entries:
+                return 0
+            return self._drop_locked(key)
+
+    def _drop_locked(self, key: str) -> int:
+        entry = self._entries.pop(key)
         entry.tensors = {}  # drop our references now: the memory goes once no promotion holds it
-        return freed
+        entry._evicted = True
+        if entry._users == 0 and entry.arena is not None:
+            entry.arena.release()  # else the last promotion to finish releases it
+            entry.arena = None
+        return entry.nbytes
 
     # -- stage / promote -------------------------------------------------------------------------
     def stage(
@@ -319,32 +394,40 @@ class HostCache:
                     headers = resolve_headers(source)
                 finally:
                     self._lock.acquire()
-            nbytes = sum(h.data_bytes for h in headers)
+            sizes = {name: e.nbytes for h in headers for name, e in h.tensors.items()}
+            nbytes = sum(-(-n // HostArena.ALIGN) * HostArena.ALIGN for n in sizes.values())
             for victim in self._plan_locked(nbytes, value):
-                self._entries.pop(victim).tensors = {}
+                self._drop_locked(victim)
             self._reserved[key] = nbytes
             self._loading.add(key)
         t0 = time.perf_counter()
+        arena: HostArena | None = None
         try:
+            arena = HostArena(sizes, pin=self.pinned)
             tensors = load_weights(
                 headers,
                 torch.device("cpu"),
                 progress=progress,
                 threads=threads,
                 expected=expected,
-                pin_memory=self.pinned,
+                allocator=arena.allocate,
             )
             entry = StagedModel(
                 key=key,
                 tensors=tensors,
-                nbytes=nbytes,
-                pinned=self.pinned,
+                nbytes=arena.nbytes,
+                pinned=arena.pinned,
                 value=float(value),
                 stage_seconds=time.perf_counter() - t0,
+                arena=arena,
             )
             with self._lock:
                 self._entries[key] = entry
             return entry
+        except BaseException:
+            if arena is not None:
+                arena.release()
+            raise
         finally:
             with self._lock:
                 self._reserved.pop(key, None)
@@ -367,6 +450,9 @@ class HostCache:
         finally:
             with self._lock:
                 entry._users -= 1
+                if entry._evicted and entry._users == 0 and entry.arena is not None:
+                    entry.arena.release()  # evicted while we copied from it
+                    entry.arena = None
                 entry.promotions += 1
                 entry.last_promoted_at = time.time()
         return out

@@ -31,6 +31,10 @@ def make_model(tmp_path: Path, name: str, nbytes: int, seed: int = 0) -> tuple[P
     return path, tensors
 
 
+def padded(n: int) -> int:
+    return -(-n // 64) * 64
+
+
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -74,9 +78,10 @@ def test_stage_promote_evict(tmp_path):
     assert cache.budget_bytes == 1 << 20 and cache.used_bytes == 0
     progress: list[tuple[int, int]] = []
     entry = cache.stage("a@1", path, value=3.0, progress=lambda d, t: progress.append((d, t)))
-    assert entry.nbytes == 1 << 16
     assert progress[-1] == (1 << 16, 1 << 16)
-    assert cache.used_bytes == 1 << 16 and cache.free_bytes == (1 << 20) - (1 << 16)
+    # the arena's bytes: the data plus each tensor's padding to 64 bytes
+    assert entry.nbytes == padded((1 << 16) - 32) + padded(32) == entry.arena.nbytes
+    assert cache.used_bytes == entry.nbytes and cache.free_bytes == (1 << 20) - entry.nbytes
     assert "a@1" in cache and len(cache) == 1 and cache.get("a@1") is entry
     assert same(entry.tensors, tensors)
     assert entry.pinned is False
@@ -93,7 +98,8 @@ def test_stage_promote_evict(tmp_path):
     assert same(cache.get("a@1").tensors, tensors)
     assert entry.promotions == 1 and entry.last_promoted_at is not None
 
-    assert cache.evict("a@1") == 1 << 16
+    assert cache.evict("a@1") == entry.nbytes
+    assert entry.arena is None  # released
     assert cache.used_bytes == 0 and "a@1" not in cache
     assert cache.evict("a@1") == 0  # idempotent
     with pytest.raises(KeyError, match="not staged"):
@@ -114,7 +120,7 @@ def test_stage_sharded_index(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
     cache = HostCache(1 << 20, pin=False)
     entry = cache.stage("m", tmp_path / "model.safetensors.index.json")
-    assert same(entry.tensors, tensors) and entry.nbytes == 80
+    assert same(entry.tensors, tensors) and entry.nbytes == 128  # 2 x 40 bytes, each padded to 64
 
 
 def test_eviction_by_value_per_byte(tmp_path):
@@ -128,7 +134,7 @@ def test_eviction_by_value_per_byte(tmp_path):
     assert cache.plan_eviction(40_000, 5.0) == ["cheap"]
     cache.stage("new", new, value=5.0)
     assert set(k for k in ("cheap", "dear", "new") if k in cache) == {"dear", "new"}
-    assert cache.used_bytes == 80_000
+    assert cache.used_bytes == 2 * (padded(40_000 - 32) + padded(32))
     assert same(cache.get("new").tensors, new_tensors)
 
     # a newcomer worth less per byte than everything staged is refused and evicts nothing
@@ -136,7 +142,7 @@ def test_eviction_by_value_per_byte(tmp_path):
     with pytest.raises(HostCacheFull, match="worth more"):
         cache.stage("low", low, value=0.5)
     assert set(e.key for e in cache.entries()) == {"dear", "new"}
-    assert cache.used_bytes == 80_000
+    assert cache.used_bytes == 2 * (padded(40_000 - 32) + padded(32))
 
     # bigger than the whole budget
     huge, _ = make_model(tmp_path, "huge", 200_000, 5)
@@ -196,11 +202,14 @@ def test_evict_during_promotion_keeps_the_promotion_whole(tmp_path, monkeypatch)
     th = threading.Thread(target=lambda: out.update(cache.promote("a", CPU)))
     th.start()
     assert started.wait(5)
-    assert cache.evict("a") == 1 << 20
+    arena = cache.get("a").arena
+    assert cache.evict("a") == arena.nbytes
     assert cache.used_bytes == 0
+    assert arena.buffer is not None  # still in use by the promotion: released when it ends
     release.set()
     th.join(5)
     assert same(out, tensors)
+    assert arena.buffer is None
 
 
 def test_concurrent_stage_of_one_key_loads_once(tmp_path, monkeypatch):
@@ -223,7 +232,7 @@ def test_concurrent_stage_of_one_key_loads_once(tmp_path, monkeypatch):
         t.join(10)
     assert len(calls) == 1
     assert len(results) == 4 and all(r is results[0] for r in results)
-    assert cache.used_bytes == 1 << 16
+    assert cache.used_bytes == results[0].nbytes
 
 
 def test_failed_stage_releases_its_reservation(tmp_path):
@@ -275,3 +284,69 @@ def test_pinned_stage_and_promote_to_cuda(tmp_path):
     assert entry.pinned and all(t.is_pinned() for t in entry.tensors.values())
     out = cache.promote("a", "cuda:0")
     assert same({k: v.cpu() for k, v in out.items()}, tensors)
+
+
+def test_arena_views_are_aligned_and_share_one_buffer():
+    from gpu_worker.staging import HostArena
+
+    sizes = {"a": 12, "b": 0, "c": 4 * 5, "d": 8}
+    arena = HostArena(sizes, pin=False)
+    assert arena.nbytes == 64 + 0 + 64 + 64 and not arena.pinned
+    a = arena.allocate("a", (3,), torch.float32)
+    b = arena.allocate("b", (0, 2), torch.float16)
+    c = arena.allocate("c", (5,), torch.int32)
+    d = arena.allocate("d", (), torch.float64)
+    base = arena.buffer.data_ptr()
+    for t in (a, c, d):
+        assert (t.data_ptr() - base) % 64 == 0 and t.is_contiguous()
+        assert t.untyped_storage().data_ptr() == base
+    assert b.shape == (0, 2) and d.shape == ()
+    a.fill_(1.5)
+    c.fill_(-7)
+    d.fill_(2.25)
+    assert a.tolist() == [1.5] * 3 and c.tolist() == [-7] * 5 and d.item() == 2.25
+    arena.release()
+    with pytest.raises(RuntimeError, match="released"):
+        arena.allocate("a", (3,), torch.float32)
+    assert a.tolist() == [1.5] * 3  # views already handed out stay valid memory
+
+
+def test_pinned_arena_registers_once_and_unregisters_on_evict_failure_and_gc(tmp_path, monkeypatch):
+    """The CUDA pinning calls, recorded on a machine without CUDA."""
+    import gc
+
+    import gpu_worker.staging as staging
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(staging, "_host_register", lambda ptr, n: calls.append(("reg", ptr, n)) or True)
+    monkeypatch.setattr(staging, "_host_unregister", lambda ptr: calls.append(("unreg", ptr)))
+    a, tensors = make_model(tmp_path, "a", 1 << 16, 1)
+    cache = HostCache(1 << 20, pin=True)
+    entry = cache.stage("a", a)
+    assert entry.pinned
+    assert calls == [("reg", entry.arena.buffer.data_ptr(), entry.nbytes)]
+    assert same(entry.tensors, tensors)
+    ptr = calls[0][1]
+    cache.evict("a")
+    assert calls[-1] == ("unreg", ptr) and len(calls) == 2
+
+    # a stage that fails after its arena was pinned unpins it
+    calls.clear()
+    with pytest.raises(loader.WeightMismatchError):
+        cache.stage("a", a, expected={"w": (torch.float16, (1,))})
+    assert [c[0] for c in calls] == ["reg", "unreg"]
+
+    # an arena dropped without release() is unpinned when its buffer is collected
+    calls.clear()
+    arena = staging.HostArena({"x": 128}, pin=True)
+    del arena
+    gc.collect()
+    assert [c[0] for c in calls] == ["reg", "unreg"]
+
+
+def test_arena_stays_unpinned_when_registration_fails(monkeypatch):
+    import gpu_worker.staging as staging
+
+    monkeypatch.setattr(staging, "_host_register", lambda ptr, n: False)
+    arena = staging.HostArena({"x": 128}, pin=True)
+    assert not arena.pinned and arena.buffer is not None
