@@ -158,6 +158,8 @@ def test_multiprocess_metrics_under_gunicorn(redis_url: str, tmp_path: Path, r: 
         assert status == 200
         text = body.decode()
         assert _samples(text)['prewarm_route_lookups_total{result="ready"}'] == lookups  # summed over workers
+        for name in REQUIRED:
+            assert f"# TYPE {name} " in text, name
         assert len([f for f in os.listdir(web.multiproc_dir) if f.startswith("counter_")]) >= 2
         if PROMTOOL:
             _promtool_check_metrics(text)

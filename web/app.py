@@ -46,6 +46,11 @@ def create_app(context: Context | None = None) -> Flask:
         JSON_SORT_KEYS=False,
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    try:  # zero series per catalog model, so rate() and the docs' queries work before the first cold start
+        for model_id in c.catalog.ids():
+            metrics.COLD_STARTS.labels(model_id)
+    except (CatalogError, OSError) as exc:
+        log.error("catalog cannot be loaded: %s", exc)  # requests that need it will answer 503
     app.register_blueprint(hooks.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(console.bp)
