@@ -196,7 +196,7 @@ def test_cold_with_no_room_says_why_and_sends_nothing(client: FlaskClient, r: re
     body = client.get("/hooks/route?model=gamma").get_json()
     assert body["state"] == "cold" and body["preload"]["queued"] is False
     assert "free" in body["preload"]["message"]
-    assert queued_tasks(r, QUEUE) == [] and not r.exists(keys.cold_claim("gamma"))
+    assert queued_tasks(r, QUEUE) == [] and not r.exists(keys.cold_claim("gamma@v1"))
 
 
 def test_cold_start_closes_when_ready(client: FlaskClient, r: redis.Redis) -> None:
@@ -210,10 +210,16 @@ def test_cold_start_closes_when_ready(client: FlaskClient, r: redis.Redis) -> No
 
 
 def test_route_for_a_version(client: FlaskClient, r: redis.Redis) -> None:
-    publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready")])
-    body = client.get("/hooks/route?model=alpha&version=v2").get_json()
-    assert body["version"] == "v2" and body["state"] in ("cold", "loading")
-    assert queued_tasks(r, QUEUE)[0]["headers"]["task"] == celery_app.PRELOAD
+    publish_gpu(r, GPU)
+    publish_gpu(r, "node-b/cpu:0", total_mib=32)
+    assert client.get("/hooks/route?model=alpha").get_json()["preload"]["queued"] is True  # v1, cold
+    body = client.get("/hooks/route?model=alpha&version=v2").get_json()  # the claim is per version
+    assert body["version"] == "v2" and body["state"] == "cold" and body["preload"]["queued"] is True
+    publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready", version="v2")])
+    assert client.get("/hooks/route?model=alpha&version=v2").get_json()["state"] == "ready"
+    assert client.get("/hooks/route?model=alpha").get_json()["state"] == "loading"  # v1 still in flight
+    tasks = queued_tasks(r, QUEUE) + queued_tasks(r, "gpu.node-b.cpu:0")
+    assert len(tasks) == 2 and {t["headers"]["task"] for t in tasks} == {celery_app.PRELOAD}
 
 
 @pytest.mark.parametrize("query, status, field", [

@@ -78,7 +78,7 @@ def test_route_hook_needs_the_hook_token_too(app: Flask, r: redis.Redis) -> None
     publish_gpu(r, "node-a/cpu:0")
     client = app.test_client()
     assert client.get("/hooks/route?model=alpha").status_code == 401  # it can enqueue a preload
-    assert not r.exists(keys.cold_claim("alpha"))
+    assert not r.exists(keys.cold_claim("alpha@v1"))
     ok = client.get("/hooks/route?model=alpha", headers={"Authorization": f"Bearer {HOOK}"})
     assert ok.status_code == 200
 

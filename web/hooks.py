@@ -124,23 +124,28 @@ def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
 def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     c = ctx()
     # One on-demand preload per cold episode, however many routers ask at once.
-    if not c.r.set(keys.cold_claim(entry.id), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
+    if not c.r.set(keys.cold_claim(entry.key), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
         return {"queued": False, "message": "an on-demand preload is already in flight"}
     fits = [g for g in fleet.alive() if g.free_bytes >= entry.size_bytes]
     if not fits:
-        c.r.delete(keys.cold_claim(entry.id))  # nothing sent: let the next lookup try again
+        c.r.delete(keys.cold_claim(entry.key))  # nothing sent: let the next lookup try again
         where = "no GPU in the fleet" if not fleet.alive() else \
             f"no GPU has {format_bytes(entry.size_bytes)} free; the scheduler will make room"
         return {"queued": False, "message": where}
-    gpu = max(fits, key=lambda g: (g.free_bytes, g.id))
     try:
-        d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
-                                 reason="route lookup found the model cold: on-demand preload",
-                                 numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes})
+        # Most free first; a GPU busy with another action on this model (e.g. loading its other
+        # version) refuses the intent, so the next one is tried.
+        for gpu in sorted(fits, key=lambda g: (-g.free_bytes, g.id)):
+            d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
+                                     reason="route lookup found the model cold: on-demand preload",
+                                     numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes})
+            if d.sent:
+                return {"queued": True, "gpu": d.gpu, "message": d.message}
     except Exception:
-        c.r.delete(keys.cold_claim(entry.id))
+        c.r.delete(keys.cold_claim(entry.key))
         raise
-    return {"queued": d.sent, "gpu": d.gpu, "message": d.message}
+    c.r.delete(keys.cold_claim(entry.key))
+    return {"queued": False, "message": d.message}
 
 
 @bp.post("/rollout")
