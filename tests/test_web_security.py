@@ -183,3 +183,28 @@ def _fuzz_one(headers: dict[str, str], checks: list) -> Callable[[schemathesis.C
         case.call_and_validate(headers=headers, checks=checks)
 
     return run
+
+
+def test_web_never_imports_torch(redis_url: str, tmp_path: Path) -> None:
+    """Serving the real demo models' catalog (builders in gpu_worker) must not pull torch into web."""
+    import subprocess
+    import sys
+
+    from tests.model_files import tiny_catalog
+
+    catalog = tiny_catalog(tmp_path / "models", ["tiny-lm"])
+    code = f"""
+import sys
+from tests.web_support import make_context
+from pathlib import Path
+from web.app import create_app
+client = create_app(make_context({redis_url!r}, Path({str(catalog)!r}), admin_token="t")).test_client()
+for url in ("/api/models", "/hooks/route?model=tiny-lm", "/fleet", "/models", "/metrics", "/openapi.json"):
+    assert client.get(url).status_code == 200, url
+assert client.post("/hooks/requests", json={{"model": "tiny-lm"}}).status_code == 202
+heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "gpu_worker.")))
+assert not heavy, heavy
+"""
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
