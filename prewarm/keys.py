@@ -52,7 +52,7 @@ def traffic_bucket(resolution_s: int, bucket_start: int) -> str:
 
 
 REQUESTS_TOTAL = PREFIX + "requests_total"  # Hash model -> count since the store began.
-LAST_REQUEST = PREFIX + "last_request"  # Hash model -> Unix seconds of the newest event seen.
+LAST_REQUEST = PREFIX + "last_request"  # Sorted set model -> Unix seconds of the newest event seen.
 
 # --- catalog overlays set by operators ---------------------------------------------------------------
 PINNED = PREFIX + "pinned"  # Set of model ids pinned by an operator (on top of the catalog's `pinned`).

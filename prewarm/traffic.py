@@ -8,7 +8,7 @@ Layout (keys spelled in `prewarm.keys`):
 - per-second buckets  `keys.traffic_bucket(1, t)`   hash model -> count, expiring ~15 min after the bucket
 - per-minute buckets  `keys.traffic_bucket(60, t)`  hash model -> count, expiring ~8 days after the bucket
 - `keys.REQUESTS_TOTAL` hash model -> count since the store began (never expires)
-- `keys.LAST_REQUEST`   hash model -> Unix seconds of the newest event seen
+- `keys.LAST_REQUEST`   sorted set model -> Unix seconds of the newest event seen (as the score)
 
 A bucket's key is named by its start (`t` is a multiple of the resolution), and a bucket hash only holds
 the models that had requests in it, so a window over thousands of mostly idle models stays small.
@@ -62,16 +62,6 @@ MINUTE_TTL_S = 8 * 24 * 3600  # coarse buckets: the last days, for hourly/daily 
 RETENTION_S = {SECOND: SECOND_TTL_S, MINUTE: MINUTE_TTL_S}
 MAX_BUCKETS = 20_000  # a read spanning more buckets than this is refused rather than stalling Redis
 
-# Newest-wins update of LAST_REQUEST: a plain HSET would let a delayed batch move it backwards.
-_LAST_SCRIPT = """
-for i = 1, #ARGV, 2 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if (not cur) or tonumber(cur) < tonumber(ARGV[i + 1]) then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  end
-end
-return 0
-"""
 
 
 def bucket_start(ts: float, resolution_s: int) -> int:
@@ -107,10 +97,8 @@ def record(r: redis.Redis, events: Iterable[tuple[str, int, float | None]], now:
     for model, n in totals.items():
         if n:
             pipe.hincrby(keys.REQUESTS_TOTAL, model, n)
-    flat: list[str] = []
-    for model, t in newest.items():
-        flat += [model, f"{t:.3f}"]
-    pipe.eval(_LAST_SCRIPT, 1, keys.LAST_REQUEST, *flat)
+    # ZADD GT: newest wins, so a delayed batch never moves a model's last request backwards.
+    pipe.zadd(keys.LAST_REQUEST, {m: round(t, 3) for m, t in newest.items()}, gt=True)
     pipe.execute()
     return sum(totals.values())
 
@@ -192,14 +180,13 @@ def rates(r: redis.Redis, window_s: float, now: float | None = None,
     return recent(r, window_s, now, models).rates()
 
 
-def _int_hash(raw: dict[bytes, bytes], models: Iterable[str] | None) -> dict[str, bytes]:
-    wanted = set(models) if models is not None else None
-    return {k.decode(): v for k, v in raw.items() if wanted is None or k.decode() in wanted}
-
-
 def totals(r: redis.Redis, models: Iterable[str] | None = None) -> dict[str, int]:
-    return {m: int(v) for m, v in _int_hash(r.hgetall(keys.REQUESTS_TOTAL), models).items()}
+    wanted = set(models) if models is not None else None
+    return {k.decode(): int(v) for k, v in r.hgetall(keys.REQUESTS_TOTAL).items()
+            if wanted is None or k.decode() in wanted}
 
 
 def last_requests(r: redis.Redis, models: Iterable[str] | None = None) -> dict[str, float]:
-    return {m: float(v) for m, v in _int_hash(r.hgetall(keys.LAST_REQUEST), models).items()}
+    wanted = set(models) if models is not None else None
+    return {k.decode(): float(t) for k, t in r.zrange(keys.LAST_REQUEST, 0, -1, withscores=True)
+            if wanted is None or k.decode() in wanted}
