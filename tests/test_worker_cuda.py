@@ -1,0 +1,49 @@
+"""The worker on a real CUDA device (skipped where there is none): the same cycle, with the driver's figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from gpu_worker.errors import DoesNotFit
+from gpu_worker.residency import NodeWorker, WorkerOptions
+from prewarm import state
+from prewarm.config import parse_devices
+from tests.model_files import tiny_catalog
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_cuda_preload_infer_evict(r: redis.Redis, tmp_path: Path) -> None:
+    cat = tiny_catalog(tmp_path / "m", ["tiny-sharded", "tiny-lm-bf16", "tiny-mlp"])
+    w = NodeWorker(r, cat, "node-g", parse_devices("cuda:0=1GiB"), WorkerOptions(heartbeat_ttl=30))
+    g = w.gpu_for("cuda:0")
+    assert g.device.kind == "cuda" and g.device.inventory().total_bytes == 1024**3
+    base = torch.cuda.memory_allocated(0)
+    out = w.preload(g, "tiny-sharded")
+    assert out["state"] == "ready"
+    assert torch.cuda.memory_allocated(0) - base >= out["bytes"]  # the weights are on the device
+    res = w.infer(g, "tiny-sharded")
+    assert res["output"]["finite"] and res["output"]["shape"] == [1, 16, 1024]
+    assert w.preload(g, "tiny-lm-bf16")["state"] == "ready"
+    w.heartbeat()
+    pub = state.read_fleet(r).gpu(g.id)
+    assert pub.kind == "cuda" and pub.used_bytes == sum(x.bytes for x in pub.replicas)
+    assert {x.model for x in pub.replicas} == {"tiny-sharded", "tiny-lm-bf16"}
+    freed = w.evict(g, "tiny-sharded")["bytes_freed"] + w.evict(g, "tiny-lm-bf16")["bytes_freed"]
+    assert freed > out["bytes"]
+    assert torch.cuda.memory_allocated(0) == base  # every replica tensor released
+    assert g.device.inventory().used_bytes == 0
+
+
+def test_cuda_model_bigger_than_the_budget(r: redis.Redis, tmp_path: Path) -> None:
+    cat = tiny_catalog(tmp_path / "m", ["tiny-sharded"])
+    w = NodeWorker(r, cat, "node-g", parse_devices("cuda:0=1MiB"), WorkerOptions(heartbeat_ttl=30))
+    g = w.gpu_for("cuda:0")
+    base = torch.cuda.memory_allocated(0)
+    with pytest.raises(DoesNotFit, match="can never fit"):
+        w.preload(g, "tiny-sharded")
+    assert torch.cuda.memory_allocated(0) == base
