@@ -461,3 +461,17 @@ def test_stripes_hand_out_each_chunk_once_in_order_and_share_the_tail():
     for t in ts:
         t.join()
     assert sorted(seen) == list(range(1000))
+
+
+def test_bench_registers_under_prewarm_bench_load():
+    import argparse
+
+    from gpu_worker import bench
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    bench.register(sub)
+    args = parser.parse_args(["bench", "load", "--size", "64MiB", "--runs", "3", "--json"])
+    assert args.size == 64 << 20 and args.runs == 3 and args.json and args.func is bench.cmd_bench_load
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "load", "--size", "lots"])
