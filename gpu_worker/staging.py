@@ -57,10 +57,12 @@ import torch
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
 
 __all__ = [
+    "HostArena",
     "HostCache",
     "HostCacheFull",
     "StagedModel",
     "StagingRing",
+    "copy_tensors",
     "default_host_cache_bytes",
 ]
 
@@ -71,8 +73,8 @@ class StagingRing:
     """``depth`` host buffers of ``chunk_bytes`` owned by one reader thread.
 
     ``acquire()`` returns the index of a free buffer (waiting for its previous device copy);
-    ``submit(i, n, segments)`` copies ``buffer[i][:n]`` into destination byte ranges and marks the
-    buffer busy until the copy completes; ``drain()`` waits for every copy of this ring.
+    ``submit(i, segments)`` copies byte ranges of ``buffer[i]`` into destination byte ranges and
+    marks the buffer busy until the copy completes; ``drain()`` waits for every copy of this ring.
     """
 
     def __init__(
