@@ -56,12 +56,14 @@ def claim_gpus(worker: NodeWorker, *, wait: float | None = None) -> None:
                             holder.decode() if holder else "?")
                 announced = True
             time.sleep(0.2)
+        worker.claimed.add(g.id)
         state.clear_gpu(worker.r, g.id)
         log.info("claimed %s (queue %s) as %s", g.id, g.queue, worker.worker_id)
 
 
 def release_claims(worker: NodeWorker) -> None:
     for g in worker.gpus.values():
+        worker.claimed.discard(g.id)
         try:
             worker.r.eval(_RELEASE, 1, keys.worker_lock(g.id), worker.worker_id)
         except redis.RedisError as exc:

@@ -13,7 +13,7 @@ import signal
 import socket
 import time
 
-from gpu_worker.heartbeat import Heartbeat, claim_gpus, release_claims
+from gpu_worker.heartbeat import ClaimTaken, Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
 from prewarm import runtime
 from prewarm.celery_app import make_celery
@@ -104,6 +104,9 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
+    except ClaimTaken as exc:
+        log.error("%s", exc)
+        exitcode = 1
     finally:
         if heartbeat is not None:
             heartbeat.stop()

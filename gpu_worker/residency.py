@@ -188,6 +188,7 @@ class NodeWorker:
             g = GpuSlot(node, spec, self.worker_id, self.started_at)
             self.gpus[g.id] = g
         self._by_queue = {g.queue: g for g in self.gpus.values()}
+        self.claimed: set[str] = set()  # GPUs this worker holds the claim on (heartbeat.claim_gpus)
         self._catalog: Catalog | None = None
         self._catalog_mtime = -1.0
         self._catalog_error: str | None = None
@@ -697,8 +698,11 @@ class NodeWorker:
             return [replace(s.record) for s in g.replicas.values()]
 
     def shutdown(self, reason: str = "worker shutting down") -> None:
-        """Cancel loads in progress, drop every replica and take this worker's GPUs out of the fleet."""
+        """Cancel loads in progress, drop every replica and take this worker's GPUs out of the fleet
+        (only those it claimed: a worker refused a GPU must not erase the live owner's records)."""
         for g in self.gpus.values():
+            if g.id not in self.claimed:
+                continue
             with g.lock:
                 for s in g.replicas.values():
                     if s.record.state in IN_FLIGHT:

@@ -212,3 +212,19 @@ def test_queued_preloads_do_not_take_the_threads_infer_needs(r: redis.Redis, cel
     assert [o["state"] for o in outs] == ["ready"] * 4
     assert sum(o["noop"] for o in outs) == 1  # the duplicate tiny-lm preload loaded nothing
     assert len(events.read(r, kind="ready", model="tiny-lm")) == 2  # v1 and v2, once each
+
+
+def test_a_second_worker_for_the_same_gpus_is_refused(r: redis.Redis, redis_url: str, catalog: Path,
+                                                     worker_factory, tmp_path: Path) -> None:
+    first = worker_factory(catalog, devices="cpu:0=64MiB", heartbeat_ttl=2.0)
+    second = procs.start_worker(redis_url, catalog, "cpu:0=64MiB", "node-a", heartbeat_ttl=2.0, wait=False,
+                                log_dir=tmp_path / "second")
+    try:
+        assert second.proc.wait(timeout=60) == 1
+    finally:
+        second.kill()
+    assert "served by another live worker" in second.log()
+    g = gpu(r, "node-a/cpu:0")
+    assert g.alive and str(first.pid) in g.worker  # the live owner's records are untouched
+    time.sleep(2.5)  # past the TTL: the first worker is still the one heartbeating
+    assert first.heartbeating()
