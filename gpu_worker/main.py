@@ -63,7 +63,7 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
             log.info("serving %s on queue %s: %d bytes total (%s)", g.id, g.queue, inv.total_bytes,
                      g.device.kind)
 
-        from celery.signals import worker_ready
+        from celery.signals import worker_ready, worker_shutting_down
 
         from gpu_worker import tasks
 
@@ -73,7 +73,13 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
             hb.announce()
             log.info("worker %s ready: %s", worker.worker_id, ", ".join(worker.gpus))
 
+        def on_shutting_down(**_kw: object) -> None:
+            n = worker.cancel_loads("the worker is shutting down")
+            if n:
+                log.info("shutting down: cancelled %d load(s) in progress", n)
+
         worker_ready.connect(on_ready, weak=False)
+        worker_shutting_down.connect(on_shutting_down, weak=False)
         concurrency = threads or int(os.environ.get("PREWARM_WORKER_THREADS") or default_threads(len(devices)))
         # The resident models live in this process, so a broker failure must not end it: kombu's Redis
         # transport can die with an "Unrecoverable error" when Redis vanishes mid-ack (celery/kombu#970

@@ -697,6 +697,18 @@ class NodeWorker:
         with g.lock:
             return [replace(s.record) for s in g.replicas.values()]
 
+    def cancel_loads(self, reason: str) -> int:
+        """Ask every load in progress to stop (each fails with Cancelled, releasing its intent); returns how
+        many were asked. A warm shutdown then waits seconds, not for whole models to finish loading."""
+        n = 0
+        for g in self.gpus.values():
+            with g.lock:
+                for s in g.replicas.values():
+                    if s.record.state in IN_FLIGHT and not s.cancel:
+                        s.cancel, s.cancel_reason = True, reason
+                        n += 1
+        return n
+
     def shutdown(self, reason: str = "worker shutting down") -> None:
         """Cancel loads in progress, drop every replica and take this worker's GPUs out of the fleet
         (only those it claimed: a worker refused a GPU must not erase the live owner's records)."""

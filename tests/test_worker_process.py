@@ -228,3 +228,18 @@ def test_a_second_worker_for_the_same_gpus_is_refused(r: redis.Redis, redis_url:
     assert g.alive and str(first.pid) in g.worker  # the live owner's records are untouched
     time.sleep(2.5)  # past the TTL: the first worker is still the one heartbeating
     assert first.heartbeating()
+
+
+def test_sigterm_mid_load_cancels_the_load_and_stops_cleanly(r: redis.Redis, celery: Celery, catalog: Path,
+                                                             worker_factory) -> None:
+    size = size_of(catalog, "tiny-lm-wide")
+    w = worker_factory(catalog, devices="cpu:0=64MiB", heartbeat_ttl=30,
+                       env={"PREWARM_LOAD_PACE_BYTES_PER_S": str(int(size / 300))})  # a 5-minute load
+    g = state.read_fleet(r).gpu("node-a/cpu:0")
+    d = Dispatcher(r, celery).preload("tiny-lm-wide", "v1", g, actor="operator", reason="test")
+    wait_for(lambda: (x := rep(r, g.id, "tiny-lm-wide")) and x.state == "loading", 20, what="loading", log=w.log)
+    assert w.stop(timeout=60) == 0  # not after the 5-minute load
+    with pytest.raises(Exception, match="cancelled: the worker is shutting down"):
+        celery.AsyncResult(d.task_id).get(timeout=10)
+    assert gpu_gone(w.redis_url, g.id)
+    assert not r.exists(keys.intent("tiny-lm-wide", g.id)), "the scheduler may plan it again at once"
