@@ -5,9 +5,10 @@ One run measures, on the same generated safetensors file (seeded, written to a t
 - page-cache case (the file's pages resident), median over ``--runs`` interleaved rounds:
   ``raw_read`` (sequential reads into one small reused buffer, like ``cat FILE > /dev/null``),
   ``loader`` (:func:`gpu_worker.loader.load_weights` to the device), ``load_file``
-  (``safetensors.torch.load_file`` + a copy into owned memory), and ``fresh_memcpy`` (a copy of the
-  same bytes from RAM into freshly allocated memory: the ceiling of any loader that must write
-  every byte to new memory, which a raw read never does);
+  (``safetensors.torch.load_file`` + a copy into owned memory), and ``fresh_memcpy`` (the same
+  bytes copied from RAM into tensors allocated exactly as the loader allocates them: the loader
+  minus the file, the ceiling of any loader that must write every byte into new memory, which a
+  raw read into one reused buffer never does). The order of the contenders rotates each round;
 - out-of-page-cache case: the same three reads after ``posix_fadvise(DONTNEED)`` on the file
   before each run (the resident fraction after dropping is reported: if the drop did not work the
   numbers say so);
@@ -154,31 +155,35 @@ def load_file_copy(path: Path) -> dict:
     return {k: v.clone() for k, v in load_file(path).items()}
 
 
-def fresh_memcpy(src, nbytes: int, threads: int) -> object:
-    """Copy ``src`` (a uint8 tensor in RAM) into newly allocated, huge-page-advised memory with
-    ``threads`` threads of 8 MiB memmoves: what the loader does minus the file, its ceiling."""
+def fresh_memcpy(src, header, threads: int) -> dict:
+    """The loader minus the file: allocate the model's tensors exactly as the loader does, then
+    fill them from ``src`` (the same bytes, already in RAM) with ``threads`` threads of 8 MiB
+    memmoves. Its throughput is the ceiling for any loader that must write every byte into new
+    memory, which a raw read into one reused buffer never does."""
     import threading
 
-    import torch
+    from gpu_worker.loader import TORCH_DTYPES, _allocate
 
-    from gpu_worker.hostmem import advise_hugepages
-
-    dst = torch.empty(nbytes, dtype=torch.uint8)
-    advise_hugepages(dst)
-    d, s = dst.data_ptr(), src.data_ptr()
+    device = src.device
+    out = {name: _allocate(e.shape, TORCH_DTYPES[e.dtype], device) for name, e in header.tensors.items()}
+    pieces: list[tuple[int, int, int]] = []
+    base = src.data_ptr()
     step = 8 * MiB
+    for name, e in header.tensors.items():
+        d = out[name].data_ptr()
+        for off in range(0, e.nbytes, step):
+            pieces.append((d + off, base + e.begin + off, min(step, e.nbytes - off)))
 
     def part(i: int) -> None:  # ctypes calls release the GIL: the threads copy in parallel
-        lo, hi = nbytes * i // threads, nbytes * (i + 1) // threads
-        for off in range(lo, hi, step):
-            ctypes.memmove(d + off, s + off, min(step, hi - off))
+        for dst, s, n in pieces[len(pieces) * i // threads : len(pieces) * (i + 1) // threads]:
+            ctypes.memmove(dst, s, n)
 
     ts = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return dst
+    return out
 
 
 _cpu_seconds: dict[str, list[float]] = {}
@@ -308,19 +313,30 @@ def run_bench(
             raise RuntimeError(f"loader result differs from safetensors for {mismatched[:3]}")
 
         # ---- page-cache case: interleave the contenders per round so noise hits all alike
+        from prewarm.safetensors_header import read_header
+
+        header = read_header(path)
         src = torch.empty(data_bytes, dtype=torch.uint8)
-        src.fill_(1)
-        memcpy = functools.partial(fresh_memcpy, src, data_bytes, min(nthreads, os.cpu_count() or 1))
+        with open(path, "rb") as f:
+            f.seek(header.data_offset)
+            f.readinto(memoryview(src.numpy()))
+        memcpy = functools.partial(fresh_memcpy, src, header, min(nthreads, os.cpu_count() or 1))
         times: dict[str, list[float]] = {"raw_read": [], "loader": [], "load_file": [], "fresh_memcpy": []}
         warm_page_cache(path)
         log(f"page-cache runs ({runs}) ...")
-        for _ in range(runs):
+        contenders: list[tuple[str, Callable[[], object]]] = [
+            ("raw_read", lambda: raw_read(path)),
+            ("loader", loader_dev),
+            ("load_file", lambda: load_file_copy(path)),
+            ("fresh_memcpy", memcpy),
+        ]
+        for k in range(runs):
             warm_page_cache(path)
-            times["raw_read"].append(_timed(lambda: raw_read(path), "raw_read"))
-            times["loader"].append(_timed(loader_dev, "loader"))
-            times["load_file"].append(_timed(lambda: load_file_copy(path), "load_file"))
-            times["fresh_memcpy"].append(_timed(memcpy, "fresh_memcpy"))
-        del memcpy, src
+            # Rotate the order each round: what ran before (memory it freed, caches it filled)
+            # changes the next one's figure, and no contender should always follow the same one.
+            for name, fn in contenders[k % 4 :] + contenders[: k % 4]:
+                times[name].append(_timed(fn, name))
+        del memcpy, src, contenders
         result.update(
             {
                 "loader_gib_s": round(_gib_s(data_bytes, times["loader"]), 3),
@@ -368,9 +384,13 @@ def run_bench(
             log(f"out-of-page-cache runs ({runs}) ...")
             cold_times: dict[str, list[float]] = {"raw_read": [], "loader": [], "load_file": []}
             fractions: list[float] = []
-            for _ in range(runs):
-                for name, fn in (("raw_read", lambda: raw_read(path)), ("loader", loader_dev),
-                                 ("load_file", lambda: load_file_copy(path))):
+            cold_contenders: list[tuple[str, Callable[[], object]]] = [
+                ("raw_read", lambda: raw_read(path)),
+                ("loader", loader_dev),
+                ("load_file", lambda: load_file_copy(path)),
+            ]
+            for k in range(runs):
+                for name, fn in cold_contenders[k % 3 :] + cold_contenders[: k % 3]:
                     drop_from_page_cache(path)
                     frac = resident_fraction(path)
                     if frac is not None:
@@ -429,9 +449,7 @@ def run_bench(
                 "torch": torch.__version__,
             }
         )
-        from prewarm.safetensors_header import read_header
-
-        result["tensors"] = len(read_header(path).tensors)
+        result["tensors"] = len(header.tensors)
         result["self_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
     finally:
@@ -480,7 +498,7 @@ def _fmt_report(r: dict) -> str:
         "page cache                 median       [min..max GiB/s]",
     ]
     for key, label in (("raw_read", "raw read (cat-like)"), ("loader", "loader"),
-                       ("load_file", "load_file + copy"), ("fresh_memcpy", "memcpy into new memory")):
+                       ("load_file", "load_file + copy"), ("fresh_memcpy", "memcpy, same allocations")):
         lo, hi = r["spread_gib_s"][key]
         lines.append(f"  {label:24s} {gb(key + '_gib_s')}  [{lo}..{hi}]")
     lines += [
