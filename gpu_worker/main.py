@@ -13,6 +13,8 @@ import signal
 import socket
 import time
 
+import redis
+
 from gpu_worker.heartbeat import ClaimTaken, Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
 from prewarm import runtime
@@ -36,10 +38,20 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     # Celery logs every task received/succeeded at INFO (one line per infer); our own log says what matters.
     for noisy in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-    devices = settings.devices()
-    url = runtime.redis_url(settings)
-    r = runtime.connect(url)
-    worker = NodeWorker(r, settings.catalog, settings.node, devices, WorkerOptions.from_settings(settings))
+    try:
+        devices = settings.devices()
+        url = runtime.redis_url(settings)
+        r = runtime.connect(url)
+        worker = NodeWorker(r, settings.catalog, settings.node, devices, WorkerOptions.from_settings(settings))
+        r.ping()
+    except (ValueError, RuntimeError) as exc:  # a bad PREWARM_DEVICES, CUDA asked for but absent
+        log.error("cannot start the worker: %s", exc)
+        runtime.stop_owned()
+        return 2
+    except redis.RedisError as exc:
+        log.error("cannot start the worker: Redis (PREWARM_REDIS_URL) does not answer: %s", exc)
+        runtime.stop_owned()
+        return 2
     try:
         worker.catalog()
         log.info("catalog %s: %d models", settings.catalog, len(worker.catalog().models))

@@ -248,3 +248,14 @@ def test_sigterm_mid_load_cancels_the_load_and_stops_cleanly(r: redis.Redis, cel
         celery.AsyncResult(d.task_id).get(timeout=10)
     assert gpu_gone(w.redis_url, g.id)
     assert not r.exists(keys.intent("tiny-lm-wide", g.id)), "the scheduler may plan it again at once"
+
+
+@pytest.mark.parametrize(("devices", "needle"), [
+    ("gpu0", "'gpu0' is not a device"),
+    ("cpu:0=1GiB,cpu:0=2GiB", "listed twice"),
+])
+def test_worker_refuses_bad_devices_clearly(redis_url: str, catalog: Path, tmp_path: Path, devices: str,
+                                            needle: str) -> None:
+    w = procs.start_worker(redis_url, catalog, devices, "node-bad", wait=False, log_dir=tmp_path)
+    assert w.proc.wait(timeout=60) == 2
+    assert needle in w.log() and "Traceback" not in w.log()
