@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -308,8 +309,6 @@ def test_progress_callback_can_cancel(model, monkeypatch):
     real = os.preadv
 
     def slow(fd, buffers, offset):
-        import time
-
         time.sleep(0.002)
         return real(fd, buffers, offset)
 
@@ -475,3 +474,33 @@ def test_bench_registers_under_prewarm_bench_load():
     assert args.size == 64 << 20 and args.runs == 3 and args.json and args.func is bench.cmd_bench_load
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "load", "--size", "lots"])
+
+
+def test_shards_are_read_side_by_side_each_file_forward(tmp_path, monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    files = []
+    for s in range(2):
+        f = tmp_path / f"s{s}.safetensors"
+        save_file({f"t{s}": torch.randn(64 * 1024, generator=g)}, f)  # 256 KiB each
+        files.append(f)
+    reads: list[tuple[str, str, int]] = []
+    lock = threading.Lock()
+    real = os.preadv
+
+    def spy(fd, buffers, offset):
+        with lock:
+            reads.append((threading.current_thread().name, os.readlink(f"/proc/self/fd/{fd}"), offset))
+        time.sleep(0.005)  # slow storage: long enough for both threads to start (no timing is asserted)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", spy)
+    load_weights(files, CPU, threads=2, chunk_bytes=16 * 1024)
+    first = {}
+    for thread, path, _ in reads:
+        first.setdefault(thread, path)
+    assert sorted(first.values()) == sorted(str(f) for f in files)  # one thread per shard at the start
+    per_stream: dict[tuple[str, str], list[int]] = {}
+    for thread, path, off in reads:
+        per_stream.setdefault((thread, path), []).append(off)
+    for offsets in per_stream.values():
+        assert offsets == sorted(offsets)  # every thread walks each file forward
