@@ -8,6 +8,7 @@ not set it) and each dead worker's files are marked as such.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 from typing import Any
@@ -45,6 +46,13 @@ def cmd_web(args: argparse.Namespace) -> int:
 
         multiprocess.mark_process_dead(worker.pid)
 
+    def post_fork(_server: Any, _worker: Any) -> None:
+        # A worker inherits the master's embedded-Redis handle and its atexit hook: the master alone
+        # stops that Redis, so drop the hook in the worker.
+        owned = getattr(runtime, "_owned", None)
+        if owned is not None:
+            atexit.unregister(owned.stop)
+
     class _App(BaseApplication):
         def load_config(self) -> None:
             self.cfg.set("bind", f"{args.host}:{port}")
@@ -55,6 +63,7 @@ def cmd_web(args: argparse.Namespace) -> int:
             self.cfg.set("graceful_timeout", 10)
             self.cfg.set("keepalive", 5)
             self.cfg.set("child_exit", child_exit)
+            self.cfg.set("post_fork", post_fork)
             self.cfg.set("accesslog", "-" if args.access_log else None)
             self.cfg.set("proc_name", "prewarm-web")
             if "control_socket_disable" in self.cfg.settings:
@@ -68,10 +77,13 @@ def cmd_web(args: argparse.Namespace) -> int:
 
     print(f"prewarm web: http://{args.host}:{port}/ ({workers} workers × {args.threads} threads)",
           file=sys.stderr, flush=True)
+    master = os.getpid()
     try:
         _App().run()
     finally:
-        runtime.stop_owned()
+        # gunicorn's forked workers leave through this frame too (SystemExit): only the master owns Redis.
+        if os.getpid() == master:
+            runtime.stop_owned()
     return 0
 
 
