@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import shutil
 import sys
 from typing import Any
 
 
-def _multiproc_dir(data_dir: str) -> str:
+def _multiproc_dir(data_dir: str) -> tuple[str, bool]:
+    """The multiprocess metrics folder, and whether we created it (and so remove it on exit)."""
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    created = not path
     if not path:
         path = os.path.join(data_dir, f"prometheus-web-{os.getpid()}")
         os.makedirs(path, exist_ok=True)
@@ -24,7 +27,7 @@ def _multiproc_dir(data_dir: str) -> str:
                 os.unlink(os.path.join(path, name))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     os.makedirs(path, exist_ok=True)
-    return path
+    return path, created
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -32,7 +35,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     from prewarm.config import Settings
 
     settings = Settings.from_env()
-    _multiproc_dir(str(settings.data_dir))
+    metrics_dir, own_metrics_dir = _multiproc_dir(str(settings.data_dir))
     # Resolve (or start) Redis once in the master, so every worker shares it and we own its lifetime.
     url = runtime.redis_url(settings, start=True)
     os.environ["PREWARM_REDIS_URL"] = url
@@ -84,6 +87,8 @@ def cmd_web(args: argparse.Namespace) -> int:
         # gunicorn's forked workers leave through this frame too (SystemExit): only the master owns Redis.
         if os.getpid() == master:
             runtime.stop_owned()
+            if own_metrics_dir:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
