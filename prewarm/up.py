@@ -79,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("up", help="run the whole system here: Redis, web, scheduler, worker, demo traffic")
     p.add_argument("--port", type=int, help="web port (default PORT or 8000)")
-    p.add_argument("--devices", default="cpu:0=3GiB,cpu:1=3GiB", help="worker devices (PREWARM_DEVICES wins)")
+    # Two CPU virtual GPUs that together hold a little less than the demo catalog (3.1 GB): the
+    # scheduler has to choose, so the console shows evictions as well as preloads.
+    p.add_argument("--devices", default="cpu:0=1536MiB,cpu:1=1536MiB", help="worker devices (PREWARM_DEVICES wins)")
     p.add_argument("--speed", type=float, default=60.0, help="trace seconds per real second")
     p.add_argument("--rate", type=float, default=3.0, help="approximate demo requests per real second")
     p.add_argument("--trace", help="trace to replay (default: the bundled Azure sample)")
