@@ -1,0 +1,68 @@
+"""prewarm's warming policy: a pure function from what the scheduler knows to what it should do.
+
+    actions = plan(snapshot, now, state=None)
+
+- `snapshot` (`Snapshot`, frozen): the catalog (`models`: id → `ModelSpec`), the fleet (`gpus`:
+  `GpuState`), what is on it (`replicas`: `ReplicaState`, including pending/loading ones), actions
+  dispatched but not yet confirmed (`intents`: `Intent`, ignored once `expires_at` passed), the
+  time of each model's last eviction (`recent_evictions`, for the cooldown), the traffic
+  (`traffic`: a `TrafficHistory`) and the `PolicyConfig`.
+- `now`: the caller's clock (Unix seconds live, virtual seconds in the simulator).
+- `state` (optional `PolicyState`): a cache the caller may keep between calls, one per
+  TrafficHistory. plan() updates it in place. It only memoises things derived from the traffic
+  (arrival models, when each model turns hot or cold), so the decisions are the same with a
+  fresh state; with a kept one a tick costs O(models whose traffic changed) instead of O(models).
+- returns a list of `Preload` / `Evict` actions, each with `reason` (words) and `numbers`. Evicts
+  that make room come right before the Preload they make room for; dispatch them in order on the
+  GPU's queue.
+
+plan() never does I/O, never reads a clock, and is deterministic for (snapshot, now, state).
+
+The live scheduler, every tick:
+
+    history = TrafficHistory.for_config(cfg)     # once, at start
+    state = PolicyState()                        # once, at start
+    ...
+    for model, second, count in new_buckets:     # per-second counts since the last tick
+        history.add_bucket(model, second, count)
+    snap = Snapshot(models=catalog, gpus=gpus, replicas=replicas, traffic=history,
+                    intents=intents, recent_evictions=last_evicted_at, config=cfg)
+    for action in plan(snap, time.time(), state):
+        dispatch(action)   # Preload → preload task, Evict → evict task, on action.gpu's queue
+
+What the policy does is described in `planner`'s docstring; the idle-time model in `arrivals`.
+"""
+
+from .planner import PolicyState, load_seconds, plan
+from .traffic import TrafficHistory
+from .types import (
+    GIB,
+    Action,
+    Evict,
+    GpuState,
+    Intent,
+    ModelSpec,
+    PolicyConfig,
+    Preload,
+    ReplicaState,
+    Snapshot,
+    TrafficView,
+)
+
+__all__ = [
+    "GIB",
+    "Action",
+    "Evict",
+    "GpuState",
+    "Intent",
+    "ModelSpec",
+    "PolicyConfig",
+    "PolicyState",
+    "Preload",
+    "ReplicaState",
+    "Snapshot",
+    "TrafficHistory",
+    "TrafficView",
+    "load_seconds",
+    "plan",
+]

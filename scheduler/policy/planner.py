@@ -1,0 +1,609 @@
+"""plan(): the warming policy. Pure: reads a Snapshot and `now`, returns actions; no I/O, no clock.
+
+Order of work in one call (each step sees the tentative effect of the previous ones):
+1. release quiet replicas (idle-time model says no request for a long while);
+2. demand: a model with a request in the last demand_window_s and no replica → load it now,
+   evicting the lowest expected value per byte if no GPU has room;
+3. keep pinned / min_replicas models at their floor;
+4. scale: forecast each capped model's rate one load time ahead, add replicas on other nodes;
+5. a GPU that just joined takes replicas of the hottest models;
+6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
+   within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
+   evicting only residents worth `prefetch_margin` times less.
+
+Value of a replica = expected cold requests per second its absence would cause
+  = c / E[time to next request], c = 1 + requests arriving during a reload (from requests per
+  active minute and the load time); per byte when choosing victims.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from . import arrivals
+from .arrivals import ArrivalModel
+from .types import (
+    GIB,
+    HOLDING_STATES,
+    LOADING_STATES,
+    Action,
+    Evict,
+    GpuState,
+    ModelSpec,
+    PolicyConfig,
+    Preload,
+    ReplicaState,
+    Snapshot,
+)
+
+MAX_SPECULATIVE_TRIES = 24
+EVICTION_HORIZON_S = 600.0  # how far ahead an eviction's cost is counted when choosing a GPU  # per tick, best first: bounds the work of one plan() call
+
+
+@dataclass
+class PolicyState:
+    """Optional cache carried from one plan() call to the next (the caller keeps it).
+
+    It holds only things derived from the traffic (per-model arrival models and a timeline of
+    when each model becomes hot or cold), so plan(s, now, state) decides the same as
+    plan(s, now) with a fresh state; it just does not recompute every model on every tick.
+    Use one state per TrafficHistory; a different history or catalog object resets it.
+    """
+
+    traffic_id: int = 0
+    models_id: int = 0
+    seq: int = -1
+    arrival: dict[str, tuple[tuple[int, float], ArrivalModel]] = field(default_factory=dict)
+    hot_heap: list[tuple[float, str, float, float]] = field(default_factory=list)
+    cold_heap: list[tuple[float, str, float, float]] = field(default_factory=list)
+    awake: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (end, arrival)
+    due: dict[str, tuple[float, float]] = field(default_factory=dict)
+    recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
+    scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
+    loss: dict[str, tuple[tuple, float]] = field(default_factory=dict)
+    special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap
+
+
+def load_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
+    return spec.load_seconds if spec.load_seconds is not None else cfg.default_load_seconds(spec.size_bytes)
+
+
+class _Fleet:
+    """Tentative view of the fleet for one plan() call."""
+
+    def __init__(self, snap: Snapshot, now: float) -> None:
+        cfg = snap.config
+        self.gpus: dict[str, GpuState] = {g.id: g for g in snap.gpus if g.alive}
+        self.used: dict[str, int] = dict.fromkeys(self.gpus, 0)
+        self.spec: dict[str, int] = dict.fromkeys(self.gpus, 0)
+        self.loading: dict[str, int] = dict.fromkeys(self.gpus, 0)
+        self.pending_intent: dict[str, int] = dict.fromkeys(self.gpus, 0)
+        self.on_gpu: dict[str, dict[str, ReplicaState]] = {g: {} for g in self.gpus}
+        self.of_model: dict[str, list[str]] = {}
+        self.evicting: set[tuple[str, str]] = set()
+        self.victims: dict[str, list[tuple[float, str, ReplicaState]]] = {}  # lazily sorted per gpu
+        traffic = snap.traffic
+        used, spec, loading, on_gpu, of_model = self.used, self.spec, self.loading, self.on_gpu, self.of_model
+        for r in snap.replicas:
+            g = r.gpu
+            st = r.state
+            if g not in used or st not in HOLDING_STATES:
+                continue
+            used[g] += r.bytes
+            on_gpu[g][r.model] = r
+            if st == "evicting":
+                self.evicting.add((r.model, g))
+                continue
+            gl = of_model.get(r.model)
+            if gl is None:
+                of_model[r.model] = [g]
+            else:
+                gl.append(g)
+            if st != "ready":
+                loading[g] += 1
+            lr = r.last_request
+            if lr is None or lr < r.since:
+                a = traffic.last_arrival(r.model)
+                if a is None or a < r.since:
+                    spec[g] += r.bytes
+        for it in snap.intents:
+            if it.gpu not in self.gpus or it.expires_at <= now:
+                continue
+            if it.kind == "evict":
+                self.evicting.add((it.model, it.gpu))
+            elif it.model not in self.on_gpu[it.gpu]:
+                size = it.bytes or (snap.models[it.model].size_bytes if it.model in snap.models else 0)
+                self.used[it.gpu] += size
+                self.pending_intent[it.gpu] += size
+                self.loading[it.gpu] += 1
+                self.of_model.setdefault(it.model, []).append(it.gpu)
+        self.cfg = cfg
+
+    def avail(self, gpu: str) -> int:
+        g = self.gpus[gpu]
+        # the tighter of our accounting and the worker's measured free bytes (less what this
+        # call and unconfirmed intents will load, plus what this call evicts)
+        return min(g.total_bytes - self.used[gpu], g.free_bytes - self.pending_intent[gpu])
+
+    def count(self, model: str) -> int:
+        return len(self.of_model.get(model, ()))
+
+
+class _Planner:
+    def __init__(self, snap: Snapshot, now: float, state: PolicyState) -> None:
+        self.s = snap
+        self.now = now
+        self.cfg = snap.config
+        self.st = state
+        self.tr = snap.traffic
+        self.fleet = _Fleet(snap, now)
+        self.actions: list[Action] = []
+        self._loss: dict[str, float] = {}
+        self._loading_rate: dict[str, float] = {}
+        self.floors = {m for m in state.special if snap.models[m].pinned or snap.models[m].min_replicas > 0} \
+            if state.models_id == id(snap.models) else {m for m, sp in snap.models.items()
+                                                        if sp.pinned or sp.min_replicas > 0}
+
+    # ---- per-model numbers ---------------------------------------------------------------
+    def arrival(self, model: str) -> ArrivalModel:
+        spec = self.s.models[model]
+        stable = self.tr.stable_histogram(model)
+        key = (0 if stable is None else stable[0], load_seconds(spec, self.cfg))
+        hit = self.st.arrival.get(model)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        am = arrivals.build(None if stable is None else stable[1], 0.0 if stable is None else stable[2],
+                            key[1], self.cfg)
+        self.st.arrival[model] = (key, am)
+        return am
+
+    def cost(self, model: str) -> float:
+        """Cold requests one reload costs: the first request plus those arriving during the load."""
+        spec = self.s.models[model]
+        rpm = self.tr.stable_requests_per_active_minute(model)
+        return 1.0 + max(0.0, rpm - 1.0) * min(load_seconds(spec, self.cfg), 60.0) / 60.0
+
+    def anchor(self, model: str) -> float | None:
+        """Last arrival rounded down to the timeline grid: the idle-time model's origin. Rounding
+        lets a busy model's timeline be rescheduled once per grid step, not on every request."""
+        a = self.tr.last_arrival(model)
+        return None if a is None else math.floor(a / self.cfg.grid_s) * self.cfg.grid_s
+
+    def idle(self, model: str) -> float | None:
+        a = self.anchor(model)
+        return None if a is None else max(0.0, self.now - a)
+
+    def loss(self, model: str) -> float:
+        """Expected cold requests per second if this model were not resident."""
+        v = self._loss.get(model)
+        if v is None:
+            d = self.idle(model)
+            if d is None:
+                v = 0.0
+            else:
+                # a step function of (timeline, grid cell): memoised across calls in the state
+                am = self.arrival(model)
+                key = (self.st.arrival[model][0], self.anchor(model), am.index(d))
+                hit = self.st.loss.get(model)
+                if hit is not None and hit[0] == key and key[0][0] > 0:
+                    v = hit[1]
+                else:
+                    v = self.cost(model) / max(am.mrl_at(d), 1.0)
+                    self.st.loss[model] = (key, v)
+            self._loss[model] = v
+        return v
+
+    # ---- fleet helpers -------------------------------------------------------------------
+    def evictable(self, r: ReplicaState) -> bool:
+        spec = self.s.models.get(r.model)
+        if r.state != "ready" or r.in_flight > 0 or (r.model, r.gpu) in self.fleet.evicting:
+            return False
+        if self.now - r.since < self.cfg.min_residency_s:
+            return False
+        if spec is None:
+            return True  # not in the catalog any more: nothing protects it
+        floor = max(spec.min_replicas, 1 if spec.pinned else 0)
+        return not spec.pinned and self.fleet.count(r.model) > floor
+
+    def victim_list(self, gpu: str) -> list[tuple[float, str, ReplicaState]]:
+        v = self.fleet.victims.get(gpu)
+        if v is None:
+            v = []
+            for r in self.fleet.on_gpu[gpu].values():
+                if self.evictable(r):
+                    share = self.loss(r.model) / max(1, self.fleet.count(r.model))
+                    v.append((share / max(r.bytes / GIB, 1e-3), r.model, r))
+            v.sort(key=lambda x: (x[0], x[1]))
+            self.fleet.victims[gpu] = v
+        return v
+
+    def is_speculative(self, r: ReplicaState) -> bool:
+        """Loaded ahead of demand and not asked for since it started loading."""
+        if r.last_request is not None and r.last_request >= r.since:
+            return False
+        a = self.tr.last_arrival(r.model)
+        return a is None or a < r.since
+
+    def loading_rate(self, gpu: str) -> float:
+        """Sum of request rates of the models loading on a GPU (their requests wait on the link)."""
+        v = self._loading_rate.get(gpu)
+        if v is None:
+            v = sum(max(self.tr.rate_short(m, self.now), 1e-3)
+                    for m, r in self.fleet.on_gpu[gpu].items() if r.state in LOADING_STATES)
+            self._loading_rate[gpu] = v
+        return v
+
+    def do_evict(self, r: ReplicaState, kind: str, reason: str, numbers: dict[str, float]) -> None:
+        f = self.fleet
+        f.used[r.gpu] -= r.bytes
+        f.pending_intent[r.gpu] -= r.bytes
+        f.evicting.add((r.model, r.gpu))
+        gl = f.of_model.get(r.model, [])
+        if r.gpu in gl:
+            gl.remove(r.gpu)
+        del f.on_gpu[r.gpu][r.model]
+        if self.is_speculative(r):
+            f.spec[r.gpu] -= r.bytes
+        vl = f.victims.get(r.gpu)
+        if vl is not None:
+            f.victims[r.gpu] = [x for x in vl if x[2] is not r]
+        self.actions.append(Evict(r.model, r.gpu, kind, reason, numbers, r.version))
+
+    def do_preload(self, spec: ModelSpec, gpu: str, kind: str, reason: str, numbers: dict[str, float]) -> None:
+        f = self.fleet
+        f.used[gpu] += spec.size_bytes
+        f.pending_intent[gpu] += spec.size_bytes
+        f.loading[gpu] += 1
+        if kind == "speculative":
+            f.spec[gpu] += spec.size_bytes
+        f.of_model.setdefault(spec.id, []).append(gpu)  # a load is never a victim: orders stay valid
+        self._loading_rate[gpu] = self.loading_rate(gpu) + max(self.tr.rate_short(spec.id, self.now), 1e-3)
+        self.actions.append(Preload(spec.id, gpu, kind, reason, numbers, spec.version, spec.size_bytes))
+
+    def place(self, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
+        """Choose a GPU (and victims) for one more replica of spec. Returns (gpu, victims, loss)."""
+        f = self.fleet
+        cfg = self.cfg
+        size = spec.size_bytes
+        speculative = kind == "speculative"
+        hosting = f.of_model.get(spec.id, [])
+        ld = load_seconds(spec, cfg)
+        rate = max(self.tr.rate_short(spec.id, self.now), self.tr.stable_requests_per_active_minute(spec.id) / 60.0)
+        nodes_with = {f.gpus[g].node for g in hosting if g in f.gpus}
+        best: tuple | None = None
+        for gid in sorted(f.gpus):
+            g = f.gpus[gid]
+            if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
+                continue
+            if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
+                continue
+            spec_cap = cfg.speculative_share * g.total_bytes
+            free = f.avail(gid)
+            victims: list[ReplicaState] = []
+            loss = 0.0
+            if free < size:
+                freed = 0
+                spec_freed = 0
+                for vpb, _m, r in self.victim_list(gid):
+                    if r.model in self.floors and not self.evictable(r):
+                        continue  # its replica count dropped to its floor during this call
+                    if speculative and vpb * r.bytes / GIB * cfg.prefetch_margin > benefit:
+                        break  # this victim alone is worth more than the prefetch
+                    victims.append(r)
+                    freed += r.bytes
+                    loss += vpb * r.bytes / GIB
+                    if self.is_speculative(r):
+                        spec_freed += r.bytes
+                    if free + freed >= size:
+                        break
+                if free + freed < size:
+                    continue
+                if speculative and f.spec[gid] - spec_freed + size > spec_cap:
+                    continue
+            elif speculative and f.spec[gid] + size > spec_cap:
+                continue
+            # Expected cold requests this choice causes: the victims' next reloads (their loss rate
+            # over the eviction horizon, at most one reload each) plus load-link contention — k
+            # loads in flight make this load ~k× slower and each of them slower by ~our load time.
+            k = f.loading[gid]
+            cost = sum(min(self.cost(r.model), self.loss(r.model) * EVICTION_HORIZON_S) for r in victims)
+            if k:
+                cost += ld * (rate * k + self.loading_rate(gid))
+            key = (g.node in nodes_with, cost, k, free - size, gid)
+            if best is None or key < best[0]:
+                best = (key, gid, victims, loss)
+        if best is None:
+            return None
+        if speculative and best[3] * cfg.prefetch_margin > benefit:
+            return None
+        return best[1], best[2], best[3]
+
+    def load(self, spec: ModelSpec, kind: str, reason: str, numbers: dict[str, float],
+             benefit: float = math.inf) -> bool:
+        choice = self.place(spec, kind, benefit)
+        if choice is None:
+            return False
+        gid, victims, _loss = choice
+        for r in victims:
+            d = self.idle(r.model)
+            mrl = self.arrival(r.model).mrl_at(d) if d is not None else math.inf
+            val = self.loss(r.model)
+            self.do_evict(
+                r, "make_room",
+                f"make room on {gid} for {spec.id} ({kind}): lowest value per byte here — "
+                f"idle {_fmt_s(d)}, next request expected in {_fmt_s(mrl)}, "
+                f"{val:.3g} cold req/s if absent, {r.bytes / GIB:.1f} GiB",
+                {"idle_s": _num(d), "expected_next_s": _num(mrl), "loss_per_s": val,
+                 "gib": r.bytes / GIB},
+            )
+        self.do_preload(spec, gid, kind, f"{reason} → preload on {gid}", numbers)
+        return True
+
+    # ---- steps ---------------------------------------------------------------------------
+    def step_release(self, due: Iterable[str]) -> None:
+        for m in sorted(due):
+            if m not in self.s.models:
+                continue
+            d = self.idle(m)
+            if d is None:
+                continue
+            am = self.arrival(m)
+            for gid in sorted(self.fleet.of_model.get(m, [])):
+                r = self.fleet.on_gpu[gid].get(m)
+                if r is None or not self.evictable(r):
+                    continue
+                p = am.p_at(d)
+                self.do_evict(
+                    r, "quiet",
+                    f"quiet: idle {_fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
+                    f"P(request within the next {_fmt_s(self.cfg.window_s)})={p:.3f} for at least "
+                    f"{_fmt_s(self.cfg.release_min_gap_s)}; next request expected in {_fmt_s(am.mrl_at(d))}",
+                    {"idle_s": d, "p_soon": p, "expected_next_s": _num(am.mrl_at(d)), "gaps": am.samples},
+                )
+
+    def rates(self, m: str) -> tuple[float, float, bool]:
+        rs = self.tr.rate_short(m, self.now)
+        rl = self.tr.rate_long(m, self.now)
+        rising = rs >= self.cfg.rise_floor_per_s and rs > self.cfg.rise_factor * rl
+        return rs, rl, rising
+
+    def forecast(self, m: str, ahead: float) -> float:
+        """Linear trend from the two EWMAs (their centres lag by their time constants)."""
+        rs = self.tr.rate_short(m, self.now)
+        rl = self.tr.rate_long(m, self.now)
+        ls = self.tr.lag(m, self.now, self.cfg.short_window_s)
+        ll = self.tr.lag(m, self.now, self.cfg.long_window_s)
+        # trust a trend only when the windows see different pasts and the rise is clear of noise;
+        # before the long window has history, use the panic window against the short one
+        if ll - ls >= 30.0:
+            slope = (rs - rl) / (ll - ls) if rs > 1.1 * rl else 0.0
+            return max(0.0, rs + slope * (ls + ahead))
+        rp = self.tr.rate_panic(m, self.now)
+        lp = self.tr.lag(m, self.now, self.cfg.panic_window_s)
+        slope = (rp - rs) / (ls - lp) if ls - lp >= 5.0 and rp > 1.1 * rs else 0.0
+        return max(0.0, rp + slope * (lp + ahead))
+
+    def step_demand(self, recent: Iterable[str]) -> None:
+        cands = []
+        for m in recent:
+            spec = self.s.models.get(m)
+            if spec is None or self.fleet.count(m) > 0:
+                continue
+            a = self.tr.last_arrival(m)
+            if m not in self.s.waiting and (a is None or self.now - a > self.cfg.demand_window_s):
+                continue
+            cands.append((-self.cost(m), m))
+        failed_size = math.inf  # placement is monotone in size for demand: skip what cannot fit
+        for _c, m in sorted(cands):
+            spec = self.s.models[m]
+            if spec.size_bytes >= failed_size:
+                continue
+            rs, rl, rising = self.rates(m)
+            ld = load_seconds(spec, self.cfg)
+            trend = f" rising ×{rs / rl:.1f} vs {_fmt_s(self.cfg.long_window_s)} mean" if rising and rl > 0 else ""
+            fc = self.forecast(m, ld)
+            ok = self.load(
+                spec, "demand",
+                f"{self.s.waiting.get(m, 1)} request(s) waiting (last at {self.tr.last_arrival(m) or self.now:.0f}), no replica; rate {rs:.2f}/s{trend}; "
+                f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
+                {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
+            )
+            if not ok:
+                failed_size = spec.size_bytes
+
+    def step_floor(self) -> None:
+        for m in self.st.special:
+            spec = self.s.models.get(m)
+            if spec is None:
+                continue
+            floor = max(spec.min_replicas, 1 if spec.pinned else 0)
+            while self.fleet.count(m) < floor:
+                have = self.fleet.count(m)
+                if not self.load(spec, "min_replicas",
+                                 f"{'pinned, ' if spec.pinned else ''}min_replicas {floor}, has {have}",
+                                 {"min_replicas": floor, "replicas": have}):
+                    break
+
+    def step_scale(self) -> None:
+        for m in self.st.special:
+            spec = self.s.models.get(m)
+            if spec is None or not spec.max_rate_per_replica or self.fleet.count(m) == 0:
+                continue
+            ld = load_seconds(spec, self.cfg)
+            fc = self.forecast(m, ld + self.cfg.tick_s)
+            rs, rl, rising = self.rates(m)
+            # 5 % tolerance: a rate sitting exactly at n × capacity needs n replicas, not n + 1
+            want = max(1, math.ceil(max(fc, rs) / spec.max_rate_per_replica - 0.05))
+            while self.fleet.count(m) < want:
+                have = self.fleet.count(m)
+                trend = f" rising ×{rs / rl:.1f} vs {_fmt_s(self.cfg.long_window_s)} mean;" if rising and rl > 0 else ";"
+                if not self.load(
+                    spec, "scale",
+                    f"rate {rs:.2f}/s{trend} forecast {fc:.2f}/s in {ld + self.cfg.tick_s:.0f} s "
+                    f"> {have} × {spec.max_rate_per_replica:g}/s per replica; load {ld:.1f} s",
+                    {"rate_short": rs, "rate_long": rl, "forecast": fc, "replicas": have,
+                     "want": want, "load_s": ld},
+                ):
+                    break
+
+    def step_new_gpu(self) -> None:
+        cfg = self.cfg
+        fresh = [g for g in sorted(self.fleet.gpus)
+                 if 0 <= self.now - self.fleet.gpus[g].joined_at < cfg.new_gpu_window_s]
+        if not fresh:
+            return
+        hot = sorted(
+            ((-self.tr.rate_short(m, self.now), m) for m in self.tr.models() if m in self.s.models),
+        )
+        hot = [(r, m) for r, m in hot if r < 0][: cfg.new_gpu_hot_models]
+        for gid in fresh:
+            g = self.fleet.gpus[gid]
+            for negr, m in hot:
+                spec = self.s.models[m]
+                if gid in self.fleet.of_model.get(m, []) or m in self.fleet.on_gpu[gid]:
+                    continue
+                if self.fleet.avail(gid) < spec.size_bytes:
+                    continue
+                if self.fleet.spec[gid] + spec.size_bytes > cfg.speculative_share * g.total_bytes:
+                    continue
+                self.do_preload(
+                    spec, gid, "new_gpu",
+                    f"{gid} joined {_fmt_s(self.now - g.joined_at)} ago; {m} is among the "
+                    f"{cfg.new_gpu_hot_models} hottest models at {-negr:.2f}/s → preload on {gid}",
+                    {"rate_short": -negr},
+                )
+                self.fleet.spec[gid] += spec.size_bytes  # unrequested on this GPU: count as speculative
+
+    def step_speculative(self, awake: Iterable[str]) -> None:
+        cfg = self.cfg
+        cands = []
+        for m in awake:
+            spec = self.s.models.get(m)
+            if spec is None or self.fleet.count(m) > 0:
+                continue
+            ev = self.s.recent_evictions.get(m)
+            if ev is not None and self.now - ev < cfg.eviction_cooldown_s:
+                continue
+            d = self.idle(m)
+            if d is None:
+                continue
+            am = self.arrival(m)
+            if am.segment_at(d) != "hot":
+                continue
+            cands.append((-self.loss(m), m))
+        cands.sort()
+        for negl, m in cands[:MAX_SPECULATIVE_TRIES]:
+            if all(n >= cfg.max_speculative_loads_per_gpu for n in self.fleet.loading.values()):
+                break  # every GPU's load bandwidth is taken
+            spec = self.s.models[m]
+            d = self.idle(m) or 0.0
+            am = self.arrival(m)
+            ld = load_seconds(spec, cfg)
+            p = am.p_at(d)
+            self.load(
+                spec, "speculative",
+                f"idle {_fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
+                f"P(request within {_fmt_s(ld + cfg.tick_s + 5 + cfg.window_s)})={p:.2f}, next expected in "
+                f"{_fmt_s(am.mrl_at(d))}; {self.cost(m):.1f} cold requests per reload; load {ld:.1f} s",
+                {"idle_s": d, "p_soon": p, "expected_next_s": _num(am.mrl_at(d)),
+                 "loss_per_s": -negl, "load_s": ld, "gaps": am.samples},
+                benefit=-negl,
+            )
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None or math.isinf(x):
+        return "never"
+    if x < 120:
+        return f"{x:.0f} s"
+    if x < 7200:
+        return f"{x / 60:.1f} min"
+    return f"{x / 3600:.1f} h"
+
+
+def _num(x: float | None) -> float:
+    return -1.0 if x is None or math.isinf(x) else float(x)
+
+
+def _schedule(pl: _Planner, m: str) -> None:
+    """Push the model's future hot/cold segments (relative to its last arrival) onto the heaps."""
+    st = pl.st
+    last = pl.tr.last_arrival(m)
+    if last is None:
+        return
+    st.recent[m] = last
+    a = pl.anchor(m)
+    am = pl.arrival(m)
+    key = (a, st.arrival[m][0])
+    if st.scheduled.get(m) == key:
+        return  # same origin, same timeline: the heaps already hold it
+    st.scheduled[m] = key
+    now = pl.now
+    for start, end, label in am.segments:
+        if a + end <= now:
+            continue
+        heap = st.hot_heap if label == "hot" else st.cold_heap
+        heapq.heappush(heap, (a + start, m, a, a + end))
+
+
+def _advance(pl: _Planner) -> None:
+    """Bring the state's timeline up to `now` and the traffic's latest changes."""
+    st, snap, tr, now = pl.st, pl.s, pl.tr, pl.now
+    fresh = st.traffic_id != id(tr) or st.models_id != id(snap.models) or st.seq < 0
+    if fresh:
+        st.traffic_id, st.models_id = id(tr), id(snap.models)
+        st.arrival.clear()
+        st.hot_heap.clear()
+        st.cold_heap.clear()
+        st.awake.clear()
+        st.due.clear()
+        st.recent.clear()
+        st.scheduled.clear()
+        st.loss.clear()
+        st.special = tuple(sorted(
+            m for m, s in snap.models.items() if s.pinned or s.min_replicas > 0 or s.max_rate_per_replica
+        ))
+        changed: list[str] | None = tr.models()
+    else:
+        changed = tr.changed_since(st.seq)
+        if changed is None:
+            changed = tr.models()
+    st.seq = tr.seq
+    for m in sorted(set(changed)):
+        if m in snap.models:
+            _schedule(pl, m)
+    for heap, target in ((st.hot_heap, st.awake), (st.cold_heap, st.due)):
+        while heap and heap[0][0] <= now:
+            _start, m, a, end = heapq.heappop(heap)
+            if end > now and pl.anchor(m) == a:
+                target[m] = (end, a)
+    for target in (st.awake, st.due):
+        for m in [m for m, (end, a) in target.items() if end <= now or pl.anchor(m) != a]:
+            del target[m]
+    cutoff = now - pl.cfg.demand_window_s
+    for m in [m for m, a in st.recent.items() if a < cutoff]:
+        del st.recent[m]
+
+
+def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> list[Action]:
+    """Decide the preloads and evictions for this tick. See the package docstring."""
+    st = state if state is not None else PolicyState()
+    pl = _Planner(snapshot, now, st)
+    _advance(pl)
+    # Only resident models can be released; others leave the due set (they re-enter on arrival).
+    due = []
+    for m in list(st.due):
+        if m in pl.fleet.of_model and pl.fleet.of_model[m]:
+            due.append(m)
+        else:
+            del st.due[m]
+    pl.step_release(due)
+    pl.step_demand(sorted(set(st.recent) | set(snapshot.waiting)))
+    pl.step_floor()
+    pl.step_scale()
+    pl.step_new_gpu()
+    pl.step_speculative(sorted(st.awake))
+    return pl.actions

@@ -1,0 +1,233 @@
+"""TrafficHistory: a pure, deterministic, incremental per-model traffic accumulator.
+
+The live scheduler feeds it per-second request counts read from Redis (`add_bucket`); the
+simulator feeds it the trace (`add`). Everything is quantised to whole seconds, so feeding one
+request at a time or one count per second gives the same state. Memory per model is bounded:
+a handful of numbers plus an idle-time histogram of `bins` floats (two copies).
+
+Kept per model:
+- last arrival (second), total requests and active minutes (mean requests per active minute);
+- exponentially weighted rates over a short and a long window (time constants in seconds);
+- the idle-time histogram of Shahrad et al. (ATC 2020): gaps between consecutive seconds with
+  requests, in `bin_s` bins over `bins × bin_s`, plus an out-of-bounds count. Counts are halved
+  when they pass `halve_at` so that old patterns fade. A "stable" copy of the histogram is taken
+  at refresh points fixed by the number of gaps seen (every gap up to 16, then every ~12 %), so
+  that what the policy derives from it can be cached by version and still be a pure function of
+  the traffic fed in.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _refresh_points() -> set[int]:
+    pts = set(range(1, 17))
+    x = 16.0
+    while x < 1e9:
+        x = math.ceil(x * 1.125)
+        pts.add(int(x))
+    return pts
+
+
+_REFRESH = frozenset(_refresh_points())
+
+
+class _ModelTraffic:
+    __slots__ = (
+        "first_second", "last_second", "total", "active_minutes", "last_minute",
+        "rate_p", "rate_s", "rate_l", "rate_t",
+        "hist", "oob", "gaps_seen", "weight",
+        "stable_version", "stable_hist", "stable_oob", "stable_rpm",
+    )
+
+    def __init__(self, bins: int) -> None:
+        self.last_second: int | None = None
+        self.first_second = 0
+        self.total = 0.0
+        self.active_minutes = 0.0
+        self.last_minute = -1
+        self.rate_p = 0.0
+        self.rate_s = 0.0
+        self.rate_l = 0.0
+        self.rate_t = 0.0
+        self.hist = [0.0] * bins
+        self.oob = 0.0
+        self.gaps_seen = 0  # monotonic, never halved: drives refresh points
+        self.weight = 0.0  # current (halved) number of gaps in hist + oob
+        self.stable_version = 0
+        self.stable_hist: tuple[float, ...] = ()
+        self.stable_oob = 0.0
+        self.stable_rpm = 0.0
+
+
+class TrafficHistory:
+    """Per-model traffic accumulator. See the module docstring."""
+
+    def __init__(
+        self,
+        bin_s: float = 60.0,
+        bins: int = 240,
+        short_window_s: float = 60.0,
+        long_window_s: float = 600.0,
+        halve_at: float = 2048.0,
+        panic_window_s: float = 10.0,
+    ) -> None:
+        self.panic_window_s = panic_window_s
+        self.bin_s = bin_s
+        self.bins = bins
+        self.short_window_s = short_window_s
+        self.long_window_s = long_window_s
+        self.halve_at = halve_at
+        self._m: dict[str, _ModelTraffic] = {}
+        self._seq = 0
+        # model -> seq of its last change, kept in order of last change (re-inserted on change)
+        self._changed: dict[str, int] = {}
+
+    @classmethod
+    def for_config(cls, cfg: object) -> TrafficHistory:
+        """A history whose windows and bins match a PolicyConfig."""
+        return cls(
+            bin_s=cfg.hist_bin_s,  # type: ignore[attr-defined]
+            bins=cfg.hist_bins,  # type: ignore[attr-defined]
+            short_window_s=cfg.short_window_s,  # type: ignore[attr-defined]
+            panic_window_s=cfg.panic_window_s,  # type: ignore[attr-defined]
+            long_window_s=cfg.long_window_s,  # type: ignore[attr-defined]
+        )
+
+    # ---- feeding -------------------------------------------------------------------------
+    def add(self, model: str, t: float, count: int = 1) -> None:
+        """Record `count` requests for `model` at time `t` (quantised to its second)."""
+        self.add_bucket(model, math.floor(t), count)
+
+    def add_bucket(self, model: str, second: int, count: int) -> None:
+        """Record the request count of one one-second bucket. Buckets may come in any order;
+        a late bucket (older than the last one seen) updates counts and rates, not gaps."""
+        if count <= 0:
+            return
+        m = self._m.get(model)
+        if m is None:
+            m = self._m[model] = _ModelTraffic(self.bins)
+        # Rates: decay both to this second, then add the bucket (rate unit: requests/s).
+        if second >= m.rate_t:
+            dt = second - m.rate_t
+            if dt:
+                m.rate_p *= math.exp(-dt / self.panic_window_s)
+                m.rate_s *= math.exp(-dt / self.short_window_s)
+                m.rate_l *= math.exp(-dt / self.long_window_s)
+                m.rate_t = second
+            m.rate_p += count / self.panic_window_s
+            m.rate_s += count / self.short_window_s
+            m.rate_l += count / self.long_window_s
+        else:
+            dt = m.rate_t - second
+            m.rate_p += count / self.panic_window_s * math.exp(-dt / self.panic_window_s)
+            m.rate_s += count / self.short_window_s * math.exp(-dt / self.short_window_s)
+            m.rate_l += count / self.long_window_s * math.exp(-dt / self.long_window_s)
+        m.total += count
+        minute = second // 60
+        if minute > m.last_minute:
+            m.active_minutes += 1
+            m.last_minute = minute
+        last = m.last_second
+        if last is None:
+            m.last_second = second
+            m.first_second = second
+        elif second > last:
+            gap = second - last
+            b = int(gap // self.bin_s)
+            if b < self.bins:
+                m.hist[b] += 1.0
+            else:
+                m.oob += 1.0
+            m.weight += 1.0
+            m.gaps_seen += 1
+            m.last_second = second
+            if m.weight > self.halve_at:  # let old patterns fade; keeps proportions
+                m.hist = [h * 0.5 for h in m.hist]
+                m.oob *= 0.5
+                m.weight *= 0.5
+                m.total *= 0.5
+                m.active_minutes *= 0.5
+            if m.gaps_seen in _REFRESH:
+                m.stable_hist = tuple(m.hist)
+                m.stable_oob = m.oob
+                m.stable_rpm = m.total / m.active_minutes if m.active_minutes else 0.0
+                m.stable_version += 1
+        self._seq += 1
+        self._changed.pop(model, None)
+        self._changed[model] = self._seq
+
+    # ---- reading (TrafficView) -----------------------------------------------------------
+    @property
+    def seq(self) -> int:
+        """A counter that grows with every change."""
+        return self._seq
+
+    def changed_since(self, seq: int) -> list[str] | None:
+        """Models changed after `seq`, most recent first."""
+        out: list[str] = []
+        for model in reversed(self._changed):
+            if self._changed[model] <= seq:
+                break
+            out.append(model)
+        return out
+
+    def models(self) -> list[str]:
+        return list(self._m)
+
+    def last_arrival(self, model: str) -> float | None:
+        m = self._m.get(model)
+        return None if m is None or m.last_second is None else float(m.last_second)
+
+    def _rate(self, m: _ModelTraffic, raw: float, tau: float, now: float) -> float:
+        # Bias-corrected like Adam's moments: an EWMA started from zero S seconds ago is
+        # low by (1 - e^(-S/tau)). S is at least 10 s so one request is not read as a burst.
+        span = max(min(10.0, tau), now - m.first_second + 1.0)
+        return raw * math.exp(-max(0.0, now - m.rate_t) / tau) / (1.0 - math.exp(-span / tau))
+
+    def rate_panic(self, model: str, now: float) -> float:
+        """Requests/s over panic_window_s (Knative's panic window: a tenth of the short one)."""
+        m = self._m.get(model)
+        return 0.0 if m is None else self._rate(m, m.rate_p, self.panic_window_s, now)
+
+    def rate_short(self, model: str, now: float) -> float:
+        """Requests/s, exponentially weighted over short_window_s."""
+        m = self._m.get(model)
+        return 0.0 if m is None else self._rate(m, m.rate_s, self.short_window_s, now)
+
+    def rate_long(self, model: str, now: float) -> float:
+        """Requests/s, exponentially weighted over long_window_s."""
+        m = self._m.get(model)
+        return 0.0 if m is None else self._rate(m, m.rate_l, self.long_window_s, now)
+
+    def lag(self, model: str, now: float, tau: float) -> float:
+        """How far back in time an EWMA of time constant tau is centred, given the data span."""
+        m = self._m.get(model)
+        floor = min(10.0, tau)
+        span = floor if m is None else max(floor, now - m.first_second + 1.0)
+        e = math.exp(-span / tau)
+        return tau - span * e / (1.0 - e)
+
+    def requests_per_active_minute(self, model: str) -> float:
+        m = self._m.get(model)
+        if m is None or m.active_minutes <= 0:
+            return 0.0
+        return m.total / m.active_minutes
+
+    def stable_requests_per_active_minute(self, model: str) -> float:
+        """requests_per_active_minute as of the last refresh point (or now, before the first)."""
+        m = self._m.get(model)
+        if m is None:
+            return 0.0
+        if m.stable_version == 0:
+            return self.requests_per_active_minute(model)
+        return m.stable_rpm
+
+    def stable_histogram(self, model: str) -> tuple[int, tuple[float, ...], float] | None:
+        """(version, idle-time bin counts, out-of-bounds count) as of the last refresh point,
+        or None before the first idle time was seen."""
+        m = self._m.get(model)
+        if m is None or m.stable_version == 0:
+            return None
+        return m.stable_version, m.stable_hist, m.stable_oob

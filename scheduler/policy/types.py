@@ -1,0 +1,182 @@
+"""Plain, frozen data types shared by the policy, the live scheduler and the simulator.
+
+Everything here is data: no Redis, no clock, no I/O. Times are Unix seconds (floats) on the
+caller's clock; the simulator uses a virtual clock starting at 0. Sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+GIB = 1 << 30
+
+ReplicaStateName = Literal["pending", "loading", "warming", "ready", "evicting", "failed"]
+LOADING_STATES: frozenset[str] = frozenset({"pending", "loading", "warming"})
+# States that hold (or are about to hold) device memory.
+HOLDING_STATES: frozenset[str] = frozenset({"pending", "loading", "warming", "ready", "evicting"})
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Every knob of the policy, with defaults that hold for both traces and the live system."""
+
+    tick_s: float = 2.0  # how often plan() runs; used for lead times
+    speculative_share: float = 0.6  # share of each GPU that predicted-but-unrequested models may hold
+    min_residency_s: float = 60.0  # a replica is never evicted sooner than this after it started loading
+    eviction_cooldown_s: float = 120.0  # no speculative reload of a model this soon after its eviction
+    # Default load time for a model never measured: fixed + size / bandwidth + warmup per GiB.
+    load_fixed_s: float = 1.5
+    load_bandwidth_bytes_per_s: float = 2.0 * GIB
+    warmup_s_per_gib: float = 0.1
+    # Rates: exponentially weighted windows (time constants) over per-second counts.
+    panic_window_s: float = 10.0  # trend of a model that only started (windows see the same past)
+    short_window_s: float = 60.0
+    long_window_s: float = 600.0
+    rise_factor: float = 2.0  # short rate > rise_factor × long rate ...
+    rise_floor_per_s: float = 0.05  # ... and above this floor = rising
+    demand_window_s: float = 10.0  # a request this recent with no replica is unmet demand
+    # Idle-time histogram (Shahrad et al. 2020): 1-minute bins over 4 hours.
+    hist_bin_s: float = 60.0
+    hist_bins: int = 240
+    grid_s: float = 30.0  # resolution of the derived hot/cold timeline
+    prior_alpha: float = 2.0  # Lomax prior on idle time for models with few samples
+    prior_beta_s: float = 600.0
+    prior_weight: float = 2.0  # the prior counts as this many observed idle times
+    tail_mean_s: float = 4 * 3600.0  # mean idle beyond the histogram's range
+    window_s: float = 60.0  # "hot" = P(request within lead + window_s) >= p_prefetch
+    p_prefetch: float = 0.3
+    p_release: float = 0.02  # release when P(request within lead + window_s) stays below this ...
+    release_min_gap_s: float = 600.0  # ... for at least this long
+    prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
+    max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
+    new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
+    new_gpu_hot_models: int = 4
+
+    def default_load_seconds(self, size_bytes: int) -> float:
+        return (
+            self.load_fixed_s
+            + size_bytes / self.load_bandwidth_bytes_per_s
+            + self.warmup_s_per_gib * size_bytes / GIB
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A catalog entry as the policy sees it."""
+
+    id: str
+    size_bytes: int
+    version: str = "1"
+    load_seconds: float | None = None  # measured p50 of load + warmup; None = derive from size
+    pinned: bool = False  # never evicted; kept on at least one GPU
+    min_replicas: int = 0
+    max_rate_per_replica: float | None = None  # requests/s one replica serves; None = unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    id: str  # "<node>/<device>", e.g. "node-a/cuda:1"
+    node: str
+    total_bytes: int  # the memory budget of this device
+    free_bytes: int  # measured by the worker
+    joined_at: float = 0.0
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    model: str
+    gpu: str
+    state: str  # one of ReplicaStateName
+    bytes: int
+    since: float  # when it entered its current residency (load start)
+    version: str = "1"
+    last_request: float | None = None  # last request served by this replica
+    in_flight: int = 0  # requests being served right now
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """An action dispatched but not yet confirmed by the worker; it expires at expires_at."""
+
+    model: str
+    gpu: str
+    kind: Literal["preload", "evict"]
+    expires_at: float
+    bytes: int = 0
+    version: str = "1"
+
+
+class TrafficView(Protocol):
+    """Read-only view of per-model traffic that plan() uses (TrafficHistory implements it)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    def changed_since(self, seq: int) -> list[str] | None: ...
+
+    def models(self) -> list[str]: ...
+
+    def last_arrival(self, model: str) -> float | None: ...
+
+    def rate_panic(self, model: str, now: float) -> float: ...
+
+    def rate_short(self, model: str, now: float) -> float: ...
+
+    def rate_long(self, model: str, now: float) -> float: ...
+
+    def lag(self, model: str, now: float, tau: float) -> float: ...
+
+    def requests_per_active_minute(self, model: str) -> float: ...
+
+    def stable_requests_per_active_minute(self, model: str) -> float: ...
+
+    def stable_histogram(self, model: str) -> tuple[int, tuple[float, ...], float] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the scheduler knows at one tick. plan() reads it and never changes it.
+
+    `traffic` is a live TrafficHistory the caller keeps feeding between ticks; the caller must not
+    feed it while plan() runs. `waiting` lists models whose requests wait for a replica.
+    `recent_evictions` maps a model to the time of its last eviction
+    (from the event log) so that the policy can keep its cooldown without state of its own.
+    """
+
+    models: Mapping[str, ModelSpec]
+    gpus: tuple[GpuState, ...]
+    replicas: tuple[ReplicaState, ...]
+    traffic: TrafficView
+    intents: tuple[Intent, ...] = ()
+    recent_evictions: Mapping[str, float] = field(default_factory=dict)
+    # models with requests waiting for a replica (the route hook answered "cold" and none is
+    # loading yet): they are loaded as demand however old the request
+    waiting: Mapping[str, int] = field(default_factory=dict)
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Preload:
+    model: str
+    gpu: str
+    kind: str  # "demand" | "speculative" | "min_replicas" | "scale" | "new_gpu"
+    reason: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    version: str = "1"
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    model: str
+    gpu: str
+    kind: str  # "make_room" | "quiet"
+    reason: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    version: str = "1"
+
+
+Action = Preload | Evict

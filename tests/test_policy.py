@@ -1,0 +1,392 @@
+"""Unit tests of scheduler.policy.plan on hand-built snapshots with an injected clock."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from scheduler.policy import (
+    GIB,
+    Evict,
+    GpuState,
+    Intent,
+    ModelSpec,
+    PolicyConfig,
+    PolicyState,
+    Preload,
+    ReplicaState,
+    Snapshot,
+    TrafficHistory,
+    plan,
+)
+
+CFG = PolicyConfig()
+
+
+class World:
+    """A minimal fleet driven by plan(): loads finish after the model's load time, evictions are
+    instant. Records every action and checks the budget after every tick."""
+
+    def __init__(self, models: list[ModelSpec], gpus: list[GpuState], cfg: PolicyConfig = CFG,
+                 keep_state: bool = True) -> None:
+        self.models = {m.id: m for m in models}
+        self.gpus = {g.id: g for g in gpus}
+        self.cfg = cfg
+        self.traffic = TrafficHistory.for_config(cfg)
+        self.replicas: dict[tuple[str, str], ReplicaState] = {}
+        self.evicted_at: dict[str, float] = {}
+        self.state = PolicyState() if keep_state else None
+        self.log: list[tuple[float, object]] = []
+        self.in_flight: dict[str, int] = {}
+
+    def add_replica(self, model: str, gpu: str, since: float = -1e6, state: str = "ready") -> None:
+        self.replicas[(model, gpu)] = ReplicaState(model, gpu, state, self.models[model].size_bytes, since)
+
+    def snapshot(self) -> Snapshot:
+        gpus = []
+        for g in self.gpus.values():
+            used = sum(r.bytes for r in self.replicas.values() if r.gpu == g.id)
+            gpus.append(GpuState(g.id, g.node, g.total_bytes, g.total_bytes - used, g.joined_at, g.alive))
+        reps = tuple(
+            ReplicaState(r.model, r.gpu, r.state, r.bytes, r.since, last_request=r.last_request,
+                         in_flight=self.in_flight.get(r.model, 0))
+            for r in self.replicas.values()
+        )
+        return Snapshot(self.models, tuple(gpus), reps, self.traffic,
+                        recent_evictions=dict(self.evicted_at), config=self.cfg)
+
+    def ready(self, model: str) -> list[str]:
+        return sorted(g for (m, g), r in self.replicas.items() if m == model and r.state == "ready")
+
+    def held(self, model: str) -> list[str]:
+        return sorted(g for (m, g) in self.replicas if m == model)
+
+    def tick(self, now: float) -> list:
+        # finish loads
+        for key, r in list(self.replicas.items()):
+            spec = self.models[r.model]
+            if r.state == "loading" and now >= r.since + (spec.load_seconds or 0.0):
+                self.replicas[key] = ReplicaState(r.model, r.gpu, "ready", r.bytes, r.since)
+        actions = plan(self.snapshot(), now, self.state)
+        for a in actions:
+            self.log.append((now, a))
+            if isinstance(a, Evict):
+                r = self.replicas.pop((a.model, a.gpu))
+                assert r.state == "ready"
+                self.evicted_at[a.model] = now
+            else:
+                assert isinstance(a, Preload)
+                assert (a.model, a.gpu) not in self.replicas
+                self.replicas[(a.model, a.gpu)] = ReplicaState(
+                    a.model, a.gpu, "loading", self.models[a.model].size_bytes, now)
+        for g in self.gpus.values():  # the budget is never exceeded
+            used = sum(r.bytes for r in self.replicas.values() if r.gpu == g.id)
+            assert used <= g.total_bytes, f"{g.id} over budget at {now}"
+        return actions
+
+    def run(self, start: float, end: float, arrivals: dict[int, list[tuple[str, int]]] | None = None) -> None:
+        """Tick every tick_s; `arrivals` maps a second to (model, count) pairs fed before the tick."""
+        t = start
+        sec = int(start)
+        while t <= end:
+            while sec <= t:
+                for model, count in (arrivals or {}).get(sec, []):
+                    self.traffic.add_bucket(model, sec, count)
+                sec += 1
+            self.tick(t)
+            t += self.cfg.tick_s
+
+    def preloads(self, model: str | None = None, kind: str | None = None) -> list[tuple[float, Preload]]:
+        return [(t, a) for t, a in self.log if isinstance(a, Preload)
+                and (model is None or a.model == model) and (kind is None or a.kind == kind)]
+
+    def evictions(self, model: str | None = None) -> list[tuple[float, Evict]]:
+        return [(t, a) for t, a in self.log if isinstance(a, Evict) and (model is None or a.model == model)]
+
+
+def gpu(gid: str, gib: float, joined_at: float = -1e9) -> GpuState:
+    node = gid.split("/")[0]
+    return GpuState(gid, node, int(gib * GIB), int(gib * GIB), joined_at=joined_at)
+
+
+def spec(mid: str, gib: float, load_s: float = 4.0, **kw) -> ModelSpec:
+    return ModelSpec(mid, int(gib * GIB), load_seconds=load_s, **kw)
+
+
+# ---- rising demand and scaling ------------------------------------------------------------
+
+def test_ramping_model_gets_replicas_before_its_rate_peaks() -> None:
+    """A capped model ramps from 1/s to 20/s over 200 s; at 4/s per replica it needs 5 replicas
+    at the peak. Each replica must be ready before the rate reaches what it is needed for."""
+    w = World([spec("ramp", 2, load_s=8.0, max_rate_per_replica=4.0)],
+              [gpu(f"n{i}/cuda:0", 10) for i in range(6)])
+    arrivals: dict[int, list[tuple[str, int]]] = {}
+    for s in range(0, 400):
+        rate = 1.0 + 19.0 * min(1.0, s / 200.0)
+        arrivals[s] = [("ramp", int(round(rate)))]
+    w.run(0.0, 400.0, arrivals)
+    loads = w.preloads("ramp")
+    assert loads[0][1].kind == "demand"
+    scale = [t for t, a in loads if a.kind == "scale"]
+    assert len(scale) >= 4
+    # replica n+1 is needed from the first second the rate exceeds 4n; it must be ready by then
+    for n, t in enumerate(scale[:4], start=1):
+        needed_at = min(s for s, ((_m, c),) in arrivals.items() if c > 4 * n)
+        assert t + 8.0 <= needed_at, (n, t, needed_at)
+    assert all(t < 200.0 for t in scale[:4])  # all before the peak
+    reason = next(a for t, a in loads if a.kind == "scale").reason
+    assert "forecast" in reason and "/s" in reason and "per replica" in reason
+
+
+def test_first_requests_of_a_cold_model_load_it_on_demand_with_numbers() -> None:
+    w = World([spec("a", 1)], [gpu("n1/cuda:0", 4)])
+    w.traffic.add("a", 10.2, 3)
+    acts = w.tick(10.5)
+    assert [(type(a).__name__, a.model, a.kind) for a in acts] == [("Preload", "a", "demand")]
+    assert "rate" in acts[0].reason and "load 4.0 s" in acts[0].reason
+    assert acts[0].numbers["load_s"] == 4.0
+    assert w.tick(12.5) == []  # loading: no second load
+
+
+# ---- learned periodic arrivals ------------------------------------------------------------
+
+def hourly_world() -> tuple[World, dict[int, list[tuple[str, int]]]]:
+    w = World([spec("hourly", 2, load_s=6.0), spec("other", 1)], [gpu("n1/cuda:0", 8)])
+    # history: called at 5 s past each hour for 8 hours
+    for h in range(8):
+        w.traffic.add("hourly", h * 3600 + 5.0)
+    return w, {}
+
+
+def test_hourly_model_is_warmed_shortly_before_the_hour_and_released_after() -> None:
+    w, _ = hourly_world()
+    t0 = 7 * 3600 + 5.0  # its last call; it is resident from that call
+    w.add_replica("hourly", "n1/cuda:0", since=t0 - 6.0)
+    w.run(t0 + 1, t0 + 3600 - 60, None)
+    ev = w.evictions("hourly")
+    assert len(ev) == 1 and ev[0][1].kind == "quiet"
+    assert ev[0][0] < t0 + 15 * 60  # released well before the next hour
+    assert "histogram" in ev[0][1].reason
+    w.run(t0 + 3600 - 60 + CFG.tick_s, t0 + 3600 + 30, {int(t0 + 3600): [("hourly", 1)]})
+    pre = w.preloads("hourly", "speculative")
+    assert len(pre) == 1
+    t_load = pre[0][0]
+    # shortly before the hour: ready before the request, but not more than 3 minutes early
+    assert t0 + 3600 - 180 <= t_load <= t0 + 3600 - 6.0
+    assert "P(request within" in pre[0][1].reason
+    assert w.ready("hourly") == ["n1/cuda:0"]
+
+
+def test_model_seen_once_is_not_speculatively_reloaded() -> None:
+    w = World([spec("once", 1)], [gpu("n1/cuda:0", 8)])
+    w.traffic.add("once", 100.0)
+    w.run(100.0, 3 * 3600.0)
+    assert [a.kind for _t, a in w.preloads("once")] == ["demand"]
+
+
+# ---- placement and eviction ---------------------------------------------------------------
+
+def test_evicts_lowest_value_per_byte_to_make_room() -> None:
+    """busy (called every few seconds) and rare (once, 3 h ago) share a full GPU; a new model
+    must evict rare, not busy."""
+    cfg = PolicyConfig(p_release=0.0)  # no quiet releases: room must be made by value
+    w = World([spec("busy", 3), spec("rare", 3), spec("new", 3)], [gpu("n1/cuda:0", 6)], cfg=cfg)
+    for s in range(0, 10800, 5):
+        w.traffic.add("busy", float(s))
+    w.traffic.add("rare", 10.0)
+    w.add_replica("busy", "n1/cuda:0")
+    w.add_replica("rare", "n1/cuda:0")
+    w.traffic.add("new", 10800.0)
+    acts = w.tick(10800.5)
+    kinds = [(type(a).__name__, a.model) for a in acts]
+    assert ("Evict", "rare") in kinds and ("Preload", "new") in kinds
+    assert ("Evict", "busy") not in kinds
+    ev = next(a for a in acts if isinstance(a, Evict))
+    assert ev.kind == "make_room" and "lowest value per byte" in ev.reason
+    assert kinds.index(("Evict", "rare")) < kinds.index(("Preload", "new"))
+
+
+def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:
+    w = World([spec("pin", 5, pinned=True), spec("x", 5), spec("y", 5)], [gpu("n1/cuda:0", 10)])
+    w.add_replica("pin", "n1/cuda:0")
+    arrivals = {s: [("x" if (s // 300) % 2 == 0 else "y", 1)] for s in range(0, 7200, 7)}
+    w.run(0.0, 7200.0, arrivals)
+    assert w.evictions("pin") == []
+    assert w.held("pin") == ["n1/cuda:0"]
+    assert w.evictions()  # x and y did have to take turns
+
+
+def test_pinned_and_min_replicas_floor_is_restored() -> None:
+    w = World([spec("pin", 1, pinned=True), spec("two", 1, min_replicas=2)],
+              [gpu("a/cuda:0", 4), gpu("b/cuda:0", 4)])
+    acts = w.tick(0.0)
+    got = sorted((a.model, a.kind) for a in acts)
+    assert got == [("pin", "min_replicas"), ("two", "min_replicas"), ("two", "min_replicas")]
+    assert {a.gpu.split("/")[0] for a in acts if a.model == "two"} == {"a", "b"}
+
+
+def test_replica_serving_a_request_is_not_evicted() -> None:
+    w = World([spec("old", 4), spec("new", 4)], [gpu("n1/cuda:0", 4)])
+    w.traffic.add("old", 0.0)
+    w.add_replica("old", "n1/cuda:0")
+    w.in_flight["old"] = 1
+    w.traffic.add("new", 5000.0)
+    assert w.tick(5000.5) == []  # nowhere to go: waits rather than evict a busy replica
+    w.in_flight["old"] = 0
+    kinds = [(type(a).__name__, a.model) for a in w.tick(5002.5)]
+    assert kinds == [("Evict", "old"), ("Preload", "new")]
+
+
+def test_capacity_is_never_exceeded_under_random_traffic() -> None:
+    rnd = random.Random(7)
+    models = [spec(f"m{i}", rnd.uniform(0.5, 9.0), load_s=rnd.uniform(2, 12)) for i in range(30)]
+    w = World(models, [gpu("a/cuda:0", 12), gpu("a/cuda:1", 12), gpu("b/cuda:0", 16)])
+    arrivals: dict[int, list[tuple[str, int]]] = {}
+    for i, m in enumerate(models):
+        period = 30 + 97 * i
+        for s in range(rnd.randrange(period), 6 * 3600, period):
+            arrivals.setdefault(s, []).append((m.id, 1 + rnd.randrange(3)))
+    w.run(0.0, 6 * 3600.0, arrivals)  # World.tick asserts the budget after every tick
+    assert len(w.preloads()) > 30 and w.evictions()
+    # speculative bytes never above the share on any GPU
+    for t, a in w.preloads(kind="speculative"):
+        assert a.bytes <= CFG.speculative_share * w.gpus[a.gpu].total_bytes, t
+
+
+def test_steady_noisy_traffic_does_not_flap() -> None:
+    """Two models whose noisy steady traffic (Poisson, ~1 request / 20 s each) keeps both busy,
+    on a GPU that holds both: after their first loads nothing is loaded or evicted again."""
+    rnd = random.Random(3)
+    w = World([spec("p", 3), spec("q", 3)], [gpu("n1/cuda:0", 8)])
+    arrivals: dict[int, list[tuple[str, int]]] = {}
+    for m in ("p", "q"):
+        t = 0.0
+        while t < 4 * 3600:
+            t += rnd.expovariate(1 / 20.0)
+            arrivals.setdefault(int(t), []).append((m, 1))
+    w.run(0.0, 4 * 3600.0, arrivals)
+    assert len(w.preloads()) == 2 and w.evictions() == []
+
+
+def test_no_flapping_between_two_models_that_do_not_fit_together() -> None:
+    """Two models alternate minute by minute on a GPU that holds one: every swap is a demand load
+    (a request is waiting); no speculative reload happens within the cooldown of an eviction and
+    nothing is evicted before min_residency_s."""
+    w = World([spec("p", 5), spec("q", 5)], [gpu("n1/cuda:0", 8)])
+    arrivals = {s: [("p" if (s // 60) % 2 == 0 else "q", 1)] for s in range(0, 3600, 10)}
+    w.run(0.0, 3600.0, arrivals)
+    loaded_at: dict[str, float] = {}
+    for t, a in w.log:
+        if isinstance(a, Preload):
+            loaded_at[a.model] = t
+            last_ev = w.evicted_at.get(a.model)
+            if a.kind == "speculative" and last_ev is not None:
+                assert t - last_ev >= CFG.eviction_cooldown_s
+        else:
+            assert t - loaded_at.get(a.model, -math.inf) >= CFG.min_residency_s
+
+
+def test_replicas_spread_across_nodes() -> None:
+    w = World([spec("hot", 2, max_rate_per_replica=1.0)],
+              [gpu("a/cuda:0", 8), gpu("a/cuda:1", 8), gpu("b/cuda:0", 8), gpu("c/cuda:0", 8)])
+    for s in range(-900, 0):  # a steady 3/s it has had for 15 minutes
+        w.traffic.add_bucket("hot", s, 3)
+    arrivals = {s: [("hot", 3)] for s in range(0, 600)}
+    w.run(0.0, 600.0, arrivals)
+    gpus = w.held("hot")
+    assert len(gpus) == 3
+    assert sorted(g.split("/")[0] for g in gpus) == ["a", "b", "c"]
+
+
+def test_new_gpu_receives_the_hottest_models() -> None:
+    models = [spec(f"m{i}", 1) for i in range(8)]
+    w = World(models, [gpu("a/cuda:0", 16)])
+    arrivals = {s: [(f"m{i}", 1 + i) for i in range(8)] for s in range(0, 300)}
+    w.run(0.0, 300.0, arrivals)
+    assert len(w.held("m0")) == 1
+    w.gpus["b/cuda:0"] = gpu("b/cuda:0", 16, joined_at=301.0)
+    acts = w.tick(302.0)
+    new = sorted(a.model for a in acts if isinstance(a, Preload) and a.gpu == "b/cuda:0")
+    assert new == ["m4", "m5", "m6", "m7"]  # the four hottest
+    assert all(a.kind == "new_gpu" for a in acts)
+
+
+def test_speculative_loads_stay_within_the_speculative_share() -> None:
+    """Twelve periodic models are all due at once on a 10 GiB GPU: speculative loads may take
+    6 GiB of it (0.6), not more."""
+    models = [spec(f"s{i}", 1, load_s=2.0) for i in range(12)]
+    cfg = PolicyConfig(max_speculative_loads_per_gpu=100)
+    w = World(models, [gpu("n1/cuda:0", 10)], cfg=cfg)
+    for m in models:
+        for k in range(10):
+            w.traffic.add(m.id, k * 600.0)
+    w.run(5400.0 + 200, 6000.0)
+    spec_loads = w.preloads(kind="speculative")
+    assert 1 <= len(spec_loads) and sum(a.bytes for _t, a in spec_loads) <= 0.6 * 10 * GIB
+
+
+def test_plan_is_deterministic_and_state_is_only_a_cache() -> None:
+    models = [spec(f"m{i}", 1 + i % 3) for i in range(10)]
+    arrivals: dict[int, list[tuple[str, int]]] = {}
+    rnd = random.Random(1)
+    for i in range(10):
+        for s in range(rnd.randrange(60), 4 * 3600, 60 * (i + 1)):
+            arrivals.setdefault(s, []).append((f"m{i}", 1))
+    logs = []
+    for keep in (True, True, False):
+        w = World(models, [gpu("a/cuda:0", 6), gpu("b/cuda:0", 6)], keep_state=keep)
+        w.run(0.0, 4 * 3600.0, arrivals)
+        logs.append([(t, type(a).__name__, a.model, a.gpu, a.kind) for t, a in w.log])
+    assert logs[0] == logs[1]  # deterministic
+    assert logs[0] == logs[2]  # a kept state decides exactly as a fresh one
+
+
+def test_expired_intents_are_ignored_and_live_ones_hold_memory() -> None:
+    w = World([spec("a", 3), spec("b", 3)], [gpu("n1/cuda:0", 4)])
+    w.traffic.add("b", 100.0)
+    live = Intent("a", "n1/cuda:0", "preload", expires_at=200.0, bytes=3 * GIB)
+    snap = w.snapshot()
+    snap = Snapshot(snap.models, snap.gpus, snap.replicas, snap.traffic, intents=(live,), config=CFG)
+    assert plan(snap, 100.5) == []  # the pending preload of a holds the room b would need
+    expired = Intent("a", "n1/cuda:0", "preload", expires_at=100.0, bytes=3 * GIB)
+    snap = Snapshot(snap.models, snap.gpus, snap.replicas, snap.traffic, intents=(expired,), config=CFG)
+    assert [a.model for a in plan(snap, 100.5)] == ["b"]
+
+
+# ---- traffic accumulator ------------------------------------------------------------------
+
+def test_traffic_history_requests_and_buckets_agree() -> None:
+    a = TrafficHistory()
+    b = TrafficHistory()
+    rnd = random.Random(5)
+    per_second: dict[int, int] = {}
+    t = 0.0
+    for _ in range(2000):
+        t += rnd.expovariate(0.2)
+        a.add("m", t)
+        per_second[int(t)] = per_second.get(int(t), 0) + 1
+    for s in sorted(per_second):
+        b.add_bucket("m", s, per_second[s])
+    assert a.last_arrival("m") == b.last_arrival("m")
+    assert a.stable_histogram("m") == b.stable_histogram("m")
+    assert a.rate_short("m", t) == pytest.approx(b.rate_short("m", t))
+    assert a.rate_long("m", t) == pytest.approx(b.rate_long("m", t))
+
+
+def test_traffic_history_rates_histogram_and_bounded_memory() -> None:
+    h = TrafficHistory()
+    for k in range(5000):  # every 5 minutes
+        h.add("p", k * 300.0)
+    ver, hist, oob = h.stable_histogram("p")  # type: ignore[misc]
+    assert oob == 0 and max(range(len(hist)), key=hist.__getitem__) == 5
+    assert len(hist) == 240 and sum(hist) + oob <= 2 * 2048  # halved: bounded, proportions kept
+    assert h.rate_long("p", 5000 * 300.0) == pytest.approx(1 / 300.0, rel=0.5)
+    for s in range(600):
+        h.add_bucket("q", s, 10)
+    assert h.rate_short("q", 599) == pytest.approx(10.0, rel=0.01)
+    # bias-corrected for the 600 s it has been seen: not read as 10 × (1 - 1/e)
+    assert h.rate_long("q", 599) == pytest.approx(10.0, rel=0.02)
+    assert h.changed_since(h.seq - 1) == ["q"]
+    assert h.requests_per_active_minute("q") == pytest.approx(600.0)
