@@ -1,0 +1,154 @@
+"""`prewarm simulate` (argparse registration) and the run/report logic behind it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .engine import Simulation
+from .policies import POLICIES
+from .trace import GIB, Trace, load_azure_minute, load_profile, load_requests, parse_bytes
+
+
+def register(subparsers: Any) -> None:
+    """Add the `simulate` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay a request trace through the warming policy and the baselines",
+        description="Discrete-event trace replay: cold starts, waits, bytes loaded and GPU "
+        "memory-time of each policy on a simulated fleet.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run_cli)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="trace file (CSV)")
+    p.add_argument("--format", choices=["azure-minute", "requests"], default="azure-minute")
+    p.add_argument("--profile", help="CSV model,size_bytes,load_seconds (default: seeded sizes)")
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB")
+    p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
+    p.add_argument("--json", dest="json_out", help="write the results as JSON here")
+    p.add_argument("--plot", help="write a PNG: cold-start share against memory-time")
+    p.add_argument("--seed", type=int, default=0, help="seed for spreading per-minute counts")
+    p.add_argument("--contention", choices=["shared", "none"], default="shared")
+
+
+def load_trace(path: str, fmt: str, seed: int) -> Trace:
+    return load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
+
+
+def simulate(
+    trace: Trace,
+    profile: str | None,
+    policies: list[str],
+    gpus: int = 8,
+    gpu_bytes: int = 80 * GIB,
+    contention: str = "shared",
+    progress: bool = False,
+) -> dict:
+    sizes, loads = load_profile(profile, trace.models)
+    out: dict[str, Any] = {
+        "trace": {
+            "source": trace.source, "format": trace.fmt, "models": len(trace.models),
+            "requests": trace.requests, "span_s": trace.span_s,
+            "model_bytes": int(sizes.sum()), "profile": profile,
+        },
+        "fleet": {"gpus": gpus, "gpu_bytes": gpu_bytes, "contention": contention,
+                  "fleet_bytes": gpus * gpu_bytes},
+        "policies": {},
+    }
+    for name in policies:
+        sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention)
+        pol = POLICIES[name]()
+        t0 = time.perf_counter()
+        sim.run(pol)
+        res = sim.results()
+        res["runtime_s"] = round(time.perf_counter() - t0, 2)
+        out["policies"][name] = res
+        if progress:
+            print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s", file=sys.stderr)
+    oracle = out["policies"].get("oracle")
+    for res in out["policies"].values():
+        res["oracle_ratio"] = (
+            res["cold_starts"] / oracle["cold_starts"] if oracle and oracle["cold_starts"] else None
+        )
+    return out
+
+
+def table(out: dict) -> str:
+    hdr = (f"{'policy':<17} {'requests':>9} {'cold':>8} {'share':>7} {'p75/mdl':>7} {'wait p50':>8} "
+           f"{'p95':>7} {'p99':>7} {'loads':>7} {'TiB ld':>7} {'idle GiBh':>9} {'tot GiBh':>9} {'/oracle':>7}")
+    lines = [hdr, "-" * len(hdr)]
+    for name, r in out["policies"].items():
+        w = r["wait_seconds"]
+        ratio = "" if r["oracle_ratio"] is None else f"{r['oracle_ratio']:.2f}"
+        lines.append(
+            f"{name:<17} {r['requests']:>9} {r['cold_starts']:>8} {r['cold_start_share'] * 100:>6.2f}% "
+            f"{r['p75_model_cold_start_share'] * 100:>6.1f}% {w['p50']:>8.2f} {w['p95']:>7.2f} {w['p99']:>7.2f} "
+            f"{r['loads']:>7} {r['bytes_loaded'] / GIB / 1024:>7.2f} {r['memory_gib_hours']['idle']:>9.0f} "
+            f"{r['memory_gib_hours']['total']:>9.0f} {ratio:>7}"
+        )
+    return "\n".join(lines)
+
+
+def plot(out: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name, r in out["policies"].items():
+        x = r["memory_gib_hours"]["total"]
+        y = r["cold_start_share"] * 100
+        ax.scatter([x], [y], s=40)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=9)
+    fl = out["fleet"]
+    ax.set_xlabel("GPU memory-time held (GiB·h)")
+    ax.set_ylabel("cold-start share of requests (%)")
+    ax.set_title(f"{Path(out['trace']['source']).parent.name or out['trace']['source']}: "
+                 f"{fl['gpus']} GPUs × {fl['gpu_bytes'] / GIB:.0f} GiB, {fl['contention']} load bandwidth",
+                 fontsize=10)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        print(f"unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})", file=sys.stderr)
+        return 2
+    try:
+        gpu_bytes = parse_bytes(args.gpu_memory)
+        trace = load_trace(args.trace, args.format, args.seed)
+    except (OSError, ValueError) as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
+    if args.gpus < 1 or gpu_bytes <= 0:
+        print("simulate: --gpus and --gpu-memory must be positive", file=sys.stderr)
+        return 2
+    out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True)
+    out["seed"] = args.seed
+    print(table(out))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+    if args.plot:
+        plot(out, args.plot)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prewarm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

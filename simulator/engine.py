@@ -1,0 +1,332 @@
+"""Discrete-event trace replay with a virtual clock.
+
+Fleet model (issue 6):
+- A load occupies the model's size on its GPU from the moment it starts. Alone on its GPU it takes
+  the model's load time; k loads running at once on one GPU each progress at 1/k speed (they share
+  one host-to-device link). `contention="none"`: loads never slow each other.
+- A request for a model with a ready replica is warm. Otherwise it is a cold start and waits until a
+  replica is ready: the rest of a load in flight, or a new on-demand load that the policy places.
+  Requests take no GPU time (the question is residency, not throughput).
+- Eviction is instant and only of ready replicas.
+
+Memory-time: every residency (load start to eviction or end of trace) adds bytes × time to
+"total"; the part after its last request (all of it if it never served one) adds to "idle".
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .trace import GIB, Trace
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    model: int
+    gpu: int
+    bytes: int
+    since: float  # load start
+    state: str = "loading"  # "loading" | "ready"
+    ready_at: float = math.nan
+    last_request: float | None = None
+    remaining: float = 0.0  # seconds of load work left at full speed
+    kind: str = ""
+
+
+@dataclass(slots=True)
+class Gpu:
+    index: int
+    id: str
+    node: str
+    capacity: int
+    used: int = 0
+    residents: dict[int, Replica] = field(default_factory=dict)
+    loading: list[Replica] = field(default_factory=list)
+    last_update: float = 0.0
+    version: int = 0
+
+
+class Policy(Protocol):
+    name: str
+    tick_s: float | None
+
+    def attach(self, sim: Simulation) -> None: ...
+
+    def on_request(self, t: float, m: int, warm: bool) -> None: ...
+
+    def on_miss(self, t: float, m: int) -> None: ...
+
+    def on_stalled(self, t: float, models: list[int]) -> None: ...
+
+    def on_ready(self, t: float, r: Replica) -> None: ...
+
+    def on_tick(self, t: float) -> None: ...
+
+    def on_timer(self, t: float, payload: tuple) -> None: ...
+
+
+_LOAD_DONE, _TIMER, _TICK = 0, 1, 2
+
+
+class Simulation:
+    def __init__(
+        self,
+        trace: Trace,
+        sizes: np.ndarray,
+        load_s: np.ndarray,
+        gpus: int,
+        gpu_bytes: int,
+        contention: str = "shared",
+        nodes: int | None = None,
+    ) -> None:
+        self.trace = trace
+        self.sizes = [int(x) for x in sizes]
+        self.load_s = [float(x) for x in load_s]
+        self.n_models = len(trace.models)
+        self.shared = contention == "shared"
+        per_node = 8 if nodes is None else max(1, math.ceil(gpus / nodes))
+        self.gpus = [
+            Gpu(i, f"node-{i // per_node}/cuda:{i % per_node}", f"node-{i // per_node}", gpu_bytes)
+            for i in range(gpus)
+        ]
+        self.replicas: list[dict[int, Replica]] = [{} for _ in range(self.n_models)]  # model -> gpu -> r
+        self.ready_count = [0] * self.n_models
+        self.waiting: list[list[float]] = [[] for _ in range(self.n_models)]
+        self.stalled: dict[int, None] = {}  # models with waiting requests and no load (ordered)
+        self.events: list[tuple[float, int, int, tuple]] = []
+        self._seq = 0
+        self.now = 0.0
+        # metrics
+        self.cold = 0
+        self.cold_per_model = [0] * self.n_models
+        self.req_per_model = [0] * self.n_models
+        self.waits: list[float] = []
+        self.loads = 0
+        self.bytes_loaded = 0
+        self.mem_total = 0.0  # byte-seconds
+        self.mem_idle = 0.0
+        self.evictions = 0
+        self.last_evicted: dict[int, float] = {}
+        self.policy: Policy | None = None
+
+    # ---- events ---------------------------------------------------------------------------
+    def push(self, t: float, kind: int, payload: tuple) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, kind, self._seq, payload))
+
+    def timer(self, t: float, payload: tuple) -> None:
+        self.push(t, _TIMER, payload)
+
+    # ---- loads ----------------------------------------------------------------------------
+    def _advance_gpu(self, g: Gpu, t: float) -> None:
+        k = len(g.loading)
+        if k and t > g.last_update:
+            step = (t - g.last_update) / (k if self.shared else 1)
+            for r in g.loading:
+                r.remaining -= step
+        g.last_update = t
+
+    def _reschedule(self, g: Gpu) -> None:
+        g.version += 1
+        if g.loading:
+            k = len(g.loading) if self.shared else 1
+            rem = min(r.remaining for r in g.loading)
+            self.push(g.last_update + max(0.0, rem) * k, _LOAD_DONE, (g.index, g.version))
+
+    def free(self, gi: int) -> int:
+        g = self.gpus[gi]
+        return g.capacity - g.used
+
+    def start_load(self, m: int, gi: int, kind: str = "") -> Replica | None:
+        g = self.gpus[gi]
+        size = self.sizes[m]
+        if m in g.residents or g.capacity - g.used < size:
+            return None
+        t = self.now
+        self._advance_gpu(g, t)
+        r = Replica(m, gi, size, t, remaining=self.load_s[m], kind=kind)
+        g.residents[m] = r
+        g.used += size
+        g.loading.append(r)
+        self.replicas[m][gi] = r
+        self.loads += 1
+        self.bytes_loaded += size
+        self.stalled.pop(m, None)
+        self._reschedule(g)
+        return r
+
+    def evict(self, m: int, gi: int) -> bool:
+        g = self.gpus[gi]
+        r = g.residents.get(m)
+        if r is None or r.state != "ready":
+            return False
+        t = self.now
+        del g.residents[m]
+        g.used -= r.bytes
+        del self.replicas[m][gi]
+        self.ready_count[m] -= 1
+        self._close(r, t)
+        self.evictions += 1
+        self.last_evicted[m] = t
+        return True
+
+    def _close(self, r: Replica, t: float) -> None:
+        self.mem_total += r.bytes * (t - r.since)
+        last = r.last_request if r.last_request is not None else r.since
+        self.mem_idle += r.bytes * (t - max(last, r.since))
+
+    def _load_done(self, gi: int, version: int) -> None:
+        g = self.gpus[gi]
+        if version != g.version:
+            return
+        t = self.now
+        self._advance_gpu(g, t)
+        done = [r for r in g.loading if r.remaining <= 1e-9]
+        g.loading = [r for r in g.loading if r.remaining > 1e-9]
+        self._reschedule(g)
+        for r in done:
+            r.state = "ready"
+            r.ready_at = t
+            self.ready_count[r.model] += 1
+            w = self.waiting[r.model]
+            if w:
+                self.waits.extend(t - x for x in w)
+                w.clear()
+                r.last_request = t
+            if self.policy is not None:
+                self.policy.on_ready(t, r)
+        self._retry_stalled()
+
+    def _retry_stalled(self) -> None:
+        """Give the policy another chance to place models whose requests wait with no load."""
+        if not self.stalled or self.policy is None:
+            return
+        self.policy.on_stalled(self.now, [m for m in self.stalled if not self.replicas[m]])
+
+    # ---- main loop ------------------------------------------------------------------------
+    def run(self, policy: Policy) -> None:
+        self.policy = policy
+        policy.attach(self)
+        times = self.trace.times.tolist()
+        mids = self.trace.mids.tolist()
+        end = max(self.trace.span_s, times[-1] if times else 0.0)
+        tick = policy.tick_s
+        if tick:
+            self.push(0.0, _TICK, ())
+        events = self.events
+        replicas = self.replicas
+        ready_count = self.ready_count
+        for t, m in zip(times, mids, strict=True):
+            while events and events[0][0] <= t:
+                self._dispatch(heapq.heappop(events), end)
+            self.now = t
+            self.req_per_model[m] += 1
+            if ready_count[m]:
+                for r in replicas[m].values():
+                    if r.state == "ready":
+                        r.last_request = t
+                        break
+                policy.on_request(t, m, True)
+                continue
+            self.cold += 1
+            self.cold_per_model[m] += 1
+            self.waiting[m].append(t)
+            policy.on_request(t, m, False)
+            if not replicas[m]:
+                self.stalled[m] = None
+                policy.on_miss(t, m)
+        # drain: finish loads so that every waiting request gets its wait; stop ticking at the end
+        while events:
+            ev = heapq.heappop(events)
+            if ev[1] == _TICK:
+                continue
+            if ev[1] == _TIMER and ev[0] > end:
+                continue
+            self._dispatch(ev, end)
+        self.now = max(self.now, end)
+        for g in self.gpus:
+            for r in g.residents.values():
+                self._close(r, self.now)
+        for m in range(self.n_models):  # requests that never got a replica (should not happen)
+            if self.waiting[m]:
+                self.waits.extend(math.inf for _ in self.waiting[m])
+
+    def _dispatch(self, ev: tuple[float, int, int, tuple], end: float) -> None:
+        t, kind, _seq, payload = ev
+        self.now = t
+        if kind == _LOAD_DONE:
+            self._load_done(*payload)
+        elif kind == _TIMER:
+            self.policy.on_timer(t, payload)  # type: ignore[union-attr]
+        else:
+            self.policy.on_tick(t)  # type: ignore[union-attr]
+            self._retry_stalled()
+            tick = self.policy.tick_s  # type: ignore[union-attr]
+            if tick and t + tick <= end:
+                self.push(t + tick, _TICK, ())
+
+    # ---- placement helper for the baselines -----------------------------------------------
+    def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
+        """Load model m on a GPU that has room, else on the GPU whose victims, taken in ascending
+        `key(replica)` order until the model fits, have the smallest largest key (the closest to
+        evicting in one global order). `only_if(replica)` limits who may be evicted."""
+        size = self.sizes[m]
+        best: tuple | None = None
+        for g in self.gpus:
+            if g.capacity < size or m in g.residents:
+                continue
+            free = g.capacity - g.used
+            if free >= size:
+                cand = (0, 0.0, -free, g.index, [])
+            else:
+                victims = []
+                freed = 0
+                worst = -math.inf
+                for r in sorted(
+                    (r for r in g.residents.values() if r.state == "ready" and (only_if is None or only_if(r))),
+                    key=lambda r: (key(r), r.model),
+                ):
+                    victims.append(r)
+                    freed += r.bytes
+                    worst = max(worst, key(r))
+                    if free + freed >= size:
+                        break
+                if free + freed < size:
+                    continue
+                cand = (1, worst, -free, g.index, victims)
+            if best is None or cand[:4] < best[:4]:
+                best = cand
+        if best is None:
+            return None
+        for r in best[4]:
+            self.evict(r.model, r.gpu)
+        return self.start_load(m, best[3], kind)
+
+    # ---- results --------------------------------------------------------------------------
+    def results(self) -> dict:
+        n = self.trace.requests
+        shares = [c / q for c, q in zip(self.cold_per_model, self.req_per_model, strict=True) if q]
+        w = np.array(self.waits, dtype=float) if self.waits else np.zeros(1)
+        return {
+            "requests": n,
+            "cold_starts": self.cold,
+            "cold_start_share": self.cold / n if n else 0.0,
+            "p75_model_cold_start_share": float(np.percentile(shares, 75)) if shares else 0.0,
+            "wait_seconds": {
+                "p50": float(np.percentile(w, 50)),
+                "p95": float(np.percentile(w, 95)),
+                "p99": float(np.percentile(w, 99)),
+            },
+            "loads": self.loads,
+            "bytes_loaded": self.bytes_loaded,
+            "evictions": self.evictions,
+            "memory_gib_hours": {
+                "idle": self.mem_idle / GIB / 3600.0,
+                "total": self.mem_total / GIB / 3600.0,
+            },
+        }

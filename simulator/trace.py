@@ -1,0 +1,157 @@
+"""Trace and profile loading.
+
+Formats:
+- azure-minute: Azure Functions 2019 per-minute counts. Header `HashOwner,HashApp,HashFunction[,Trigger]`
+  (any order) then one column per minute, headed by the minute number or `minute_N`. A row is a
+  model, named by its HashFunction. The requests of each minute are placed at uniformly random
+  times within that minute, drawn with numpy's default_rng(seed) in row-major order — this one
+  spreading rule is the default everywhere, because it moves every figure. Time 0 is the start of
+  the first minute column.
+- requests: CSV with header `timestamp,model` (Unix seconds or ISO 8601), one row per request;
+  other columns ignored. Time 0 is the first request.
+
+Profile CSV `model,size_bytes,load_seconds`. Without one (or for a model it lacks), sizes are
+drawn from a log-normal with median 1.5 GiB, sigma 1.2, clipped to 0.05..70 GiB, seeded by a hash
+of the model id; load time = 1.5 s + size at 2 GiB/s + 0.1 s warmup per GiB — the same rule that
+made the profiles in ../shared/traces.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+GIB = 1 << 30
+ID_COLUMNS = {"HashOwner", "HashApp", "HashFunction", "Trigger"}
+
+
+@dataclass
+class Trace:
+    models: list[str]  # index -> model id
+    times: np.ndarray  # float64 seconds, sorted
+    mids: np.ndarray  # int32 model index per request
+    span_s: float
+    source: str
+    fmt: str
+
+    @property
+    def requests(self) -> int:
+        return int(len(self.times))
+
+
+def _minute_number(col: str) -> int:
+    m = re.fullmatch(r"(?:minute_)?(\d+)", col.strip())
+    if not m:
+        raise ValueError(f"not a minute column: {col!r}")
+    return int(m.group(1))
+
+
+def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        id_cols = [i for i, c in enumerate(header) if c in ID_COLUMNS]
+        if "HashFunction" not in header:
+            raise ValueError("azure-minute trace needs a HashFunction column")
+        fn_col = header.index("HashFunction")
+        minute_cols = [i for i in range(len(header)) if i not in id_cols]
+        minutes = np.array([_minute_number(header[i]) for i in minute_cols], dtype=np.int64)
+        names: list[str] = []
+        rows: list[list[str]] = []
+        for row in reader:
+            if not row:
+                continue
+            names.append(row[fn_col])
+            rows.append([row[i] for i in minute_cols])
+    counts = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(minute_cols)), dtype=np.int64)
+    if (counts < 0).any():
+        raise ValueError("negative request count in trace")
+    first = int(minutes.min()) if len(minutes) else 0
+    r_idx, c_idx = np.nonzero(counts)  # row-major order: deterministic draw order
+    n = counts[r_idx, c_idx]
+    mids = np.repeat(r_idx.astype(np.int32), n)
+    starts = np.repeat((minutes[c_idx] - first).astype(np.float64) * 60.0, n)
+    rng = np.random.default_rng(seed)
+    times = starts + rng.random(len(starts)) * 60.0
+    order = np.argsort(times, kind="stable")
+    span = float((int(minutes.max()) - first + 1) * 60) if len(minutes) else 0.0
+    return Trace(names, times[order], mids[order], span, str(path), "azure-minute")
+
+
+def _parse_ts(s: str) -> float:
+    s = s.strip()
+    try:
+        return float(s)
+    except ValueError:
+        return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def load_requests(path: str | Path) -> Trace:
+    names: dict[str, int] = {}
+    ts: list[float] = []
+    ms: list[int] = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or "timestamp" not in reader.fieldnames or "model" not in reader.fieldnames:
+            raise ValueError("requests trace needs a header with timestamp,model")
+        for row in reader:
+            m = row["model"]
+            idx = names.setdefault(m, len(names))
+            ts.append(_parse_ts(row["timestamp"]))
+            ms.append(idx)
+    times = np.array(ts, dtype=np.float64)
+    mids = np.array(ms, dtype=np.int32)
+    order = np.argsort(times, kind="stable")
+    times, mids = times[order], mids[order]
+    if len(times):
+        times = times - times[0]
+    span = float(times[-1]) if len(times) else 0.0
+    return Trace(list(names), times, mids, span, str(path), "requests")
+
+
+def default_size(model: str) -> int:
+    """Seeded by the model id: log-normal, median 1.5 GiB, sigma 1.2, clipped to 0.05..70 GiB."""
+    seed = int.from_bytes(hashlib.sha256(model.encode()).digest()[:8], "little")
+    z = np.random.default_rng(seed).standard_normal()
+    gib = min(70.0, max(0.05, 1.5 * math.exp(1.2 * z)))
+    return int(gib * GIB)
+
+
+def default_load_seconds(size_bytes: int) -> float:
+    gib = size_bytes / GIB
+    return 1.5 + gib / 2.0 + 0.1 * gib
+
+
+def load_profile(path: str | Path | None, models: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes (int64 bytes) and load seconds (float64) per model index."""
+    prof: dict[str, tuple[int, float]] = {}
+    if path is not None:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                prof[row["model"]] = (int(float(row["size_bytes"])), float(row["load_seconds"]))
+    sizes = np.zeros(len(models), dtype=np.int64)
+    loads = np.zeros(len(models), dtype=np.float64)
+    for i, m in enumerate(models):
+        if m in prof:
+            sizes[i], loads[i] = prof[m]
+        else:
+            sizes[i] = default_size(m)
+            loads[i] = default_load_seconds(int(sizes[i]))
+    return sizes, loads
+
+
+def parse_bytes(s: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B?|B)?\s*", s, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {s!r}")
+    num = float(m.group(1))
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
+    return int(num * mult)
