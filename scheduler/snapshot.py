@@ -6,9 +6,11 @@ and the traffic: per-second request counts read from Redis since the last tick a
 leader knows the last hours' patterns too).
 
 Model keys: the policy sees one `ModelSpec` per model id at its current catalog version; a version under
-rollout, or an old version still resident, appears as `"<id>@<version>"`, so the policy can warm the new
-version (its `min_replicas` follows the rollout's traffic fraction) and release the old one as it goes
-quiet, with no special case in `plan`.
+rollout, or an old version still resident, appears as `"<id>@<version>"`. During a rollout the requests
+reported for the model are split between the versions by the rollout's traffic fraction, and the new
+version's `min_replicas` covers that fraction of the current replicas, so the policy warms the new version
+before the router shifts traffic and releases the old one as its share falls, with no special case in
+`plan`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class SnapshotReader:
         self.fed_until: int | None = None  # traffic seconds before this are in the history
         self.recent_evictions: dict[str, float] = {}
         self.refs: dict[str, ModelRef] = {}
+        self._carry: dict[str, float] = {}
 
     # --- traffic -----------------------------------------------------------------------------
     def _warm_history(self, now: float) -> None:
@@ -81,8 +84,21 @@ class SnapshotReader:
             self.recent_evictions.setdefault(ev.model, ev.ts)
         self.fed_until = minute_edge
 
-    def feed_traffic(self, now: float) -> int:
-        """Feed per-second counts since the last call; returns the requests fed."""
+    def _split(self, model: str, count: int, rollouts: dict[str, tuple[str, float]]) -> list[tuple[str, int]]:
+        """A model under rollout: the router sends `traffic_fraction` of its requests to the new version,
+        so that share counts as the new version's demand (whole requests, the remainder carried)."""
+        ro = rollouts.get(model)
+        if ro is None:
+            return [(model, count)]
+        key, fraction = ro
+        share = count * fraction + self._carry.get(key, 0.0)
+        moved = int(share)
+        self._carry[key] = share - moved
+        return [(model, count - moved), (key, moved)]
+
+    def feed_traffic(self, now: float, rollouts: dict[str, tuple[str, float]] | None = None) -> int:
+        """Feed per-second counts since the last call; returns the requests fed. `rollouts` maps a model
+        to (its new version's key, traffic fraction)."""
         if self.fed_until is None:
             self._warm_history(now)
         assert self.fed_until is not None
@@ -97,7 +113,9 @@ class SnapshotReader:
         for model, counts in w.counts.items():
             for t, c in zip(times, counts, strict=True):
                 if c:
-                    self.history.add_bucket(model, t, c)
+                    for key, part in self._split(model, c, rollouts or {}):
+                        if part:
+                            self.history.add_bucket(key, t, part)
                     fed += c
         self.fed_until = end
         return fed
@@ -115,12 +133,16 @@ class SnapshotReader:
                          max_rate_per_replica=entry.max_rate_per_replica)
 
     def read(self, catalog: Catalog, now: float) -> tuple[Snapshot, state.Fleet]:
-        self.feed_traffic(now)
+        rollouts = {k.decode(): json.loads(v) for k, v in self.r.hgetall(keys.ROLLOUTS).items()}
+        active = {}
+        for mid, ro in rollouts.items():
+            if mid in catalog and str(ro.get("version")) != catalog.get(mid).version:
+                active[mid] = (f"{mid}@{ro.get('version')}", float(ro.get("traffic_fraction", 0)))
+        self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r)
         ids = catalog.ids()
         load_s = measured_load_seconds(self.r, ids)
         pinned = {x.decode() for x in self.r.smembers(keys.PINNED)}
-        rollouts = {k.decode(): json.loads(v) for k, v in self.r.hgetall(keys.ROLLOUTS).items()}
         self.refs = {}
         models: dict[str, ModelSpec] = {}
         for mid in ids:

@@ -14,13 +14,15 @@ from safetensors.torch import save_file
 
 def write_sized_catalog(folder: Path, sizes: dict[str, int], *, pinned: tuple[str, ...] = (),
                         min_replicas: dict[str, int] | None = None) -> Path:
-    """Models named by `sizes`, each an MLP-shaped file of about that many bytes (uint8 padding tensor)."""
+    """Models named by `sizes` ("id" or "id@version"), each a file of that many bytes (one uint8 tensor)."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
-    for mid, size in sizes.items():
-        path = folder / f"{mid}.safetensors"
+    for name, size in sizes.items():
+        mid, _, version = name.partition("@")
+        version = version or "v1"
+        path = folder / f"{mid}-{version}.safetensors"
         save_file({"pad": torch.zeros(size, dtype=torch.uint8)}, str(path))
-        lines += ["[[models]]", f'id = "{mid}"', 'version = "v1"', f'weights = "{path.name}"',
+        lines += ["[[models]]", f'id = "{mid}"', f'version = "{version}"', f'weights = "{path.name}"',
                   'builder = "gpu_worker.demo_models:build_mlp"',
                   f"pinned = {'true' if mid in pinned else 'false'}",
                   f"min_replicas = {(min_replicas or {}).get(mid, 0)}",

@@ -116,3 +116,35 @@ def test_new_leader_rebuilds_history_from_minute_buckets(ctx: Context) -> None:
     sched.tick(now)
     assert sched.reader is not None
     assert sched.reader.history.last_arrival("quiet") is not None
+
+
+def test_rollout_warms_new_version_before_traffic_shifts(redis_url: str, tmp_path: Path) -> None:
+    catalog = write_sized_catalog(tmp_path / "m2", {"chat": 64 * MIB, "chat@v2": 64 * MIB})
+    ctx = Context(Settings.from_env({"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog),
+                                     "PREWARM_DATA_DIR": str(tmp_path / "var")}))
+    now = time.time()
+    g = announce(ctx.r, "node-a", "cpu:0")
+    announce(ctx.r, "node-b", "cpu:0")
+    ready = state.Replica(model="chat", version="v1", gpu=g.id, state="ready", bytes=64 * MIB,
+                          total_bytes=64 * MIB, progress=1.0, since=now - 3600, created_at=now - 3600)
+    g.used_bytes, g.free_bytes = 64 * MIB, g.total_bytes - 64 * MIB
+    state.write_heartbeat(ctx.r, g, [ready], ttl=30)
+    traffic.record(ctx.r, [("chat", 3, now - 120 + i) for i in range(115)], now=now)
+    sched = Scheduler(ctx, ident="s1")
+    sched.tick(now)
+    assert not [t for q in ("gpu.node-a.cpu:0", "gpu.node-b.cpu:0") for t in queued_tasks(ctx.r, q)
+                if t["task"] == "prewarm.preload" and "v2" in t["argsrepr"]]
+    # The router announces that v2 is about to take 30% of the traffic.
+    ctx.r.hset(keys.ROLLOUTS, "chat", json.dumps({"version": "v2", "traffic_fraction": 0.3, "since": now}))
+    sched.tick(now + 2)
+    v2 = [t for q in ("gpu.node-a.cpu:0", "gpu.node-b.cpu:0") for t in queued_tasks(ctx.r, q)
+          if t["task"] == "prewarm.preload" and "v2" in t["argsrepr"]]
+    assert len(v2) == 1, v2
+    assert json.loads(v2[0]["argsrepr"].replace("'", '"')) == ["chat", "v2"]
+    # The reported traffic is split between the versions by the fraction.
+    hist = sched.reader.history if sched.reader else None
+    assert hist is not None
+    traffic.record(ctx.r, [("chat", 10, now + 3 + i) for i in range(10)], now=now + 20)
+    sched.tick(now + 20)
+    assert hist.last_arrival("chat@v2") is not None
+    assert 0.2 < hist.rate_short("chat@v2", now + 20) / max(1e-9, hist.rate_short("chat", now + 20)) < 0.6
