@@ -107,6 +107,7 @@ class Settings:
     intent_ttl: float
     leader_ttl: float
     event_log_max: int
+    speculative_share: float
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -128,7 +129,13 @@ class Settings:
             intent_ttl=float(e.get("PREWARM_INTENT_TTL") or 120.0),
             leader_ttl=float(e.get("PREWARM_LEADER_TTL") or 10.0),
             event_log_max=int(e.get("PREWARM_EVENT_LOG_MAX") or 5000),
+            speculative_share=float(e.get("PREWARM_SPECULATIVE_SHARE") or 0.6),
         )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.speculative_share <= 1.0:
+            raise ValueError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
+                             "e.g. 0.6")
 
     def devices(self) -> list[DeviceSpec]:
         return parse_devices(self.devices_text)

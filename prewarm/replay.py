@@ -116,8 +116,11 @@ class Router:
         if events:
             self.session().post(f"{self.url}/hooks/requests", json={"events": events}, timeout=30).raise_for_status()
 
-    def route(self, model: str) -> dict:
-        resp = self.session().get(f"{self.url}/hooks/route", params={"model": model}, timeout=30)
+    def route(self, model: str, *, retry: bool = False) -> dict:
+        # retry=1 marks a repeat lookup of a request already counted, so the hit-rate metric counts
+        # each request once, as a router polling for a cold model would.
+        params = {"model": model, **({"retry": "1"} if retry else {})}
+        resp = self.session().get(f"{self.url}/hooks/route", params=params, timeout=30)
         resp.raise_for_status()
         return resp.json()
 
@@ -147,7 +150,7 @@ class Player:
         deadline = due + self.cold_timeout
         try:
             while True:
-                answer = self.router.route(req.model)
+                answer = self.router.route(req.model, retry=cold)
                 ready = [x for x in answer.get("replicas", []) if x.get("state") == "ready"]
                 if ready:
                     break

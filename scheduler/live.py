@@ -41,7 +41,8 @@ class Scheduler:
     def __init__(self, ctx: Context, *, ident: str | None = None, config: PolicyConfig | None = None) -> None:
         self.ctx = ctx
         self.ident = ident or f"{socket.gethostname()}:{os.getpid()}"
-        self.config = config or PolicyConfig(tick_s=ctx.settings.tick_seconds)
+        self.config = config or PolicyConfig(tick_s=ctx.settings.tick_seconds,
+                                             speculative_share=ctx.settings.speculative_share)
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
         self.policy_state: PolicyState | None = None

@@ -16,7 +16,6 @@ the event log. They need the admin bearer token, or a console session plus its C
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from typing import Any
@@ -57,12 +56,8 @@ def trend_forecast(counts: list[int], ahead: int = FORECAST_MINUTES, alpha: floa
 
 
 def speculative_share() -> float:
-    """Share of each GPU that speculative loads may hold (the scheduler's default is 0.6)."""
-    try:
-        v = float(os.environ.get("PREWARM_SPECULATIVE_SHARE") or 0.6)
-    except ValueError:
-        return 0.6
-    return v if 0.0 <= v <= 1.0 else 0.6
+    """Share of each GPU that speculative loads may hold: the same setting the scheduler plans with."""
+    return ctx().settings.speculative_share
 
 
 @bp.get("/healthz")
