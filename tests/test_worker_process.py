@@ -93,6 +93,14 @@ def test_preload_infer_evict_through_celery(r: redis.Redis, celery: Celery, cata
     assert celery.send_task(celery_app.PRELOAD, args=["tiny-mlp", "v1"], kwargs={"gpu": "cpu:0"},
                             queue=target.queue).get(timeout=30)["gpu"] == "node-a/cpu:0"  # gpu kwarg wins
 
+    # Three preloads of one model at once (a redelivery, a double click): loaded once, all answered ready.
+    dupes = [celery.send_task(celery_app.PRELOAD, args=["tiny-lm-wide", "v1"], queue=target.queue)
+             for _ in range(3)]
+    outs = [x.get(timeout=60) for x in dupes]
+    assert [o["state"] for o in outs] == ["ready"] * 3 and sum(not o["noop"] for o in outs) == 1
+    assert len(events.read(r, kind="ready", model="tiny-lm-wide")) == 1
+    assert gpu(r, target.id).used_bytes == size_of(catalog, "tiny-lm-wide")
+
 
 def test_infer_runs_while_a_preload_loads_on_the_same_gpu(r: redis.Redis, celery: Celery, catalog: Path,
                                                           worker_factory) -> None:
