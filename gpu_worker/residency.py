@@ -70,6 +70,7 @@ class WorkerOptions:
     progress_publish_seconds: float = 0.2
     max_loads_per_gpu: int = 2  # concurrent loads on one GPU; more preloads wait in the queue (see Busy)
     failed_retention_seconds: float = 600.0
+    queued_retention_seconds: float = 900.0  # a queued preload's placeholder whose task never came back
     load_threads: int | None = None
     # Paces the load phase to at most this many bytes/s (reporting and completion; the reader threads are
     # not slowed). For demos that want to watch progress and for tests that must catch a load in flight.
@@ -100,6 +101,10 @@ class Slot:
     cancel: bool = False
     cancel_reason: str = ""
     warmup: list[dict[str, Any]] = field(default_factory=list)
+    # A placeholder for a preload waiting in the queue for a free load slot: shown `pending`, owns nothing,
+    # taken over by the first preload of it that may run.
+    queued: bool = False
+    task_ids: set[str] = field(default_factory=set)  # preload tasks waiting on this replica (see evict)
 
 
 class GpuSlot:
@@ -116,6 +121,11 @@ class GpuSlot:
         self.lock = threading.Lock()  # guards `replicas` and the records in it; never held during I/O-heavy work
         self.publish_lock = threading.Lock()  # one writer at a time: a snapshot is never overtaken by an older one
         self.replicas: dict[str, Slot] = {}  # "model@version" -> Slot
+        self.cancelled_tasks: dict[str, float] = {}  # preload task id -> when an evict cancelled it
+
+    def active_loads(self) -> int:
+        """Loads running now (placeholders of queued preloads not counted). Call with `lock` held."""
+        return sum(x.record.state in IN_FLIGHT and not x.queued for x in self.replicas.values())
 
     def gpu_record(self) -> state.Gpu:
         inv = self.device.inventory()
@@ -286,8 +296,13 @@ class NodeWorker:
             with g.publish_lock:
                 with g.lock:
                     for k, s in list(g.replicas.items()):
-                        if s.record.state == "failed" and now - s.record.since > self.options.failed_retention_seconds:
+                        age = now - s.record.since
+                        if (s.record.state == "failed" and age > self.options.failed_retention_seconds) or \
+                                (s.queued and age > self.options.queued_retention_seconds):
                             del g.replicas[k]
+                    for tid, at in list(g.cancelled_tasks.items()):
+                        if now - at > 3600:
+                            del g.cancelled_tasks[tid]
                     reps = [replace(s.record) for s in g.replicas.values()]
                 state.write_heartbeat(self.r, g.gpu_record(), reps, self.options.heartbeat_ttl)
 
@@ -314,12 +329,13 @@ class NodeWorker:
 
     # --- preload ----------------------------------------------------------------------------------
     def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
-                kind: str = "", defer: bool = False) -> dict[str, Any]:
+                kind: str = "", defer: bool = False, task_id: str | None = None) -> dict[str, Any]:
         """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py).
 
         With `defer`, raise Busy instead of waiting: when this model is already loading here (its outcome
-        will be this one's), or when the GPU runs `max_loads_per_gpu` loads already. The Celery task retries
-        then, so waiting preloads sit in the queue rather than on the threads inference needs.
+        will be this one's), or when the GPU runs `max_loads_per_gpu` loads already (the replica then shows
+        `pending` until a load slot frees). The Celery task retries then, so waiting preloads sit in the
+        queue rather than on the threads inference needs. `task_id` lets an evict cancel a waiting preload.
         """
         try:
             entry = self.entry(model, version)
@@ -328,23 +344,37 @@ class NodeWorker:
             raise
         key = entry.key
         now = time.time()
+        placeholder: Slot | None = None
         with g.lock:
+            if task_id and task_id in g.cancelled_tasks:
+                raise Cancelled(f"preload of {key} on {g.id} was cancelled by an evict while it waited")
             s = g.replicas.get(key)
+            busy = defer and g.active_loads() >= self.options.max_loads_per_gpu
             if s is not None and s.record.state == "ready":
                 owner, waiting = False, False
-            elif s is not None and s.record.state in IN_FLIGHT:
+            elif s is not None and s.queued and not busy:
+                s.queued = False  # a queued preload's turn: this task loads it
+                s.record.reason = s.record.reason or reason or None
+                owner, waiting = True, False
+            elif s is not None and s.record.state in IN_FLIGHT:  # loading now (or queued while busy)
                 if defer:
-                    raise Busy(f"{key} is already loading on {g.id}")
+                    if task_id:
+                        s.task_ids.add(task_id)
+                    raise Busy(f"{key} is {'queued' if s.queued else 'already loading'} on {g.id}")
                 owner, waiting = False, True
             else:
-                loading = sum(x.record.state in IN_FLIGHT for x in g.replicas.values())
-                if defer and loading >= self.options.max_loads_per_gpu:
-                    raise Busy(f"{g.id} runs {loading} load(s) already")
                 s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state="pending",
                                        total_bytes=entry.size_bytes, since=now, created_at=now,
-                                       reason=reason or None))
+                                       reason=reason or None), queued=busy)
+                if task_id:
+                    s.task_ids.add(task_id)
                 g.replicas[key] = s
-                owner, waiting = True, False
+                owner, waiting = not busy, False
+                if busy:
+                    placeholder = s
+        if placeholder is not None:
+            self.publish(g, placeholder)
+            raise Busy(f"{g.id} runs {self.options.max_loads_per_gpu} load(s) already; {key} is queued")
         if not owner:
             if waiting:
                 s.done.wait()  # the first preload's outcome is this one's
@@ -596,8 +626,13 @@ class NodeWorker:
         with g.lock:
             targets = [(k, s) for k, s in g.replicas.items()
                        if s.record.model == model and (not version or s.record.version == version)]
+            now = time.time()
             for _, s in targets:
-                if s.record.state in IN_FLIGHT:
+                # Preloads of it still waiting in the queue must not load it again after this evict.
+                g.cancelled_tasks.update(dict.fromkeys(s.task_ids, now))
+                if s.queued:
+                    s.done.set()  # a placeholder: nothing is loading, nothing to wait for
+                elif s.record.state in IN_FLIGHT:
                     s.cancel = True
                     s.cancel_reason = f"evicted while loading ({reason or 'evict'})"
         freed = 0
@@ -704,7 +739,7 @@ class NodeWorker:
         for g in self.gpus.values():
             with g.lock:
                 for s in g.replicas.values():
-                    if s.record.state in IN_FLIGHT and not s.cancel:
+                    if s.record.state in IN_FLIGHT and not s.cancel and not s.queued:
                         s.cancel, s.cancel_reason = True, reason
                         n += 1
         return n

@@ -14,7 +14,8 @@ from. Shapes:
         "output": {"shape", "dtype", "mean", "std", "min", "max", "finite", "top"?}}
 
 A preload that finds its GPU at `max_loads_per_gpu` loads (or its own model already loading) goes back to
-the queue for RETRY_BUSY_SECONDS instead of holding a thread; the result is the same once it runs.
+the queue for RETRY_BUSY_SECONDS instead of holding a thread (the replica shows `pending` meanwhile); the
+result is the same once it runs. An evict of the model cancels such waiting preloads.
 Failures raise gpu_worker.errors.* (importable without torch) with a message naming what and where.
 """
 
@@ -42,7 +43,8 @@ def register(app: Celery, worker: NodeWorker) -> None:
     def preload(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
                 gpu: str | None = None) -> dict[str, Any]:
         try:
-            return worker.preload(_gpu(worker, self, gpu), model, version, reason=reason, kind=kind, defer=True)
+            return worker.preload(_gpu(worker, self, gpu), model, version, reason=reason, kind=kind, defer=True,
+                                  task_id=self.request.id)
         except Busy:
             # Back to the queue for a moment: a thread waiting on another load could be serving infer.
             raise self.retry(countdown=RETRY_BUSY_SECONDS) from None

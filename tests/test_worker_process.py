@@ -222,8 +222,9 @@ def test_queued_preloads_do_not_take_the_threads_infer_needs(r: redis.Redis, cel
     res = celery.send_task(celery_app.INFER, args=["tiny-mlp"], queue=q).get(timeout=20)
     assert res["output"]["shape"] == [1, 10]
     assert not any(p.ready() for p in pending), "infer waited behind the preloads"
-    loading = [x for x in gpu(r, "node-a/cpu:0").replicas if x.state in ("pending", "loading", "warming")]
-    assert len(loading) == 1, "one load at a time on this GPU; the rest wait in the queue"
+    states = sorted(x.state for x in gpu(r, "node-a/cpu:0").replicas if x.model != "tiny-mlp")
+    # One load at a time on this GPU; the others wait in the queue, shown pending.
+    assert states in (["loading", "pending", "pending"], ["pending", "pending", "warming"]), states
     assert w.stop(timeout=60) == 0  # the load in progress is cancelled; the queued ones stay queued
 
 

@@ -443,3 +443,35 @@ def test_evict_hands_the_memory_back_to_the_os(r: redis.Redis, tmp_path: Path) -
     assert w.evict(g, "mlp-40mb")["bytes_freed"] == size
     after = proc.memory_info().rss
     assert loaded - after > 0.8 * size, f"RSS fell by {loaded - after} bytes of {size}"
+
+
+def test_queued_preloads_show_pending_and_an_evict_cancels_them(r: redis.Redis, catalog: Path) -> None:
+    from gpu_worker.errors import Busy
+
+    size = size_of(catalog, "tiny-lm-wide")
+    w = make_worker(r, catalog, load_pace_bytes_per_s=size / 3.0, max_loads_per_gpu=1)
+    g = w.gpu_for("cpu:0")
+    t = threading.Thread(target=w.preload, args=(g, "tiny-lm-wide"))
+    t.start()
+    wait_for(lambda: (x := replica(r, g.id, "tiny-lm-wide")) and x.state == "loading", 10, what="loading")
+    with pytest.raises(Busy, match="queued"):
+        w.preload(g, "tiny-mlp", defer=True, task_id="t-mlp")
+    with pytest.raises(Busy, match="queued"):
+        w.preload(g, "tiny-lm", defer=True, task_id="t-lm")
+    with pytest.raises(Busy, match="already loading"):
+        w.preload(g, "tiny-lm-wide", defer=True, task_id="t-dup")
+    for m in ("tiny-mlp", "tiny-lm"):
+        rec = replica(r, g.id, m)
+        assert rec is not None and rec.state == "pending" and rec.bytes == 0
+    assert gpu_state(r, g.id).used_bytes == size  # a queued preload holds nothing
+
+    ev = w.evict(g, "tiny-lm")  # while it waits in the queue: gone, and its task will not load it later
+    assert ev["versions"] == ["v1"] and ev["bytes_freed"] == 0 and replica(r, g.id, "tiny-lm") is None
+    with pytest.raises(Cancelled, match="cancelled by an evict while it waited"):
+        w.preload(g, "tiny-lm", defer=True, task_id="t-lm")
+
+    t.join(30)
+    out = w.preload(g, "tiny-mlp", defer=True, task_id="t-mlp")  # its turn: it loads now
+    assert out["state"] == "ready" and not out["noop"]
+    assert w.preload(g, "tiny-lm-wide", defer=True, task_id="t-dup")["noop"]
+    assert w.preload(g, "tiny-lm", defer=True, task_id="t-new")["state"] == "ready"  # a new preload is fine
