@@ -350,3 +350,36 @@ def test_arena_stays_unpinned_when_registration_fails(monkeypatch):
     monkeypatch.setattr(staging, "_host_register", lambda ptr, n: False)
     arena = staging.HostArena({"x": 128}, pin=True)
     assert not arena.pinned and arena.buffer is not None
+
+
+def test_copy_tensors_cancelled_by_progress_stops_its_threads_first(monkeypatch):
+    import ctypes as ct
+
+    import gpu_worker.staging as staging
+
+    real = ct.memmove
+    active = {"n": 0, "calls": 0}
+    cancelled = threading.Event()
+
+    def slow_memmove(d, s, n):
+        active["n"] += 1
+        active["calls"] += 1
+        time.sleep(0.02)
+        r = real(d, s, n)
+        active["n"] -= 1
+        return r
+
+    monkeypatch.setattr(staging.ctypes, "memmove", slow_memmove)
+    src = {"a": torch.arange(48 << 20, dtype=torch.uint8), "b": torch.ones(48 << 20, dtype=torch.uint8)}
+
+    def cancel(done, total):
+        cancelled.set()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        copy_tensors(src, CPU, progress=cancel, threads=2)
+    assert cancelled.is_set()
+    assert active["n"] == 0  # every copy thread had finished before the exception left
+    assert active["calls"] < 12  # and they stopped early: 12 pieces of 8 MiB were planned
+    out = copy_tensors(src, CPU, threads=3)
+    assert same(out, src)
