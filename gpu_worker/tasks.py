@@ -25,7 +25,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from gpu_worker.errors import Busy
+from gpu_worker.errors import Busy, WorkerError
 from gpu_worker.residency import GpuSlot, NodeWorker
 from prewarm.celery_app import EVICT, INFER, PRELOAD
 
@@ -39,7 +39,8 @@ def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
 
 def register(app: Celery, worker: NodeWorker) -> None:
     # Retrying is the sender's call (it sees the reason); redelivery after a worker crash is acks_late's.
-    @app.task(name=PRELOAD, bind=True, max_retries=None)
+    # `throws`: a WorkerError is a reported outcome (logged in one line by us), not a crash with a traceback.
+    @app.task(name=PRELOAD, bind=True, max_retries=None, throws=(WorkerError,))
     def preload(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
                 gpu: str | None = None) -> dict[str, Any]:
         try:
@@ -49,12 +50,12 @@ def register(app: Celery, worker: NodeWorker) -> None:
             # Back to the queue for a moment: a thread waiting on another load could be serving infer.
             raise self.retry(countdown=RETRY_BUSY_SECONDS) from None
 
-    @app.task(name=EVICT, bind=True)
+    @app.task(name=EVICT, bind=True, throws=(WorkerError,))
     def evict(self: Task, model: str, *, version: str | None = None, reason: str = "",
               gpu: str | None = None) -> dict[str, Any]:
         return worker.evict(_gpu(worker, self, gpu), model, version, reason=reason)
 
-    @app.task(name=INFER, bind=True)
+    @app.task(name=INFER, bind=True, throws=(WorkerError,))
     def infer(self: Task, model: str, inputs: Any = None, *, version: str | None = None, gpu: str | None = None,
               seed: int = 0) -> dict[str, Any]:
         return worker.infer(_gpu(worker, self, gpu), model, inputs, version=version, seed=seed)
