@@ -40,7 +40,10 @@ from .types import (
 )
 
 MAX_SPECULATIVE_TRIES = 24
-EVICTION_HORIZON_S = 600.0  # how far ahead an eviction's cost is counted when choosing a GPU  # per tick, best first: bounds the work of one plan() call
+EVICTION_HORIZON_S = 600.0
+import os as _os  # noqa: E402  (experiment switch, removed after)
+CONTENTION = _os.environ.get("NOCONT") is None
+LOSSMODE = _os.environ.get("LOSSMODE", "mrl")  # how far ahead an eviction's cost is counted when choosing a GPU  # per tick, best first: bounds the work of one plan() call
 
 
 @dataclass
@@ -63,7 +66,7 @@ class PolicyState:
     due: dict[str, tuple[float, float]] = field(default_factory=dict)
     recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
     scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
-    loss: dict[str, tuple[tuple, float]] = field(default_factory=dict)
+    loss: dict[str, tuple[tuple, tuple[float, float, float]]] = field(default_factory=dict)
     special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap
 
 
@@ -143,6 +146,10 @@ class _Planner:
         self.actions: list[Action] = []
         self._loss: dict[str, float] = {}
         self._loading_rate: dict[str, float] = {}
+        self._link_rate: float | None = None
+        # loads in flight per GPU stretch every load: 1 + the mean number already loading
+        n = len(self.fleet.gpus)
+        self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
         self.floors = {m for m in state.special if snap.models[m].pinned or snap.models[m].min_replicas > 0} \
             if state.models_id == id(snap.models) else {m for m, sp in snap.models.items()
                                                         if sp.pinned or sp.min_replicas > 0}
@@ -161,10 +168,11 @@ class _Planner:
         return am
 
     def cost(self, model: str) -> float:
-        """Cold requests one reload costs: the first request plus those arriving during the load."""
+        """Cold requests one reload costs: the first request plus those arriving during the load,
+        which takes the load time stretched by the fleet's current link contention."""
         spec = self.s.models[model]
         rpm = self.tr.stable_requests_per_active_minute(model)
-        return 1.0 + max(0.0, rpm - 1.0) * min(load_seconds(spec, self.cfg), 60.0) / 60.0
+        return 1.0 + max(0.0, rpm - 1.0) * min(load_seconds(spec, self.cfg) * self.slowdown, 60.0) / 60.0
 
     def anchor(self, model: str) -> float | None:
         """Last arrival rounded down to the timeline grid: the idle-time model's origin. Rounding
@@ -188,11 +196,15 @@ class _Planner:
                 am = self.arrival(model)
                 key = (self.st.arrival[model][0], self.anchor(model), am.index(d))
                 hit = self.st.loss.get(model)
-                if hit is not None and hit[0] == key and key[0][0] > 0:
-                    v = hit[1]
-                else:
-                    v = self.cost(model) / max(am.mrl_at(d), 1.0)
-                    self.st.loss[model] = (key, v)
+                if hit is None or hit[0] != key or key[0][0] == 0:
+                    spec = self.s.models[model]
+                    extra = max(0.0, self.tr.stable_requests_per_active_minute(model) - 1.0)
+                    hit = (key, (1.0 / max(am.mrl_at(d), 1.0), extra, load_seconds(spec, self.cfg)))
+                    self.st.loss[model] = hit
+                inv_mrl, extra, ld = hit[1]
+                # own cold requests during the (stretched) reload, plus the requests its link time
+                # would hold up on loads sharing the link then (judged by those waiting now)
+                v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + self.link_rate() * ld)
             self._loss[model] = v
         return v
 
@@ -226,6 +238,13 @@ class _Planner:
             return False
         a = self.tr.last_arrival(r.model)
         return a is None or a < r.since
+
+    def link_rate(self) -> float:
+        """Requests per second waiting on loads, per GPU link: what one link-second holds up."""
+        if self._link_rate is None:
+            n = len(self.fleet.gpus)
+            self._link_rate = sum(self.loading_rate(g) for g in sorted(self.fleet.gpus)) / n if n else 0.0
+        return self._link_rate
 
     def loading_rate(self, gpu: str) -> float:
         """Sum of request rates of the models loading on a GPU (their requests wait on the link)."""

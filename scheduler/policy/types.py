@@ -24,7 +24,7 @@ class PolicyConfig:
 
     tick_s: float = 2.0  # how often plan() runs; used for lead times
     speculative_share: float = 0.6  # share of each GPU that predicted-but-unrequested models may hold
-    min_residency_s: float = 60.0  # a replica is never evicted sooner than this after it started loading
+    min_residency_s: float = 10.0  # a replica is never evicted sooner than this after it started loading
     eviction_cooldown_s: float = 120.0  # no speculative reload of a model this soon after its eviction
     # Default load time for a model never measured: fixed + size / bandwidth + warmup per GiB.
     load_fixed_s: float = 1.5

@@ -1,0 +1,208 @@
+"""Simulator tests: each baseline on a tiny trace whose cold starts and evictions are worked out
+by hand in the comments, the fleet model (load-link contention), formats, determinism, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from simulator.cli import main as cli_main
+from simulator.cli import simulate
+from simulator.engine import Simulation
+from simulator.policies import POLICIES
+from simulator.trace import GIB, Trace, load_azure_minute, load_requests, parse_bytes
+
+
+def trace(events: list[tuple[float, str]], span: float | None = None) -> Trace:
+    names: list[str] = []
+    for _t, m in events:
+        if m not in names:
+            names.append(m)
+    times = np.array([t for t, _m in events], dtype=float)
+    mids = np.array([names.index(m) for _t, m in events], dtype=np.int32)
+    order = np.argsort(times, kind="stable")
+    return Trace(names, times[order], mids[order], span if span is not None else float(times.max()), "test", "requests")
+
+
+def run(policy: str, events: list[tuple[float, str]], sizes_gib: dict[str, float], load_s: dict[str, float],
+        gpus: int = 1, gpu_gib: float = 2.0, contention: str = "none", span: float | None = None) -> Simulation:
+    tr = trace(events, span)
+    sizes = np.array([int(sizes_gib[m] * GIB) for m in tr.models], dtype=np.int64)
+    loads = np.array([load_s[m] for m in tr.models], dtype=float)
+    sim = Simulation(tr, sizes, loads, gpus, int(gpu_gib * GIB), contention)
+    sim.run(POLICIES[policy]())
+    return sim
+
+
+ONE = {"A": 1.0, "B": 1.0, "C": 1.0}
+FAST = {"A": 1.0, "B": 1.0, "C": 1.0}
+
+
+def test_on_demand_lru_by_hand() -> None:
+    # 2 GiB holds two of A, B, C (1 GiB each, 1 s loads).
+    # A@0 cold; B@10 cold; A@20 warm; C@30 cold, evicts LRU B (A used at 20);
+    # B@40 cold, evicts A (last 20; C's last request is its ready time 31);
+    # A@50 cold, evicts C (31 < B's 41). 5 cold, 3 evictions, each waits its 1 s load.
+    sim = run("on-demand-lru", [(0, "A"), (10, "B"), (20, "A"), (30, "C"), (40, "B"), (50, "A")], ONE, FAST)
+    assert sim.cold == 5 and sim.evictions == 3 and sim.loads == 5
+    assert sim.waits == [1.0] * 5
+    assert sorted(sim.gpus[0].residents) == [0, 1]  # A and B resident at the end
+
+
+def test_keepalive_10m_by_hand() -> None:
+    # A@0 cold (ready at 1); A@500 warm (idle 499 s); A@1200: idle since 500 is 700 s > 600 s,
+    # so A was unloaded at 1100 → cold. 2 cold, 1 eviction (the keep-alive), 2 loads.
+    sim = run("keepalive-10m", [(0, "A"), (500, "A"), (1200, "A")], ONE, FAST, span=1300)
+    assert sim.cold == 2 and sim.loads == 2
+    assert sim.evictions == 1 and sim.last_evicted[0] == pytest.approx(1100.0)
+
+
+def test_seed_pool_evicts_oldest_loaded_not_least_recent() -> None:
+    # A@0 (loaded at 0), B@10 (loaded at 10), A@20 warm; C@30 evicts the oldest-loaded, A,
+    # although A was used more recently than B; A@40 cold again, evicts B (loaded at 10).
+    # 4 cold. Under LRU, C would evict B and A@40 would be warm (3 cold).
+    events = [(0, "A"), (10, "B"), (20, "A"), (30, "C"), (40, "A")]
+    sim = run("seed-pool", events, ONE, FAST)
+    assert sim.cold == 4 and sim.evictions == 2
+    assert run("on-demand-lru", events, ONE, FAST).cold == 3
+
+
+def test_faascache_greedy_dual_by_hand() -> None:
+    # Sizes 1 GiB; load (cost) A 1 s, B 4 s, C 1 s; 2 GiB.
+    # A@0: freq 1, prio = 0 + 1·1/1 = 1.  B@10: prio = 0 + 1·4/1 = 4.
+    # C@30: evict the lowest, A (1); clock = 1; C prio = 1 + 1·1 = 2.
+    # A@40: evict C (2 < 4); clock = 2; A's frequency was reset on eviction: prio = 2 + 1 = 3.
+    # B@50: warm (B's high cost kept it). 4 cold, evictions A then C.
+    # LRU on the same trace evicts B at 40 (older than C) and B@50 is cold: 5 cold.
+    events = [(0, "A"), (10, "B"), (30, "C"), (40, "A"), (50, "B")]
+    loads = {"A": 1.0, "B": 4.0, "C": 1.0}
+    sim = run("faascache", events, ONE, loads)
+    assert sim.cold == 4 and sim.evictions == 2
+    assert sorted(sim.gpus[0].residents) == [0, 1]  # A and B
+    assert run("on-demand-lru", events, ONE, loads).cold == 5
+
+
+def test_hybrid_histogram_prewarms_a_periodic_model() -> None:
+    # A every 300 s from 0 to 3000 (11 calls). Fewer than 5 idle times: 4-hour keep-alive, so
+    # calls 2..6 are warm. From the 6th call (t=1500; 5 idle times, all in bin 5, CV >> 2):
+    # pre-warm = 0.9 × 300 = 270 s, keep-alive = 1.1 × 360 − 270 = 126 s: unload after each call,
+    # reload at call + 270, call + 300 is warm. 1 cold start; loads: the first + reloads at
+    # 1770, 2070, 2370, 2670, 2970 (3270 is past the trace): 6; evictions: at 1500..3000: 6.
+    events = [(300.0 * k, "A") for k in range(11)]
+    sim = run("hybrid-histogram", events, ONE, FAST, span=3000)
+    assert sim.cold == 1
+    assert sim.loads == 6
+    assert sim.evictions == 6
+
+
+def test_hybrid_histogram_out_of_bounds_uses_the_idle_time_forecaster() -> None:
+    # A every 5 h: every idle time is out of the 4-hour range. Calls at 0..20 h see fewer than 5
+    # idle times: 4-hour keep-alive, unloaded before the next call → all cold, and so is 25 h.
+    # At 25 h there are 5 idle times, all out of bounds: predicted idle = 5 h, so A is unloaded
+    # after the call and loaded from 25 + 4.25 h to 25 + 5.75 h → the call at 30 h is warm.
+    # 6 cold in 7 calls; loads: 6 on demand + 1 pre-warm.
+    h = 3600.0
+    events = [(5 * h * k, "A") for k in range(7)]
+    sim = run("hybrid-histogram", events, ONE, FAST, span=31 * h)
+    assert sim.cold == 6
+    assert sim.loads == 7
+
+
+def test_oracle_prefetches_and_evicts_farthest_next_use() -> None:
+    # A@0 cold (its prefetch would start at −1, clamped to 0: waits 1 s). B: prefetched at 9,
+    # ready at 10 → warm. C: prefetched at 19 evicting B (next use 40, farther than A's 30).
+    # A@30 warm. B: prefetched at 39 evicting A (no next use). C@50 warm. 1 cold, 2 evictions.
+    # LRU on the same trace: all 6 cold.
+    events = [(0, "A"), (10, "B"), (20, "C"), (30, "A"), (40, "B"), (50, "C")]
+    sim = run("oracle", events, ONE, FAST)
+    assert sim.cold == 1 and sim.evictions == 2 and sim.loads == 4
+    assert run("on-demand-lru", events, ONE, FAST).cold == 6
+
+
+def test_oracle_is_a_floor_without_contention() -> None:
+    rng = np.random.default_rng(3)
+    events = [(float(t), f"m{int(m)}") for t, m in zip(np.sort(rng.uniform(0, 3600, 400)),
+                                                         rng.integers(0, 12, 400), strict=True)]
+    sizes = {f"m{i}": 0.5 + (i % 4) * 0.5 for i in range(12)}
+    loads = {f"m{i}": 2.0 + i % 3 for i in range(12)}
+    colds = {p: run(p, events, sizes, loads, gpus=2, gpu_gib=3.0).cold for p in POLICIES}
+    assert colds["oracle"] == min(colds.values())
+
+
+def test_prewarm_goes_through_plan_and_serves_every_request() -> None:
+    events = [(float(t), "A") for t in range(0, 600, 7)] + [(5.0, "B"), (400.0, "B")]
+    sim = run("prewarm", events, {"A": 1.0, "B": 1.0}, {"A": 2.0, "B": 2.0}, gpu_gib=4.0)
+    assert sim.cold == 2  # A's and B's first requests; B stays resident (room to spare)
+    assert all(np.isfinite(sim.waits))
+    assert sim.policy.actions >= 2  # type: ignore[union-attr]
+
+
+def test_loads_share_a_gpus_bandwidth() -> None:
+    # A and B (4 s loads) requested together on one GPU: shared link → both ready at 8 s;
+    # without contention → 4 s. On two GPUs they do not slow each other.
+    events = [(0.0, "A"), (0.0, "B")]
+    loads = {"A": 4.0, "B": 4.0}
+    assert run("on-demand-lru", events, ONE, loads, contention="shared").waits == [8.0, 8.0]
+    assert run("on-demand-lru", events, ONE, loads, contention="none").waits == [4.0, 4.0]
+    assert run("on-demand-lru", events, ONE, loads, gpus=2, contention="shared").waits == [4.0, 4.0]
+
+
+def test_requests_during_a_load_wait_for_the_remainder() -> None:
+    sim = run("on-demand-lru", [(0.0, "A"), (3.0, "A"), (5.0, "A")], ONE, {"A": 4.0, "B": 1, "C": 1})
+    assert sim.cold == 2 and sim.loads == 1 and sim.waits == [4.0, 1.0]
+
+
+def test_azure_minute_format_spreads_each_minute_seeded(tmp_path) -> None:
+    p = tmp_path / "inv.csv"
+    p.write_text("HashOwner,HashApp,HashFunction,Trigger,480,481,482\n"
+                 "o,a,f1,http,2,0,3\n"
+                 "o,a,f2,timer,0,1,0\n")
+    a = load_azure_minute(p, seed=0)
+    b = load_azure_minute(p, seed=0)
+    c = load_azure_minute(p, seed=1)
+    assert a.models == ["f1", "f2"] and a.requests == 6 and a.span_s == 180.0
+    assert np.array_equal(a.times, b.times) and not np.array_equal(a.times, c.times)
+    assert np.all(np.diff(a.times) >= 0)
+    per = {(int(m), int(t // 60)) for t, m in zip(a.times, a.mids, strict=True)}
+    assert per == {(0, 0), (0, 2), (1, 1)}
+    p2 = tmp_path / "inv2.csv"
+    p2.write_text("HashFunction,HashOwner,HashApp,minute_1,minute_2\nx,x,x,1,1\n")
+    assert load_azure_minute(p2).requests == 2
+
+
+def test_requests_format_and_sizes(tmp_path) -> None:
+    p = tmp_path / "req.csv"
+    p.write_text("timestamp,model,extra\n2024-01-01T00:00:10Z,b,1\n1704067200,a,2\n1704067205.5,a,3\n")
+    tr = load_requests(p)
+    assert tr.models == ["b", "a"] and tr.requests == 3
+    assert tr.times.tolist() == [0.0, 5.5, 10.0] and tr.mids.tolist() == [1, 1, 0]
+    assert parse_bytes("80GiB") == 80 * GIB and parse_bytes("512MiB") == 512 << 20
+
+
+def test_simulation_is_deterministic_and_cli_writes_json_and_plot(tmp_path) -> None:
+    inv = tmp_path / "inv.csv"
+    rng = np.random.default_rng(0)
+    rows = ["HashOwner,HashApp,HashFunction," + ",".join(f"minute_{i}" for i in range(1, 61))]
+    for k in range(20):
+        counts = rng.poisson(0.3 + k % 4, 60)
+        rows.append(f"o,a,f{k}," + ",".join(str(int(c)) for c in counts))
+    inv.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out.json"
+    png = tmp_path / "out.png"
+    rc = cli_main(["simulate", str(inv), "--gpus", "2", "--gpu-memory", "6GiB", "--json", str(out),
+                   "--plot", str(png)])
+    assert rc == 0 and png.stat().st_size > 1000
+    res = json.loads(out.read_text())
+    assert set(res["policies"]) == set(POLICIES)
+    for r in res["policies"].values():
+        assert {"requests", "cold_starts", "cold_start_share", "p75_model_cold_start_share", "wait_seconds",
+                "loads", "bytes_loaded", "memory_gib_hours", "oracle_ratio"} <= set(r)
+        assert set(r["wait_seconds"]) == {"p50", "p95", "p99"} and set(r["memory_gib_hours"]) == {"idle", "total"}
+    tr = load_azure_minute(inv)
+    again = simulate(tr, None, list(POLICIES), 2, 6 * GIB)
+    for name, r in res["policies"].items():
+        assert again["policies"][name]["cold_starts"] == r["cold_starts"]
+        assert again["policies"][name]["bytes_loaded"] == r["bytes_loaded"]
+    assert cli_main(["simulate", str(inv), "--policies", "nope"]) == 2
