@@ -52,6 +52,16 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
         log.error("cannot start the worker: Redis (PREWARM_REDIS_URL) does not answer: %s", exc)
         runtime.stop_owned()
         return 2
+    cpu_budget = sum(d.budget_bytes or 0 for d in devices if not d.is_cuda)
+    try:
+        import psutil
+
+        host = psutil.virtual_memory().total
+        if cpu_budget > host:  # the budgets are a promise the host cannot keep: warn before the OOM killer does
+            log.warning("CPU virtual GPU budgets add up to %.1f GiB but this host has %.1f GiB of memory",
+                        cpu_budget / 2**30, host / 2**30)
+    except ImportError:
+        pass
     try:
         worker.catalog()
         log.info("catalog %s: %d models", settings.catalog, len(worker.catalog().models))
