@@ -335,7 +335,7 @@ def test_builder_errors_and_bad_infer_inputs(r: redis.Redis, tmp_path: Path) -> 
 
 
 def test_heartbeat_expires_and_a_new_worker_clears_stale_claims(r: redis.Redis, catalog: Path) -> None:
-    opts = WorkerOptions(heartbeat_seconds=0.2, heartbeat_ttl=1.0)
+    opts = WorkerOptions(heartbeat_seconds=0.2, heartbeat_ttl=2.0)
     w = NodeWorker(r, catalog, "node-h", parse_devices("cpu:0=16MiB"), opts)
     claim_gpus(w)
     hb = Heartbeat(w).start()
@@ -343,10 +343,10 @@ def test_heartbeat_expires_and_a_new_worker_clears_stale_claims(r: redis.Redis, 
     w.preload(g, "tiny-lm")
     state.claim_intent(r, state.Intent("preload", "tiny-mlp", "v1", g.id, "scheduler", "t", time.time(),
                                        time.time() + 600))
-    time.sleep(1.5)  # several TTLs: the heartbeat keeps it alive
+    time.sleep(2.5)  # past the TTL: the heartbeat keeps it alive
     assert replica(r, g.id, "tiny-lm").state == "ready"
     hb.stop()  # as if the process died: no more beats, nothing cleaned up
-    wait_for(lambda: state.read_fleet(r).gpu(g.id) is not None and not state.read_fleet(r).gpu(g.id).alive, 5,
+    wait_for(lambda: state.read_fleet(r).gpu(g.id) is not None and not state.read_fleet(r).gpu(g.id).alive, 10,
              what="GPU to go stale")
     assert state.read_fleet(r).replicas() == []
 
