@@ -295,9 +295,6 @@ def run_bench(
         data_bytes = write_model(path, size_bytes)
         file_bytes = path.stat().st_size
 
-        def loader_cpu():
-            return load_weights(path, torch.device("cpu"), threads=nthreads, chunk_bytes=chunk)
-
         def loader_dev():
             out = load_weights(path, dev, threads=nthreads, chunk_bytes=chunk)
             if dev.type == "cuda":
@@ -320,7 +317,7 @@ def run_bench(
         with open(path, "rb") as f:
             f.seek(header.data_offset)
             f.readinto(memoryview(src.numpy()))
-        memcpy = functools.partial(fresh_memcpy, src, header, min(nthreads, os.cpu_count() or 1))
+        memcpy = functools.partial(fresh_memcpy, src, header, nthreads)  # the loader's thread count
         times: dict[str, list[float]] = {"raw_read": [], "loader": [], "load_file": [], "fresh_memcpy": []}
         warm_page_cache(path)
         log(f"page-cache runs ({runs}) ...")
