@@ -252,7 +252,7 @@ class Simulation:
         for g in self.gpus:
             for r in g.residents.values():
                 self._close(r, self.now)
-        for m in range(self.n_models):  # requests that never got a replica (should not happen)
+        for m in range(self.n_models):  # requests that never got a replica (model fits no GPU)
             if self.waiting[m]:
                 self.waits.extend(math.inf for _ in self.waiting[m])
 
@@ -311,7 +311,11 @@ class Simulation:
     def results(self) -> dict:
         n = self.trace.requests
         shares = [c / q for c, q in zip(self.cold_per_model, self.req_per_model, strict=True) if q]
-        w = np.array(self.waits, dtype=float) if self.waits else np.zeros(1)
+        w = np.array(self.waits, dtype=float)
+        unserved = int(np.sum(~np.isfinite(w)))  # models larger than any GPU
+        w = w[np.isfinite(w)]
+        if not len(w):
+            w = np.zeros(1)
         return {
             "requests": n,
             "cold_starts": self.cold,
@@ -322,6 +326,7 @@ class Simulation:
                 "p95": float(np.percentile(w, 95)),
                 "p99": float(np.percentile(w, 99)),
             },
+            "unserved": unserved,
             "loads": self.loads,
             "bytes_loaded": self.bytes_loaded,
             "evictions": self.evictions,

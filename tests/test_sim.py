@@ -200,6 +200,7 @@ def test_simulation_is_deterministic_and_cli_writes_json_and_plot(tmp_path) -> N
         assert {"requests", "cold_starts", "cold_start_share", "p75_model_cold_start_share", "wait_seconds",
                 "loads", "bytes_loaded", "memory_gib_hours", "oracle_ratio"} <= set(r)
         assert set(r["wait_seconds"]) == {"p50", "p95", "p99"} and set(r["memory_gib_hours"]) == {"idle", "total"}
+        assert all(np.isfinite(v) for v in r["wait_seconds"].values())
     tr = load_azure_minute(inv)
     again = simulate(tr, None, list(POLICIES), 2, 6 * GIB)
     for name, r in res["policies"].items():

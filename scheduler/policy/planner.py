@@ -39,11 +39,8 @@ from .types import (
     Snapshot,
 )
 
-MAX_SPECULATIVE_TRIES = 24
-EVICTION_HORIZON_S = 600.0
-import os as _os  # noqa: E402  (experiment switch, removed after)
-CONTENTION = _os.environ.get("NOCONT") is None
-LOSSMODE = _os.environ.get("LOSSMODE", "mrl")  # how far ahead an eviction's cost is counted when choosing a GPU  # per tick, best first: bounds the work of one plan() call
+MAX_SPECULATIVE_TRIES = 24  # per tick, best first: bounds the work of one plan() call
+EVICTION_HORIZON_S = 600.0  # how far ahead an eviction's cost is counted when choosing a GPU
 
 
 @dataclass
@@ -66,7 +63,8 @@ class PolicyState:
     due: dict[str, tuple[float, float]] = field(default_factory=dict)
     recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
     scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
-    loss: dict[str, tuple[tuple, tuple[float, float, float]]] = field(default_factory=dict)
+    loss: dict[str, tuple[tuple[int, float | None, float, int], tuple[float, float, float]]] = field(
+        default_factory=dict)
     special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap
 
 
@@ -187,25 +185,32 @@ class _Planner:
     def loss(self, model: str) -> float:
         """Expected cold requests per second if this model were not resident."""
         v = self._loss.get(model)
-        if v is None:
-            d = self.idle(model)
-            if d is None:
-                v = 0.0
-            else:
-                # a step function of (timeline, grid cell): memoised across calls in the state
-                am = self.arrival(model)
-                key = (self.st.arrival[model][0], self.anchor(model), am.index(d))
-                hit = self.st.loss.get(model)
-                if hit is None or hit[0] != key or key[0][0] == 0:
-                    spec = self.s.models[model]
-                    extra = max(0.0, self.tr.stable_requests_per_active_minute(model) - 1.0)
-                    hit = (key, (1.0 / max(am.mrl_at(d), 1.0), extra, load_seconds(spec, self.cfg)))
-                    self.st.loss[model] = hit
-                inv_mrl, extra, ld = hit[1]
-                # own cold requests during the (stretched) reload, plus the requests its link time
-                # would hold up on loads sharing the link then (judged by those waiting now)
-                v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + self.link_rate() * ld)
-            self._loss[model] = v
+        if v is not None:
+            return v
+        tr = self.tr
+        last = tr.last_arrival(model)
+        if last is None:
+            self._loss[model] = 0.0
+            return 0.0
+        g = self.cfg.grid_s
+        anchor = (last // g) * g
+        cell = int(max(0.0, self.now - anchor) // g)
+        ver = tr.stable_version(model)
+        spec = self.s.models[model]
+        # a step function of (histogram version, load time, anchor, grid cell): memoised in the state
+        key = (ver, spec.load_seconds, anchor, cell)
+        hit = self.st.loss.get(model)
+        if hit is None or hit[0] != key or ver == 0:
+            am = self.arrival(model)
+            extra = max(0.0, tr.stable_requests_per_active_minute(model) - 1.0)
+            hit = (key, (1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra,
+                         load_seconds(spec, self.cfg)))
+            self.st.loss[model] = hit
+        inv_mrl, extra, ld = hit[1]
+        # own cold requests during the (stretched) reload, plus the requests its link time
+        # would hold up on loads sharing the link then (judged by those waiting now)
+        v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + self.link_rate() * ld)
+        self._loss[model] = v
         return v
 
     # ---- fleet helpers -------------------------------------------------------------------
@@ -293,7 +298,16 @@ class _Planner:
         rate = max(self.tr.rate_short(spec.id, self.now), self.tr.stable_requests_per_active_minute(spec.id) / 60.0)
         nodes_with = {f.gpus[g].node for g in hosting if g in f.gpus}
         best: tuple | None = None
-        for gid in sorted(f.gpus):
+        order = sorted(f.gpus)
+        if not speculative:
+            # an idle GPU with room on a node without this model costs nothing: no need to
+            # cost evictions elsewhere
+            easy = [gid for gid in order if gid not in hosting and f.loading[gid] == 0
+                    and f.gpus[gid].node not in nodes_with and f.avail(gid) >= size
+                    and (spec.id, gid) not in f.evicting]
+            if easy:
+                order = easy
+        for gid in order:
             g = f.gpus[gid]
             if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
                 continue
@@ -599,9 +613,8 @@ def _advance(pl: _Planner) -> None:
             _start, m, a, end = heapq.heappop(heap)
             if end > now and pl.anchor(m) == a:
                 target[m] = (end, a)
-    for target in (st.awake, st.due):
-        for m in [m for m, (end, a) in target.items() if end <= now or pl.anchor(m) != a]:
-            del target[m]
+    for m in [m for m, (end, a) in st.due.items() if end <= now or pl.anchor(m) != a]:
+        del st.due[m]
     cutoff = now - pl.cfg.demand_window_s
     for m in [m for m, a in st.recent.items() if a < cutoff]:
         del st.recent[m]
@@ -624,5 +637,12 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl.step_floor()
     pl.step_scale()
     pl.step_new_gpu()
-    pl.step_speculative(sorted(st.awake))
+    # Hot segments start on the grid (anchors are grid multiples), so speculative loads are
+    # considered in the first tick of each grid step; a candidate that did not place waits for
+    # the next step instead of being re-costed every tick.
+    g = snapshot.config.grid_s
+    if math.floor(now / g) != math.floor((now - snapshot.config.tick_s) / g):
+        for m in [m for m, (end, a) in st.awake.items() if end <= now or pl.anchor(m) != a]:
+            del st.awake[m]
+        pl.step_speculative(sorted(st.awake))
     return pl.actions

@@ -224,6 +224,11 @@ class TrafficHistory:
             return self.requests_per_active_minute(model)
         return m.stable_rpm
 
+    def stable_version(self, model: str) -> int:
+        """Grows each time the stable histogram is refreshed; 0 before the first idle time."""
+        m = self._m.get(model)
+        return 0 if m is None else m.stable_version
+
     def stable_histogram(self, model: str) -> tuple[int, tuple[float, ...], float] | None:
         """(version, idle-time bin counts, out-of-bounds count) as of the last refresh point,
         or None before the first idle time was seen."""
