@@ -86,6 +86,9 @@ class ModelEntry:
 class Catalog:
     path: Path
     models: list[ModelEntry] = field(default_factory=list)
+    # Entries left out by a lenient load, each with what is wrong ("model 'x': weights: ..."), so one
+    # broken model does not take the healthy ones down with it in a running system.
+    problems: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The first entry listed for an id is its current version; later ones are rollout candidates.
@@ -218,7 +221,10 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
                       description=str(raw.get("description", "")))
 
 
-def parse_catalog(text: str, path: Path, *, check_files: bool = True) -> Catalog:
+def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bool = True) -> Catalog:
+    """Parse and validate a catalog. strict: any bad entry refuses the whole file (operators editing it
+    want to hear at once); lenient (strict=False): a bad entry is left out and named in `problems`, while
+    an unreadable file or a bad top level still refuses the whole catalog."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -235,23 +241,27 @@ def parse_catalog(text: str, path: Path, *, check_files: bool = True) -> Catalog
     if not isinstance(models_raw, list):
         raise CatalogError(f"{path}: models must be an array of [[models]] tables")
     models: list[ModelEntry] = []
+    problems: dict[str, str] = {}
     seen: set[str] = set()
     for i, raw in enumerate(models_raw):
         try:
             entry = _parse_entry(i, raw, base, roots, check_files)
+            if entry.key in seen:
+                raise _fail(f"model {entry.id!r}", f"duplicate id (version {entry.version!r} is listed twice)")
         except CatalogError as exc:
-            raise CatalogError(f"{path}: {exc}") from None
-        if entry.key in seen:
-            raise CatalogError(f"{path}: model {entry.id!r}: duplicate id (version {entry.version!r} "
-                               "is listed twice)")
+            if strict:
+                raise CatalogError(f"{path}: {exc}") from None
+            name = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"models[{i}]"
+            problems.setdefault(name, str(exc))
+            continue
         seen.add(entry.key)
         models.append(entry)
-    return Catalog(path=path, models=models)
+    return Catalog(path=path, models=models, problems=problems)
 
 
-def load_catalog(path: Path | str, *, check_files: bool = True) -> Catalog:
+def load_catalog(path: Path | str, *, check_files: bool = True, strict: bool = True) -> Catalog:
     path = Path(path)
     if not path.exists():
         raise CatalogError(f"catalog {path} does not exist: run `prewarm models demo --out DIR` or set "
                            "PREWARM_CATALOG")
-    return parse_catalog(path.read_text(), path, check_files=check_files)
+    return parse_catalog(path.read_text(), path, check_files=check_files, strict=strict)

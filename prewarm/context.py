@@ -5,6 +5,7 @@ Built once per process; the catalog is loaded lazily and reloaded when its file 
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import cached_property
 
@@ -16,6 +17,8 @@ from prewarm.catalog import Catalog, load_catalog
 from prewarm.celery_app import make_celery
 from prewarm.config import Settings
 from prewarm.dispatch import Dispatcher
+
+log = logging.getLogger(__name__)
 
 
 class Context:
@@ -43,6 +46,9 @@ class Context:
         path = self.settings.catalog
         mtime = os.stat(path).st_mtime if path.exists() else 0.0
         if self._catalog is None or mtime != self._catalog_mtime:
-            self._catalog = load_catalog(path)
+            # Lenient: a broken entry is left out (and logged) rather than taking every model down.
+            self._catalog = load_catalog(path, strict=False)
             self._catalog_mtime = mtime
+            for name, problem in self._catalog.problems.items():
+                log.error("catalog %s: model %s left out: %s", path, name, problem)
         return self._catalog

@@ -32,16 +32,21 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     try:
-        cat = load_catalog(args.catalog or settings.catalog)
+        cat = load_catalog(args.catalog or settings.catalog, strict=False)
     except CatalogError as exc:
         return _err(str(exc))
+    for problem in cat.problems.values():  # the healthy entries are listed; the broken ones named, exit 1
+        print(f"prewarm: {cat.path}: {problem}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"models": [m.summary() for m in cat.models]}, indent=2))
-        return 0
+        out: dict = {"models": [m.summary() for m in cat.models]}
+        if cat.problems:
+            out["problems"] = cat.problems
+        print(json.dumps(out, indent=2))
+        return 1 if cat.problems else 0
     print(f"{'id':28} {'version':10} {'size':>12} {'shards':>6}  builder")
     for m in cat.models:
         print(f"{m.id:28} {m.version:10} {format_bytes(m.size_bytes):>12} {m.shards:>6}  {m.builder}")
-    return 0
+    return 1 if cat.problems else 0
 
 
 def fleet_json(fleet: state.Fleet) -> dict:

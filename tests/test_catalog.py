@@ -76,3 +76,27 @@ def test_weights_outside_the_roots(tmp_path: Path) -> None:
 def test_missing_catalog_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="prewarm models demo --out DIR"):
         load_catalog(tmp_path / "nope.toml")
+
+
+def test_lenient_load_keeps_healthy_entries_and_names_the_broken_one(cat: Path) -> None:
+    shard = model_files(cat, "tiny-sharded")[1]
+    shard.write_bytes(b"\x00" * 3)  # corrupt: shorter than a safetensors header
+    with pytest.raises(CatalogError):
+        load_catalog(cat)  # strict: operators editing the file hear at once
+    lenient = load_catalog(cat, strict=False)
+    assert lenient.ids() == ["tiny-lm"]
+    assert set(lenient.problems) == {"tiny-sharded"}
+    assert shard.name in lenient.problems["tiny-sharded"]
+
+
+def test_models_list_lists_healthy_entries_and_fails_naming_the_broken_one(cat: Path, capsys) -> None:
+    import json
+
+    from prewarm.cli import main
+
+    model_files(cat, "tiny-lm")[0].write_bytes(b"junk")
+    rc = main(["models", "list", "--json", "--catalog", str(cat)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert [m["id"] for m in out["models"]] == ["tiny-sharded"]
+    assert "tiny-lm" in out["problems"]

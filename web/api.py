@@ -151,7 +151,8 @@ def api_models() -> ResponseReturnValue:
         raise ApiError(400, f"window: {raw!r} is not a number of seconds", "window") from None
     if not 1 <= window <= 7 * 24 * 3600:
         raise ApiError(400, "window: must be between 1 s and 7 days", "window")
-    return jsonify({"models": models_view(window)})
+    # Catalog entries left out because they are broken (bad weights, bad fields): named, not hidden.
+    return jsonify({"models": models_view(window), "catalog_problems": ctx().catalog.problems})
 
 
 @bp.get("/api/events")
