@@ -14,7 +14,8 @@ from celery import Celery
 PRELOAD = "prewarm.preload"
 EVICT = "prewarm.evict"
 INFER = "prewarm.infer"
-STAGE = "prewarm.stage"
+STAGE = "prewarm.stage"  # into the node's host cache (staging tier); any GPU queue of the node
+UNSTAGE = "prewarm.unstage"
 
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}

@@ -31,9 +31,27 @@ def worker_lock(gpu_id: str) -> str:
     return f"{PREFIX}claim:{gpu_id}"
 
 
+# --- node host-memory cache: the staging tier (written by workers) ------------------------------------
+# Set of every node whose worker announced a host cache; a node whose host_cache key expired is gone.
+NODES = PREFIX + "nodes"
+
+
+def host_cache(node: str) -> str:
+    """Hash: the node's host cache inventory (budget_bytes, used_bytes, free_bytes, pinned, last_heartbeat,
+    worker), written with the heartbeat's TTL like a GPU's inventory."""
+    return f"{PREFIX}hostcache:{node}"
+
+
+def staged(node: str) -> str:
+    """Hash model@version -> JSON staged record (state.Staged) of the node's host cache, heartbeat TTL."""
+    return f"{PREFIX}staged:{node}"
+
+
 # --- intents (in-flight actions not yet confirmed by a worker) ------------------------------------
 def intent(model: str, gpu_id: str) -> str:
-    """String JSON with a TTL: claimed with SET NX, so one action per (model, gpu) is in flight at once."""
+    """String JSON with a TTL: claimed with SET NX, so one action per (model, gpu) is in flight at once.
+
+    Node-level actions (stage/unstage into the host cache) use state.host_id(node) as the `gpu_id`."""
     return f"{PREFIX}intent:{model}:{gpu_id}"
 
 

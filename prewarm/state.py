@@ -3,6 +3,10 @@
 The worker is the authority on what is on its device: it writes its GPUs and replicas here (heartbeat,
 state transitions) with a TTL, so a dead worker's GPUs and replicas drop out by themselves. Readers get
 `Fleet`/`Gpu`/`Replica`; in-flight intents (actions dispatched but not yet confirmed) are read separately.
+
+Each node's worker also keeps a host-memory cache of staged models (the staging tier, issue 4): a `Node`
+(its host cache budget/used/free) with its `Staged` models. Staged models are node-level entries, not GPU
+replicas: they hold host memory, not device memory, so GPU accounting is unchanged by them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ def replica_field(model: str, version: str) -> str:
     return f"{model}@{version}"
 
 
+def host_id(node: str) -> str:
+    """The target id of a node's host cache in intents and events (`node-a/host`); no GPU has this id."""
+    return f"{node}/host"
+
+
 @dataclass
 class Replica:
     model: str
@@ -49,6 +58,7 @@ class Replica:
     in_flight: int = 0  # infer calls running now
     last_used: float | None = None  # last infer on this replica
     reason: str | None = None  # why it was loaded (the dispatching decision)
+    source: str | None = None  # where the bytes came from: "host" (promoted from the host cache) | "storage"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -85,12 +95,79 @@ class Gpu:
         return d
 
 
+STAGED_STATES = ("staging", "staged")
+
+
+@dataclass
+class Staged:
+    """One model's bytes in a node's host cache (state "staging" while being read, then "staged")."""
+
+    model: str
+    version: str
+    node: str
+    state: str
+    bytes: int = 0  # host bytes the cache holds for it (what its budget counts; so far, while staging)
+    total_bytes: int = 0  # bytes to stage
+    progress: float = 0.0
+    value: float = 0.0  # the keep-value given when staged: eviction compares value per byte
+    staged_at: float = 0.0
+    stage_seconds: float | None = None
+    pinned: bool = False  # page-locked host memory (where CUDA exists): faster promotion
+    promotions: int = 0  # preloads served from this copy
+    last_promoted_at: float | None = None
+    reason: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Staged:
+        data = json.loads(raw)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Node:
+    """A node's host cache inventory and what is staged in it."""
+
+    node: str
+    budget_bytes: int
+    used_bytes: int  # staged bytes plus what stages in progress have reserved
+    free_bytes: int
+    last_heartbeat: float = 0.0
+    worker: str = ""
+    pinned: bool = False
+    staged: list[Staged] = field(default_factory=list)
+
+    def public(self) -> dict[str, Any]:
+        return {"node": self.node,
+                "host_cache": {"budget_bytes": self.budget_bytes, "used_bytes": self.used_bytes,
+                               "free_bytes": self.free_bytes, "pinned": self.pinned},
+                "staged": [x.public() for x in self.staged],
+                "worker": self.worker, "last_heartbeat": self.last_heartbeat}
+
+    def get(self, model: str, version: str | None = None) -> Staged | None:
+        return next((x for x in self.staged if x.model == model and version in (None, x.version)), None)
+
+
 @dataclass
 class Fleet:
     gpus: list[Gpu]
+    nodes: list[Node] = field(default_factory=list)  # live nodes' host caches (nodes whose worker is alive)
 
     def alive(self) -> list[Gpu]:
         return [g for g in self.gpus if g.alive]
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.node == name), None)
+
+    def staged(self, model: str | None = None, *, ready_only: bool = True) -> list[Staged]:
+        """Staged models across live nodes (`ready_only`: state "staged", not those still staging)."""
+        return [x for n in self.nodes for x in n.staged
+                if (model is None or x.model == model) and (not ready_only or x.state == "staged")]
 
     def replicas(self, model: str | None = None) -> list[Replica]:
         return [r for g in self.alive() for r in g.replicas if model is None or r.model == model]
@@ -108,13 +185,24 @@ def _decode(h: dict[bytes, bytes]) -> dict[str, str]:
 
 
 def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
-    """Every GPU ever announced; stale ones (no heartbeat within the TTL) flagged alive=False, no replicas."""
-    ids = sorted(x.decode() for x in r.smembers(keys.GPUS))
+    """Every GPU ever announced; stale ones (no heartbeat within the TTL) flagged alive=False, no replicas.
+    `nodes`: every live node's host cache and staged models (read in the same round trips)."""
+    pipe = r.pipeline(transaction=False)
+    pipe.smembers(keys.GPUS)
+    pipe.smembers(keys.NODES)
+    gpu_ids, node_names = pipe.execute()
+    ids = sorted(x.decode() for x in gpu_ids)
+    names = sorted(x.decode() for x in node_names)
     pipe = r.pipeline(transaction=False)
     for gid in ids:
         pipe.hgetall(keys.gpu(gid))
         pipe.hgetall(keys.replicas(gid))
+    for name in names:
+        pipe.hgetall(keys.host_cache(name))
+        pipe.hgetall(keys.staged(name))
     raw = pipe.execute()
+    nodes = _nodes(names, raw[2 * len(ids):])
+    raw = raw[:2 * len(ids)]
     gpus: list[Gpu] = []
     for i, gid in enumerate(ids):
         info, reps = _decode(raw[2 * i]), raw[2 * i + 1]
@@ -131,7 +219,63 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
                 kind=info.get("kind", "cpu"))
         g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=lambda x: (x.model, x.version))
         gpus.append(g)
-    return Fleet(gpus)
+    return Fleet(gpus, nodes)
+
+
+def _nodes(names: list[str], raw: list[dict[bytes, bytes]]) -> list[Node]:
+    out = []
+    for i, name in enumerate(names):
+        info, staged = _decode(raw[2 * i]), raw[2 * i + 1]
+        if not info:
+            continue  # its worker stopped heartbeating: nothing staged there can be promoted
+        n = Node(node=name, budget_bytes=int(info.get("budget_bytes", 0)), used_bytes=int(info.get("used_bytes", 0)),
+                 free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=float(info.get("last_heartbeat", 0)),
+                 worker=info.get("worker", ""), pinned=info.get("pinned") == "1")
+        n.staged = sorted((Staged.from_json(v) for v in staged.values()), key=lambda x: (x.model, x.version))
+        out.append(n)
+    return out
+
+
+def read_nodes(r: redis.Redis) -> list[Node]:
+    """Every live node's host cache with its staged models."""
+    names = sorted(x.decode() for x in r.smembers(keys.NODES))
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.host_cache(name))
+        pipe.hgetall(keys.staged(name))
+    return _nodes(names, pipe.execute())
+
+
+def read_staged(r: redis.Redis) -> dict[str, list[Staged]]:
+    """node -> its staged models (states "staging" and "staged"), for every live node."""
+    return {n.node: n.staged for n in read_nodes(r)}
+
+
+def write_node(r: redis.Redis, node: Node, staged: list[Staged], ttl: float) -> None:
+    """Announce a node's host cache and its full staged set atomically (like write_heartbeat for a GPU)."""
+    ms = int(ttl * 1000)
+    info = {"budget_bytes": node.budget_bytes, "used_bytes": node.used_bytes, "free_bytes": node.free_bytes,
+            "last_heartbeat": node.last_heartbeat, "worker": node.worker, "pinned": int(node.pinned)}
+    pipe = r.pipeline(transaction=True)
+    pipe.sadd(keys.NODES, node.node)
+    pipe.hset(keys.host_cache(node.node), mapping=info)
+    pipe.pexpire(keys.host_cache(node.node), ms)
+    pipe.delete(keys.staged(node.node))
+    if staged:
+        pipe.hset(keys.staged(node.node), mapping={replica_field(x.model, x.version): x.to_json() for x in staged})
+        pipe.pexpire(keys.staged(node.node), ms)
+    pipe.execute()
+
+
+def clear_node(r: redis.Redis, node: str) -> None:
+    """A starting worker clears its node's stale host cache records and host-cache intents."""
+    target = host_id(node)
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(keys.host_cache(node), keys.staged(node))
+    for k in r.scan_iter(match=keys.INTENT_PATTERN, count=1000):
+        if k.decode().endswith(":" + target):
+            pipe.delete(k)
+    pipe.execute()
 
 
 def write_heartbeat(r: redis.Redis, gpu: Gpu, replicas: list[Replica], ttl: float) -> None:
@@ -176,7 +320,7 @@ def clear_gpu(r: redis.Redis, gpu: str) -> None:
 # --- intents -----------------------------------------------------------------------------------------
 @dataclass
 class Intent:
-    action: str  # "preload" | "evict"
+    action: str  # "preload" | "evict" | "stage" | "unstage" (these two: gpu is host_id(node))
     model: str
     version: str
     gpu: str
