@@ -38,6 +38,14 @@ def _load_libc() -> ctypes.CDLL | None:
 _libc = _load_libc()
 
 
+def trim_host_memory() -> None:
+    """Collect dropped tensors and hand freed heap pages back to the OS (glibc keeps them otherwise),
+    so an evicted replica or unstaged model shows in the node's memory, not only in our count."""
+    gc.collect()
+    if _libc is not None:
+        _libc.malloc_trim(0)
+
+
 def module_bytes(module: torch.nn.Module) -> int:
     """Bytes of every distinct storage the module's parameters and buffers hold (shared storage counted once)."""
     seen: set[tuple[str, int]] = set()
@@ -153,11 +161,8 @@ class CpuDevice(Device):
         return torch.device("cpu")
 
     def reclaim(self) -> None:
-        gc.collect()
         # Tensors under glibc's mmap threshold live in the heap: freed, but kept by the process unless trimmed.
-        # Trimming hands them back to the OS, so an evict shows in the node's memory, not only in our count.
-        if _libc is not None:
-            _libc.malloc_trim(0)
+        trim_host_memory()
 
     def total_bytes(self) -> int:
         assert self.spec.budget_bytes is not None

@@ -59,6 +59,8 @@ def claim_gpus(worker: NodeWorker, *, wait: float | None = None) -> None:
         worker.claimed.add(g.id)
         state.clear_gpu(worker.r, g.id)
         log.info("claimed %s (queue %s) as %s", g.id, g.queue, worker.worker_id)
+    # The node's host cache lives in this process: a previous worker's staged records are stale.
+    state.clear_node(worker.r, worker.node)
 
 
 def release_claims(worker: NodeWorker) -> None:

@@ -57,9 +57,11 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
         import psutil
 
         host = psutil.virtual_memory().total
-        if cpu_budget > host:  # the budgets are a promise the host cannot keep: warn before the OOM killer does
-            log.warning("CPU virtual GPU budgets add up to %.1f GiB but this host has %.1f GiB of memory",
-                        cpu_budget / 2**30, host / 2**30)
+        cache = worker.host_cache.budget_bytes
+        if cpu_budget + cache > host:  # a promise the host cannot keep: warn before the OOM killer does
+            log.warning("CPU virtual GPU budgets (%.1f GiB) and the host cache (%.1f GiB, PREWARM_HOST_CACHE) add "
+                        "up to more than this host's %.1f GiB of memory", cpu_budget / 2**30, cache / 2**30,
+                        host / 2**30)
     except ImportError:
         pass
     try:
@@ -84,6 +86,8 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
             inv = g.device.inventory()
             log.info("serving %s on queue %s: %d bytes total (%s)", g.id, g.queue, inv.total_bytes,
                      g.device.kind)
+        log.info("host cache of %s: %d bytes (PREWARM_HOST_CACHE)%s", worker.node, worker.host_cache.budget_bytes,
+                 ", pinned" if worker.host_cache.pinned else "")
 
         from celery.signals import worker_ready, worker_shutting_down
 

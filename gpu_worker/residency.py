@@ -15,6 +15,10 @@ Rules it keeps (issue 2, items 5 and 8):
 - Infer never takes a lock a load holds: a preload in progress does not block inference on ready models.
 - On ready or failed the in-flight intent is released and an event recorded (actor "worker"); measured
   load+warmup seconds go to keys.load_times(model) for the scheduler.
+- The node's host cache (issue 4's staging tier, `gpu_worker.staging.HostCache`): `stage` reads a model's
+  weights into host memory (no device memory), `unstage` drops them; a preload of a staged model promotes
+  it from there (no storage I/O) and reports `source: "host"`. Staged models are node-level records
+  (keys.staged(node), keys.host_cache(node)), published at once and with every heartbeat.
 """
 
 from __future__ import annotations
@@ -33,17 +37,19 @@ from typing import Any
 import redis
 import torch
 
-from gpu_worker.device import Device, make_device, module_bytes
+from gpu_worker.device import Device, make_device, module_bytes, trim_host_memory
 from gpu_worker.errors import (
     BadRequest,
     Busy,
     Cancelled,
+    DoesNotFit,
     LoadFailed,
     NotResident,
     UnknownModel,
     WarmupFailed,
     WorkerError,
 )
+from gpu_worker.staging import HostCache, HostCacheFull
 from prewarm import events, keys, state
 from prewarm.catalog import Catalog, CatalogError, ModelEntry, WarmupInput, load_catalog
 from prewarm.config import DeviceSpec, Settings, format_bytes
@@ -75,6 +81,8 @@ class WorkerOptions:
     # Paces the load phase to at most this many bytes/s (reporting and completion; the reader threads are
     # not slowed). For demos that want to watch progress and for tests that must catch a load in flight.
     load_pace_bytes_per_s: float | None = None
+    # The node's host cache budget; None: $PREWARM_HOST_CACHE, else a quarter of physical memory.
+    host_cache_bytes: int | None = None
 
     @classmethod
     def from_settings(cls, s: Settings, env: dict[str, str] | None = None) -> WorkerOptions:
@@ -89,6 +97,17 @@ class WorkerOptions:
                    failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
                    load_threads=int(threads) if threads else None,
                    load_pace_bytes_per_s=float(pace) if pace else None)
+
+
+@dataclass
+class StageJob:
+    """A stage into the host cache in progress: its published record and how to cancel it."""
+
+    record: state.Staged
+    done: threading.Event = field(default_factory=threading.Event)
+    cancel: bool = False
+    cancel_reason: str = ""
+    error: str | None = None
 
 
 @dataclass
@@ -203,6 +222,13 @@ class NodeWorker:
         self._catalog_mtime = -1.0
         self._catalog_error: str | None = None
         self._catalog_lock = threading.Lock()
+        # One host cache per node (this process serves the node's devices). Pin only for CUDA devices:
+        # page-locking for CPU virtual GPUs would start a CUDA context for nothing.
+        self.host_cache = HostCache(self.options.host_cache_bytes, pin=any(d.is_cuda for d in devices))
+        self._stage_lock = threading.Lock()  # guards _stages and _stage_reasons
+        self._stages: dict[str, StageJob] = {}  # "model@version" being staged now
+        self._stage_reasons: dict[str, str | None] = {}
+        self._node_publish_lock = threading.Lock()
 
     # --- catalog ----------------------------------------------------------------------------------
     def catalog(self) -> Catalog:
@@ -305,6 +331,40 @@ class NodeWorker:
                             del g.cancelled_tasks[tid]
                     reps = [replace(s.record) for s in g.replicas.values()]
                 state.write_heartbeat(self.r, g.gpu_record(), reps, self.options.heartbeat_ttl)
+        self._write_node()
+
+    def node_state(self) -> tuple[state.Node, list[state.Staged]]:
+        """The node's host cache inventory and staged models, as published."""
+        cache = self.host_cache
+        entries = cache.entries()
+        used = cache.used_bytes
+        with self._stage_lock:
+            staged = [state.Staged(model=m, version=v, node=self.node, state="staged", bytes=e.nbytes,
+                                   total_bytes=e.nbytes, progress=1.0, value=e.value, staged_at=e.staged_at,
+                                   stage_seconds=round(e.stage_seconds, 4), pinned=e.pinned,
+                                   promotions=e.promotions, last_promoted_at=e.last_promoted_at,
+                                   reason=self._stage_reasons.get(e.key))
+                      for e in entries for m, _, v in [e.key.rpartition("@")]]
+            done = {e.key for e in entries}
+            staged += [replace(j.record) for k, j in self._stages.items() if k not in done]
+        node = state.Node(node=self.node, budget_bytes=cache.budget_bytes, used_bytes=used,
+                          free_bytes=cache.budget_bytes - used, last_heartbeat=time.time(), worker=self.worker_id,
+                          pinned=cache.pinned)
+        return node, staged
+
+    def _write_node(self) -> None:
+        """Rewrite the node's host cache record and full staged set (small: a few entries per node)."""
+        with self._node_publish_lock:
+            node, staged = self.node_state()
+            try:
+                state.write_node(self.r, node, staged, self.options.heartbeat_ttl)
+            except redis.RedisError as exc:
+                log.warning("could not publish the host cache of %s: %s", self.node, exc)
+
+    def _cache_figures(self) -> dict[str, int]:
+        used = self.host_cache.used_bytes
+        return {"budget_bytes": self.host_cache.budget_bytes, "used_bytes": used,
+                "free_bytes": self.host_cache.budget_bytes - used}
 
     def _drop_published(self, g: GpuSlot, model: str, version: str) -> None:
         with g.publish_lock:
@@ -321,11 +381,19 @@ class NodeWorker:
         except redis.RedisError as exc:
             log.warning("could not record event %s %s: %s", kind, model, exc)
 
-    def _release_intent(self, model: str, g: GpuSlot) -> None:
+    def _release_intent(self, model: str, g: GpuSlot | str) -> None:
+        target = g if isinstance(g, str) else g.id
         try:
-            state.release_intent(self.r, model, g.id)
+            state.release_intent(self.r, model, target)
         except redis.RedisError as exc:
-            log.warning("could not release intent %s on %s: %s", model, g.id, exc)
+            log.warning("could not release intent %s on %s: %s", model, target, exc)
+
+    def _node_event(self, kind: str, model: str, reason: str, numbers: dict[str, Any]) -> None:
+        try:
+            events.record(self.r, kind, "worker", model=model, gpu=state.host_id(self.node), reason=reason,
+                          numbers=numbers, maxlen=self.options.event_log_max)
+        except redis.RedisError as exc:
+            log.warning("could not record event %s %s: %s", kind, model, exc)
 
     # --- preload ----------------------------------------------------------------------------------
     def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
@@ -405,15 +473,15 @@ class NodeWorker:
         except redis.RedisError as exc:
             log.warning("could not record load time of %s: %s", key, exc)
         self._release_intent(entry.id, g)
-        self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)})",
+        self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)}, from {rec.source})",
                     {"version": entry.version, "bytes": rec.bytes, "load_seconds": rec.load_seconds,
-                     "warmup_seconds": rec.warmup_seconds, "kind": kind})
+                     "warmup_seconds": rec.warmup_seconds, "kind": kind, "source": rec.source})
         return self._result(rec, s, noop=False)
 
     def _result(self, rec: state.Replica, s: Slot, *, noop: bool) -> dict[str, Any]:
         return {"model": rec.model, "version": rec.version, "gpu": rec.gpu, "state": rec.state,
                 "bytes": rec.bytes, "load_seconds": rec.load_seconds, "warmup_seconds": rec.warmup_seconds,
-                "warmup": list(s.warmup), "noop": noop}
+                "warmup": list(s.warmup), "noop": noop, "source": rec.source}
 
     def _set(self, g: GpuSlot, s: Slot, **changes: Any) -> None:
         with g.lock:
@@ -448,18 +516,25 @@ class NodeWorker:
         # Buffers outside the state dict are made by the builder, not read from the weights.
         extra = [n for n, _ in meta.named_buffers() if n not in persistent]
         del meta
-        # 2. Reserve what the weights need before allocating any of it: their headers say exactly how much
-        #    (read now, not from the catalog's cache, so a file changed since is measured as it is).
-        try:
-            need = sum(read_header(f).data_bytes for f in weight_files(entry.weights))
-        except SafetensorsError as exc:
-            raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
+        # 2. Reserve what the weights need before allocating any of it. A model staged in this node's host
+        #    cache is promoted from there (its bytes are known, no storage I/O at all); otherwise the headers
+        #    say exactly how much (read now, not from the catalog's cache, so a file changed since is
+        #    measured as it is).
+        staged = self._staged_bytes(key, expected)
+        if staged is not None:
+            need, source = staged, "host"
+        else:
+            source = "storage"
+            try:
+                need = sum(read_header(f).data_bytes for f in weight_files(entry.weights))
+            except SafetensorsError as exc:
+                raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
         self._check_cancel(g, s)
         dev.reserve(key, need, residents=[k for k in g.residents() if k != key])
         module: torch.nn.Module | None = None
         error: WorkerError | None = None
         try:
-            self._set(g, s, state="loading", total_bytes=need, bytes=0, progress=0.0)
+            self._set(g, s, state="loading", total_bytes=need, bytes=0, progress=0.0, source=source)
             t0 = time.perf_counter()
             module = self._read(g, s, entry, builder, expected, extra)
             measured = module_bytes(module)
@@ -473,8 +548,10 @@ class NodeWorker:
             with g.lock:
                 s.module = module
             self._set(g, s, state="ready", warmup_seconds=round(warmup_seconds, 4))
-            log.info("%s ready on %s: %d bytes, load %.2f s, warmup %.2f s", key, g.id, measured, load_seconds,
-                     warmup_seconds)
+            log.info("%s ready on %s: %d bytes, load %.2f s (from %s), warmup %.2f s", key, g.id, measured,
+                     load_seconds, s.record.source, warmup_seconds)
+            if s.record.source == "host":
+                self._write_node()  # the staged copy's promotion count changed
         except WorkerError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001
@@ -515,9 +592,18 @@ class NodeWorker:
                     self._check_cancel(g, s)
                     wait = done / pace - (time.monotonic() - t0)
 
+        tensors: dict[str, torch.Tensor] | None = None
+        if s.record.source == "host":
+            try:
+                tensors = self.host_cache.promote(key, dev.torch_device, progress=progress)
+            except KeyError:
+                # Unstaged between our look and the copy: read it from storage after all.
+                log.info("%s left the host cache before its promotion to %s; loading from storage", key, g.id)
+                self._set(g, s, source="storage")
         try:
-            tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
-                                   threads=self.options.load_threads)
+            if tensors is None:
+                tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
+                                       threads=self.options.load_threads)
         except Cancelled:
             raise
         except (SafetensorsError, LoadError) as exc:
@@ -545,6 +631,26 @@ class NodeWorker:
         module.eval()
         module.requires_grad_(False)
         return module
+
+    def _staged_bytes(self, key: str, expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int | None:
+        """The data bytes of `key`'s staged copy when it can be promoted (it matches the module), else None.
+        A copy that no longer matches (the catalog's builder changed since it was staged) is unstaged."""
+        e = self.host_cache.get(key)
+        tensors = dict(e.tensors) if e is not None else {}
+        if not tensors:
+            return None
+        wrong = [n for n, (dtype, shape) in expected.items()
+                 if n not in tensors or tensors[n].dtype != dtype or tuple(tensors[n].shape) != tuple(shape)]
+        wrong += [n for n in tensors if n not in expected]
+        if wrong:
+            log.warning("staged copy of %s does not match its module (e.g. %r): unstaged, loading from storage",
+                        key, wrong[0])
+            self.host_cache.evict(key)
+            with self._stage_lock:
+                self._stage_reasons.pop(key, None)
+            self._write_node()
+            return None
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def _warm(self, g: GpuSlot, s: Slot, entry: ModelEntry, module: torch.nn.Module) -> list[dict[str, Any]]:
         """Run every declared input until its latency is stable (bounded); returns per-input figures."""
@@ -661,6 +767,175 @@ class NodeWorker:
         return {"model": model, "gpu": g.id, "versions": versions, "bytes_freed": freed, "noop": not targets,
                 "free_bytes": inv.free_bytes, "used_bytes": inv.used_bytes}
 
+    # --- host cache: stage / unstage ----------------------------------------------------------------
+    def stage(self, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
+              value: float = 0.0) -> dict[str, Any]:
+        """Read `model`'s weights into the node's host cache (no device memory); idempotent.
+
+        `value` is the keep-value the cache's value-per-byte eviction compares (a re-stage keeps the larger).
+        Room is made by evicting staged models worth less per byte; when that cannot make room, DoesNotFit.
+        A failure (bad file, mismatch with the module) leaves nothing staged and raises LoadFailed."""
+        target = state.host_id(self.node)
+        try:
+            entry = self.entry(model, version)
+        except UnknownModel as exc:
+            self._release_intent(model, target)
+            self._node_event("failed", model, str(exc), {"version": version, "action": "stage"})
+            raise
+        key = entry.key
+        if self.host_cache.get(key) is not None:
+            return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[])
+        with self._stage_lock:
+            job = self._stages.get(key)
+            owner = job is None
+            if owner:
+                now = time.time()
+                job = StageJob(state.Staged(model=entry.id, version=entry.version, node=self.node, state="staging",
+                                            total_bytes=entry.size_bytes, value=float(value), staged_at=now,
+                                            reason=reason or None))
+                self._stages[key] = job
+        assert job is not None
+        if not owner:
+            job.done.wait()  # a stage of it is running: its outcome is this one's
+            if self.host_cache.get(key) is None:
+                self._release_intent(entry.id, target)
+                raise LoadFailed(job.error or f"staging {key} on node {self.node} did not complete")
+            return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[])
+        error: WorkerError | None = None
+        before = {e.key for e in self.host_cache.entries()}
+        try:
+            self._write_node()
+            self._stage(job, entry, value)
+        except WorkerError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - anything else still fails the stage cleanly
+            error = LoadFailed(f"staging {key} on node {self.node} failed: {type(exc).__name__}: {exc}")
+        finally:
+            with self._stage_lock:
+                self._stages.pop(key, None)
+                if error is None:
+                    self._stage_reasons[key] = reason or None
+            job.error = str(error) if error is not None else None
+            job.done.set()
+        if error is not None:
+            # Cut the frames that held the half-read arena, so its memory goes now (nothing half-staged).
+            error.__traceback__ = error.__context__ = error.__cause__ = None
+            trim_host_memory()
+            self._write_node()
+            self._release_intent(entry.id, target)
+            self._node_event("failed", entry.id, str(error), {"version": entry.version, "action": "stage",
+                                                              "cancelled": isinstance(error, Cancelled)})
+            log.warning("stage of %s on %s failed: %s", key, self.node, error)
+            raise error
+        evicted = sorted(before - {e.key for e in self.host_cache.entries()} - {key})
+        with self._stage_lock:
+            for k in evicted:
+                self._stage_reasons.pop(k, None)
+        for k in evicted:
+            m, _, v = k.rpartition("@")
+            self._node_event("unstaged", m, f"value-per-byte eviction to stage {key}", {"version": v})
+        return self._staged_result(entry, key, reason, kind, value, noop=False, evicted=evicted)
+
+    def _stage(self, job: StageJob, entry: ModelEntry, value: float) -> None:
+        key = entry.key
+        try:
+            builder = _import_builder(entry.builder)
+            with torch.device("meta"):
+                meta = builder(**entry.builder_args)
+            if not isinstance(meta, torch.nn.Module):
+                raise TypeError(f"returned {type(meta).__name__}, not a torch.nn.Module")
+        except Exception as exc:  # noqa: BLE001
+            raise LoadFailed(f"staging {key}: builder {entry.builder}({_args(entry.builder_args)}) failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+        from gpu_worker.loader import LoadError, expected_from_module
+
+        # Checked against the module now, so a staged copy is one a preload can promote.
+        expected = expected_from_module(meta)
+        del meta
+        t0 = time.monotonic()
+        last = [0.0]
+        pace = self.options.load_pace_bytes_per_s
+
+        def check() -> None:
+            if job.cancel:
+                raise Cancelled(f"stage of {key} on node {self.node} was cancelled: {job.cancel_reason}")
+
+        def progress(done: int, total: int) -> None:
+            check()  # raising here stops the read; the cache frees what it allocated
+            now = time.monotonic()
+            if now - last[0] >= self.options.progress_publish_seconds or done == total:
+                last[0] = now
+                with self._stage_lock:
+                    job.record.bytes, job.record.total_bytes = done, total
+                    job.record.progress = round(done / total, 4) if total else 1.0
+                self._write_node()
+            if pace:
+                while (wait := done / pace - (time.monotonic() - t0)) > 0:
+                    time.sleep(min(wait, 0.1))
+                    check()
+
+        try:
+            self.host_cache.stage(key, entry.weights, value=value, progress=progress,
+                                  threads=self.options.load_threads, expected=expected)
+        except HostCacheFull as exc:
+            raise DoesNotFit(f"staging {key} on node {self.node}: {exc}") from None
+        except (Cancelled, WorkerError):
+            raise
+        except (SafetensorsError, LoadError, OSError) as exc:
+            raise LoadFailed(f"staging {key} on node {self.node}: {exc}") from None
+        # An unstage that came as the read finished waits for us (job.done) and then drops it: no race here.
+
+    def _staged_result(self, entry: ModelEntry, key: str, reason: str, kind: str, value: float, *, noop: bool,
+                       evicted: list[str]) -> dict[str, Any]:
+        e = self.host_cache.get(key)
+        if e is not None and noop:
+            self.host_cache.set_value(key, max(e.value, float(value)))
+        target = state.host_id(self.node)
+        self._release_intent(entry.id, target)
+        if e is None:  # evicted in the meantime by another stage: report it honestly
+            raise LoadFailed(f"staging {key} on node {self.node}: evicted from the host cache before the "
+                             "stage could report it")
+        self._write_node()
+        if not noop:
+            self._node_event("staged", entry.id, f"staged {key} in host memory ({format_bytes(e.nbytes)})",
+                             {"version": entry.version, "bytes": e.nbytes, "stage_seconds": round(e.stage_seconds, 4),
+                              "value": e.value, "evicted": evicted, "kind": kind, "reason": reason})
+            log.info("%s staged on %s: %d bytes in %.2f s%s", key, self.node, e.nbytes, e.stage_seconds,
+                     f" (evicted {', '.join(evicted)})" if evicted else "")
+        return {"model": entry.id, "version": entry.version, "node": self.node, "state": "staged",
+                "bytes": e.nbytes, "stage_seconds": round(e.stage_seconds, 4), "value": e.value, "pinned": e.pinned,
+                "noop": noop, "evicted": evicted, "host_cache": self._cache_figures()}
+
+    def unstage(self, model: str, version: str | None = None, *, reason: str = "",
+                cancel_timeout: float = 120.0) -> dict[str, Any]:
+        """Drop `model` (every version unless `version`) from the node's host cache; cancels a stage of it
+        in progress; idempotent. Device replicas are not touched."""
+
+        def match(k: str) -> bool:
+            m, _, v = k.rpartition("@")
+            return m == model and (not version or v == version)
+
+        with self._stage_lock:
+            jobs = [j for k, j in self._stages.items() if match(k)]
+            for j in jobs:
+                j.cancel, j.cancel_reason = True, f"unstaged while staging ({reason or 'unstage'})"
+        for j in jobs:
+            j.done.wait(cancel_timeout)
+        targets = [e.key for e in self.host_cache.entries() if match(e.key)]
+        freed = sum(self.host_cache.evict(k) for k in targets)
+        with self._stage_lock:
+            for k in targets:
+                self._stage_reasons.pop(k, None)
+        if targets or jobs:
+            trim_host_memory()
+        self._write_node()
+        self._release_intent(model, state.host_id(self.node))
+        versions = sorted(k.rpartition("@")[2] for k in targets)
+        if targets:
+            self._node_event("unstaged", model, reason or "unstaged", {"versions": versions, "bytes_freed": freed})
+        return {"model": model, "node": self.node, "versions": versions, "bytes_freed": freed,
+                "noop": not targets and not jobs, "host_cache": self._cache_figures()}
+
     # --- infer ------------------------------------------------------------------------------------
     def infer(self, g: GpuSlot, model: str, inputs: Any = None, *, version: str | None = None,
               seed: int = 0) -> dict[str, Any]:
@@ -763,6 +1038,16 @@ class NodeWorker:
                     pipe.execute()
                 except redis.RedisError as exc:
                     log.warning("could not remove %s from the fleet: %s", g.id, exc)
+        if self.claimed:
+            # The host cache goes with the process: nothing staged here can be promoted any more.
+            with self._stage_lock:
+                for j in self._stages.values():
+                    j.cancel, j.cancel_reason = True, reason
+            with self._node_publish_lock:
+                try:
+                    self.r.delete(keys.host_cache(self.node), keys.staged(self.node))
+                except redis.RedisError as exc:
+                    log.warning("could not remove the host cache of %s: %s", self.node, exc)
 
 
 def _args(args: dict[str, Any]) -> str:

@@ -12,6 +12,13 @@ from. Shapes:
 - infer(model, inputs=None, *, version=None, gpu=None, seed=0)
     -> {"model", "version", "gpu", "latency_ms", "latency_seconds", "input": {"shape", "dtype"},
         "output": {"shape", "dtype", "mean", "std", "min", "max", "finite", "top"?}}
+- stage(model, version=None, *, reason="", kind="", gpu=None, value=0.0)   (node-level: any GPU queue of the node)
+    -> {"model", "version", "node", "state": "staged", "bytes", "stage_seconds", "value", "pinned", "noop",
+        "evicted": ["model@version", ...], "host_cache": {"budget_bytes", "used_bytes", "free_bytes"}}
+- unstage(model, *, version=None, reason="", gpu=None)
+    -> {"model", "node", "versions": [...], "bytes_freed", "noop", "host_cache": {...}}
+
+A preload's result also carries "source": "host" (promoted from the node's host cache) or "storage".
 
 A preload that finds its GPU at `max_loads_per_gpu` loads (or its own model already loading) goes back to
 the queue for RETRY_BUSY_SECONDS instead of holding a thread (the replica shows `pending` meanwhile); the
@@ -27,7 +34,7 @@ from celery import Celery, Task
 
 from gpu_worker.errors import Busy, WorkerError
 from gpu_worker.residency import GpuSlot, NodeWorker
-from prewarm.celery_app import EVICT, INFER, PRELOAD
+from prewarm.celery_app import EVICT, INFER, PRELOAD, STAGE, UNSTAGE
 
 RETRY_BUSY_SECONDS = 0.5
 
@@ -59,3 +66,16 @@ def register(app: Celery, worker: NodeWorker) -> None:
     def infer(self: Task, model: str, inputs: Any = None, *, version: str | None = None, gpu: str | None = None,
               seed: int = 0) -> dict[str, Any]:
         return worker.infer(_gpu(worker, self, gpu), model, inputs, version=version, seed=seed)
+
+    # The host cache is the node's: `gpu` (or the queue) only has to be one of this worker's GPUs.
+    @app.task(name=STAGE, bind=True, throws=(WorkerError,))
+    def stage(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
+              gpu: str | None = None, value: float = 0.0) -> dict[str, Any]:
+        _gpu(worker, self, gpu)
+        return worker.stage(model, version, reason=reason, kind=kind, value=value)
+
+    @app.task(name=UNSTAGE, bind=True, throws=(WorkerError,))
+    def unstage(self: Task, model: str, *, version: str | None = None, reason: str = "",
+                gpu: str | None = None) -> dict[str, Any]:
+        _gpu(worker, self, gpu)
+        return worker.unstage(model, version, reason=reason)
