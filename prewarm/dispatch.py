@@ -5,6 +5,9 @@ Dispatching claims an intent for (model, gpu) atomically (SET NX with a TTL), so
 double-clicked button or a burst of route calls send one task, not several; then it sends the task by
 name to the GPU's queue and records the decision in the event log with who and why. An intent the worker
 never confirms expires by itself and the model can be planned again.
+
+Stage/unstage act on a node's host cache, not a GPU: their intent is claimed per (model, host_id(node))
+(`node-a/host`), and the task goes to the queue of any live GPU of that node (the `gpu` given).
 """
 
 from __future__ import annotations
@@ -37,24 +40,27 @@ class Dispatcher:
 
     def _send(self, action: str, task: str, model: str, version: str, gpu: state.Gpu, actor: str,
               reason: str, numbers: dict[str, Any] | None, kind: str, args: list[Any],
-              kwargs: dict[str, Any]) -> Dispatched:
+              kwargs: dict[str, Any], *, target: str | None = None) -> Dispatched:
+        # target: what the intent and event are about (the GPU, or host_id(node) for the host cache).
+        target = target or gpu.id
         now = time.time()
-        intent = state.Intent(action=action, model=model, version=version, gpu=gpu.id, actor=actor,
+        intent = state.Intent(action=action, model=model, version=version, gpu=target, actor=actor,
                               reason=reason, created_at=now, expires_at=now + self.intent_ttl, kind=kind)
         if not state.claim_intent(self.r, intent):
-            return Dispatched(False, "", gpu.id, f"{action} of {model} on {gpu.id} is already in flight")
+            return Dispatched(False, "", target, f"{action} of {model} on {target} is already in flight")
         try:
             result = self.celery.send_task(task, args=args, kwargs=kwargs, queue=gpu.queue)
         except Exception:
-            state.release_intent(self.r, model, gpu.id)  # nothing was sent: leave no claim behind
+            state.release_intent(self.r, model, target)  # nothing was sent: leave no claim behind
             raise
         intent.task_id = result.id
         state.update_intent(self.r, intent)
         self.r.hincrby(keys.DISPATCH_COUNTS, f"{action}:{kind or 'unspecified'}", 1)  # prewarm_*_total
-        events.record(self.r, action, actor, model=model, gpu=gpu.id, reason=reason,
+        events.record(self.r, action, actor, model=model, gpu=target, reason=reason,
                       numbers={**(numbers or {}), "kind": kind} if kind else numbers,
                       maxlen=self.event_log_max)
-        return Dispatched(True, result.id, gpu.id, f"{action} of {model} queued on {gpu.id}")
+        via = f" (via {gpu.queue})" if target != gpu.id else ""
+        return Dispatched(True, result.id, target, f"{action} of {model} queued on {target}{via}")
 
     def preload(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
                 numbers: dict[str, Any] | None = None, kind: str = "demand") -> Dispatched:
@@ -65,3 +71,17 @@ class Dispatcher:
               numbers: dict[str, Any] | None = None, kind: str = "") -> Dispatched:
         return self._send("evict", celery_app.EVICT, model, version, gpu, actor, reason, numbers, kind,
                           [model], {"version": version, "reason": reason})
+
+    def stage(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
+              numbers: dict[str, Any] | None = None, kind: str = "", value: float = 0.0) -> Dispatched:
+        """Stage into the host cache of `gpu.node` (`gpu`: any live GPU of that node, whose queue carries it).
+        `value`: the keep-value the node's value-per-byte eviction compares."""
+        return self._send("stage", celery_app.STAGE, model, version, gpu, actor, reason, numbers, kind,
+                          [model, version], {"reason": reason, "kind": kind, "value": value},
+                          target=state.host_id(gpu.node))
+
+    def unstage(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
+                numbers: dict[str, Any] | None = None, kind: str = "") -> Dispatched:
+        """Drop the model's staged bytes from the host cache of `gpu.node`."""
+        return self._send("unstage", celery_app.UNSTAGE, model, version, gpu, actor, reason, numbers, kind,
+                          [model], {"version": version, "reason": reason}, target=state.host_id(gpu.node))

@@ -1,4 +1,4 @@
-"""Operator commands: models list, fleet, preload, evict, pin, unpin, events.
+"""Operator commands: models list, fleet, preload, evict, stage, unstage, pin, unpin, events.
 
 The JSON forms (`models list --json`, `fleet --json`) are stable interfaces operators script against.
 """
@@ -50,7 +50,8 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def fleet_json(fleet: state.Fleet) -> dict:
-    return {"gpus": [g.public() for g in fleet.gpus]}
+    # "nodes" (host caches and staged models) was added beside "gpus"; "gpus" keeps its shape.
+    return {"gpus": [g.public() for g in fleet.gpus], "nodes": [n.public() for n in fleet.nodes]}
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
@@ -69,6 +70,12 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             extra = f" {rep.progress:.0%}" if rep.state == "loading" else ""
             err = f"  error: {rep.error}" if rep.error else ""
             print(f"    {rep.model}@{rep.version:8} {rep.state}{extra:5} {format_bytes(rep.bytes):>10}{err}")
+    for n in fleet.nodes:
+        print(f"{n.node} host cache  used {format_bytes(n.used_bytes)} / {format_bytes(n.budget_bytes)}, "
+              f"free {format_bytes(n.free_bytes)}{' (pinned)' if n.pinned else ''}")
+        for x in n.staged:
+            extra = f" {x.progress:.0%}" if x.state == "staging" else ""
+            print(f"    {x.model}@{x.version:8} {x.state}{extra:5} {format_bytes(x.bytes):>10}")
     return 0
 
 
@@ -146,6 +153,103 @@ def cmd_evict(args: argparse.Namespace) -> int:
     return rc
 
 
+def pick_node_gpu(fleet: state.Fleet, node: str | None, size: int) -> state.Gpu:
+    """A live GPU of `node` to carry a stage/unstage task (the host cache is the node's; any of its queues
+    reaches it). Without `node`: the node whose host cache has the most free bytes."""
+    alive = fleet.alive()
+    if not alive:
+        raise LookupError("no GPU in the fleet: start a worker with `prewarm worker`")
+    if node is None:
+        caches = [n for n in fleet.nodes if any(g.node == n.node for g in alive)]
+        if not caches:
+            raise LookupError("no node announces a host cache (workers older than the staging tier?)")
+        best = max(caches, key=lambda n: (n.free_bytes, n.node))
+        if size > best.budget_bytes:
+            raise LookupError(f"model needs {format_bytes(size)}, more than any node's host cache holds "
+                              f"(largest {format_bytes(max(n.budget_bytes for n in caches))}; PREWARM_HOST_CACHE)")
+        node = best.node
+    gpus = sorted((g for g in alive if g.node == node), key=lambda g: g.id)
+    if not gpus:
+        names = ", ".join(sorted({g.node for g in alive}))
+        raise LookupError(f"node {node!r} has no live GPU in the fleet (nodes: {names})")
+    return gpus[0]
+
+
+def _task_outcome(ctx, d, timeout: float) -> tuple[dict | None, str | None]:  # noqa: ANN001
+    """Wait for a dispatched task's result: (result, None), or (None, the worker's reason)."""
+    try:
+        return ctx.celery.AsyncResult(d.task_id).get(timeout=timeout, propagate=True), None
+    except Exception as exc:  # noqa: BLE001 - a WorkerError rebuilt by Celery, or a timeout
+        return None, str(exc) or type(exc).__name__
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    try:
+        entry = ctx.catalog.get(args.model, args.version)
+        gpu = pick_node_gpu(state.read_fleet(ctx.r), args.node, entry.size_bytes)
+    except (KeyError, LookupError, CatalogError) as exc:
+        return _err(str(exc.args[0]) if exc.args else str(exc))
+    d = ctx.dispatcher.stage(entry.id, entry.version, gpu, actor="operator",
+                             reason=args.reason or "operator stage from the CLI", kind="operator", value=args.value)
+    print(d.message)
+    if not args.wait:
+        return 0
+    if d.sent:
+        out, error = _task_outcome(ctx, d, args.timeout)
+        if error is not None:
+            return _err(f"stage of {entry.key} on {gpu.node} failed: {error}")
+        assert out is not None
+        evicted = f" (evicted {', '.join(out['evicted'])})" if out.get("evicted") else ""
+        print(f"{entry.key} staged on {gpu.node}: {format_bytes(out['bytes'])} in {out['stage_seconds']:.2f} s"
+              f"{evicted}; host cache free {format_bytes(out['host_cache']['free_bytes'])}")
+        return 0
+    # Another stage of it is in flight: watch the node's records instead.
+    deadline = time.time() + args.timeout
+    while time.time() < deadline:
+        n = state.read_fleet(ctx.r).node(gpu.node)
+        x = n.get(entry.id, entry.version) if n else None
+        if x is not None and x.state == "staged":
+            print(f"{entry.key} staged on {gpu.node}: {format_bytes(x.bytes)}")
+            return 0
+        if x is None and not ctx.r.exists(keys.intent(entry.id, state.host_id(gpu.node))):
+            return _err(f"stage of {entry.key} on {gpu.node} did not complete (see `prewarm events`)")
+        time.sleep(0.2)
+    return _err(f"timed out after {args.timeout:.0f} s waiting for {entry.key} to be staged on {gpu.node}")
+
+
+def cmd_unstage(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    try:
+        entry = ctx.catalog.get(args.model, args.version)
+    except (KeyError, CatalogError) as exc:
+        return _err(str(exc.args[0]) if exc.args else str(exc))
+    fleet = state.read_fleet(ctx.r)
+    nodes = [n.node for n in fleet.nodes if args.node in (None, n.node) and n.get(entry.id, entry.version)]
+    if not nodes:
+        where = f" on {args.node}" if args.node else ""
+        print(f"{entry.key} is not staged{where}: nothing to unstage")
+        return 0
+    rc = 0
+    for node in nodes:
+        try:
+            gpu = pick_node_gpu(fleet, node, 0)
+        except LookupError as exc:
+            rc = _err(str(exc))
+            continue
+        d = ctx.dispatcher.unstage(entry.id, entry.version, gpu, actor="operator",
+                                   reason=args.reason or "operator unstage from the CLI")
+        print(d.message)
+        if args.wait and d.sent:
+            out, error = _task_outcome(ctx, d, args.timeout)
+            if error is not None:
+                rc = _err(f"unstage of {entry.key} on {node} failed: {error}")
+                continue
+            assert out is not None
+            print(f"{entry.key} unstaged from {node}: {format_bytes(out['bytes_freed'])} freed")
+    return rc
+
+
 def cmd_pin(args: argparse.Namespace) -> int:
     ctx = _ctx()
     if args.model not in ctx.catalog:
@@ -193,6 +297,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--wait", action="store_true", help="wait until ready / gone; non-zero on failure")
         p.add_argument("--timeout", type=float, default=300.0)
         p.add_argument("--reason", help="recorded in the event log")
+        p.set_defaults(func=func)
+
+    for name, func, helptext in (
+            ("stage", cmd_stage, "stage a model's weights in a node's host memory (promoted fast by a preload)"),
+            ("unstage", cmd_unstage, "drop a model's staged weights from host memory (every node unless --node)")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("model")
+        p.add_argument("--version", help="catalog version (default: the current one)")
+        p.add_argument("--node", help="node name (default: stage on the node with the most free host cache)")
+        p.add_argument("--wait", action="store_true", help="wait for the worker's outcome; non-zero on failure")
+        p.add_argument("--timeout", type=float, default=300.0)
+        p.add_argument("--reason", help="recorded in the event log")
+        if name == "stage":
+            p.add_argument("--value", type=float, default=0.0,
+                           help="keep-value for the host cache's value-per-byte eviction (default 0)")
         p.set_defaults(func=func)
 
     for name in ("pin", "unpin"):
