@@ -47,3 +47,25 @@ def test_cuda_model_bigger_than_the_budget(r: redis.Redis, tmp_path: Path) -> No
     with pytest.raises(DoesNotFit, match="can never fit"):
         w.preload(g, "tiny-sharded")
     assert torch.cuda.memory_allocated(0) == base
+
+
+def test_cuda_promotes_a_pinned_staged_copy(r: redis.Redis, tmp_path: Path) -> None:
+    cat = tiny_catalog(tmp_path / "m", ["tiny-sharded"])
+    w = NodeWorker(r, cat, "node-g", parse_devices("cuda:0=1GiB"),
+                   WorkerOptions(heartbeat_ttl=30, host_cache_bytes=64 * 2**20))
+    g = w.gpu_for("cuda:0")
+    base = torch.cuda.memory_allocated(0)
+    assert w.preload(g, "tiny-sharded")["source"] == "storage"
+    reference = w.infer(g, "tiny-sharded", [[1, 2, 3, 4]])["output"]
+    w.evict(g, "tiny-sharded")
+    staged = w.stage("tiny-sharded")
+    assert staged["pinned"], "a CUDA worker page-locks its host cache"
+    assert torch.cuda.memory_allocated(0) == base  # staging uses no device memory
+    out = w.preload(g, "tiny-sharded")
+    assert out["source"] == "host" and torch.cuda.memory_allocated(0) - base >= out["bytes"]
+    got = w.infer(g, "tiny-sharded", [[1, 2, 3, 4]])["output"]
+    assert got["shape"] == reference["shape"] and got["top"] == reference["top"]
+    assert got["mean"] == pytest.approx(reference["mean"], rel=1e-4, abs=1e-6)
+    w.evict(g, "tiny-sharded")
+    assert torch.cuda.memory_allocated(0) == base
+    assert w.unstage("tiny-sharded")["bytes_freed"] == staged["bytes"]
