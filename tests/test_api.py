@@ -11,7 +11,7 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from prewarm import celery_app, events, keys, traffic
+from prewarm import celery_app, events, keys, state, traffic
 from web.app import create_app
 
 from .web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
@@ -60,6 +60,23 @@ def test_fleet_shows_memory_split_and_stale_gpus(client: FlaskClient, r: redis.R
     assert a["speculative_budget_bytes"] == int(10 * MIB * 0.6)
     assert {x["model"]: x["state"] for x in a["replicas"]} == {"alpha": "ready", "beta": "loading"}
     assert gpus["node-z/cpu:0"]["alive"] is False
+
+
+def test_fleet_shows_node_host_caches_and_staged_models(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, total_mib=10)
+    staged = state.Staged(model="alpha", version="v1", node="node-a", state="staged", bytes=3 * MIB,
+                          total_bytes=3 * MIB, progress=1.0, value=2.0, staged_at=time.time())
+    state.write_node(r, state.Node(node="node-a", budget_bytes=8 * MIB, used_bytes=3 * MIB, free_bytes=5 * MIB,
+                                   last_heartbeat=time.time(), worker="w"), [staged], ttl=30)
+    now = time.time()
+    state.claim_intent(r, state.Intent("stage", "beta", "v1", state.host_id("node-a"), "scheduler", "likely",
+                                       now, now + 60))
+    body = client.get("/api/fleet").get_json()
+    (n,) = body["nodes"]
+    assert n["node"] == "node-a" and n["host_cache"]["free_bytes"] == 5 * MIB
+    assert [(x["model"], x["state"], x["bytes"]) for x in n["staged"]] == [("alpha", "staged", 3 * MIB)]
+    assert [(i["action"], i["model"]) for i in n["intents"]] == [("stage", "beta")]
+    assert all(g["intents"] == [] for g in body["gpus"])  # a host-cache intent is no GPU's
 
 
 def test_models_have_rates_totals_replicas_and_sparklines(client: FlaskClient, r: redis.Redis) -> None:

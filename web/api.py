@@ -83,7 +83,13 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
         d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,
                          "reason": i.reason} for i in intents if i.gpu == g.id]
         gpus.append(d)
-    return {"gpus": gpus, "speculative_share": share, "now": now}
+    nodes = []  # host caches and staged models (the staging tier), with their in-flight stage/unstage
+    for n in fleet.nodes:
+        d = n.public()
+        d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,
+                         "reason": i.reason} for i in intents if i.gpu == state.host_id(n.node)]
+        nodes.append(d)
+    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now}
 
 
 @bp.get("/api/fleet")
