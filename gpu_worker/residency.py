@@ -402,8 +402,10 @@ class NodeWorker:
 
         With `defer`, raise Busy instead of waiting: when this model is already loading here (its outcome
         will be this one's), or when the GPU runs `max_loads_per_gpu` loads already (the replica then shows
-        `pending` until a load slot frees). The Celery task retries then, so waiting preloads sit in the
-        queue rather than on the threads inference needs. `task_id` lets an evict cancel a waiting preload.
+        `pending` until a load slot frees), or when the model is being staged in this node's host cache (it
+        is promoted from there once staged, rather than read from storage twice). The Celery task retries
+        then, so waiting preloads sit in the queue rather than on the threads inference needs. `task_id`
+        lets an evict cancel a waiting preload.
         """
         try:
             entry = self.entry(model, version)
@@ -413,11 +415,13 @@ class NodeWorker:
         key = entry.key
         now = time.time()
         placeholder: Slot | None = None
+        with self._stage_lock:
+            staging = key in self._stages
         with g.lock:
             if task_id and task_id in g.cancelled_tasks:
                 raise Cancelled(f"preload of {key} on {g.id} was cancelled by an evict while it waited")
             s = g.replicas.get(key)
-            busy = defer and g.active_loads() >= self.options.max_loads_per_gpu
+            busy = defer and (staging or g.active_loads() >= self.options.max_loads_per_gpu)
             if s is not None and s.record.state == "ready":
                 owner, waiting = False, False
             elif s is not None and s.queued and not busy:
@@ -442,6 +446,8 @@ class NodeWorker:
                     placeholder = s
         if placeholder is not None:
             self.publish(g, placeholder)
+            if staging:
+                raise Busy(f"{key} is being staged on node {self.node}; the preload waits to promote it")
             raise Busy(f"{g.id} runs {self.options.max_loads_per_gpu} load(s) already; {key} is queued")
         if not owner:
             if waiting:

@@ -18,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
-from gpu_worker.errors import Cancelled, DoesNotFit, LoadFailed, UnknownModel
+from gpu_worker.errors import Busy, Cancelled, DoesNotFit, LoadFailed, UnknownModel
 from gpu_worker.residency import NodeWorker, WorkerOptions
 from prewarm import celery_app, events, keys, state
 from prewarm.config import parse_devices
@@ -197,6 +197,24 @@ def test_unstage_cancels_a_stage_in_progress(r: redis.Redis, catalog: Path) -> N
     assert not un["noop"] and un["bytes_freed"] == 0  # nothing had been staged yet
     assert len(w.host_cache) == 0 and w.host_cache.used_bytes == 0
     assert node(r).staged == [] and node(r).used_bytes == 0
+
+
+def test_a_preload_waits_for_a_stage_of_its_model_then_promotes_it(r: redis.Redis, catalog: Path) -> None:
+    size = size_of(catalog, "tiny-lm-wide")
+    w = make_worker(r, catalog, host_cache_bytes=16 * MiB, load_pace_bytes_per_s=size / 2)  # a 2-second stage
+    g = w.gpu_for("cpu:0")
+    t = threading.Thread(target=w.stage, args=("tiny-lm-wide",))
+    t.start()
+    wait_for(lambda: any(x.state == "staging" for x in node(r).staged), 20, what="the stage to show")
+    # As the Celery task runs it (defer): back to the queue, shown pending, no second read from storage.
+    with pytest.raises(Busy, match="being staged on node node-t"):
+        w.preload(g, "tiny-lm-wide", defer=True, task_id="t1")
+    rep = next(x for x in state.read_fleet(r).gpu(g.id).replicas if x.model == "tiny-lm-wide")
+    assert rep.state == "pending" and rep.bytes == 0
+    t.join(60)
+    assert node(r).get("tiny-lm-wide").state == "staged"
+    out = w.preload(g, "tiny-lm-wide", defer=True, task_id="t1")  # the retry
+    assert out["source"] == "host" and out["bytes"] == size
 
 
 def test_a_worker_publishes_its_host_cache_and_takes_it_along_when_it_stops(r: redis.Redis,
