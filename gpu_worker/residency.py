@@ -229,6 +229,7 @@ class NodeWorker:
         self._stages: dict[str, StageJob] = {}  # "model@version" being staged now
         self._stage_reasons: dict[str, str | None] = {}
         self._node_publish_lock = threading.Lock()
+        self._node_closed = False  # set by shutdown: a stage ending after it must not re-announce the node
 
     # --- catalog ----------------------------------------------------------------------------------
     def catalog(self) -> Catalog:
@@ -355,6 +356,8 @@ class NodeWorker:
     def _write_node(self) -> None:
         """Rewrite the node's host cache record and full staged set (small: a few entries per node)."""
         with self._node_publish_lock:
+            if self._node_closed:
+                return
             node, staged = self.node_state()
             try:
                 state.write_node(self.r, node, staged, self.options.heartbeat_ttl)
@@ -471,10 +474,11 @@ class NodeWorker:
         with g.lock:
             rec = replace(s.record)
         total = (rec.load_seconds or 0.0) + (rec.warmup_seconds or 0.0)
+        times = keys.promote_times(entry.id) if rec.source == "host" else keys.load_times(entry.id)
         try:
             pipe = self.r.pipeline(transaction=False)
-            pipe.lpush(keys.load_times(entry.id), f"{total:.4f}")
-            pipe.ltrim(keys.load_times(entry.id), 0, LOAD_TIMES_KEPT - 1)
+            pipe.lpush(times, f"{total:.4f}")
+            pipe.ltrim(times, 0, LOAD_TIMES_KEPT - 1)
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("could not record load time of %s: %s", key, exc)
@@ -1050,6 +1054,7 @@ class NodeWorker:
                 for j in self._stages.values():
                     j.cancel, j.cancel_reason = True, reason
             with self._node_publish_lock:
+                self._node_closed = True
                 try:
                     self.r.delete(keys.host_cache(self.node), keys.staged(self.node))
                 except redis.RedisError as exc:

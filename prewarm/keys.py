@@ -78,8 +78,14 @@ ROLLOUTS = PREFIX + "rollouts"  # Hash model -> JSON {version, traffic_fraction,
 
 # --- measurements -----------------------------------------------------------------------------------
 def load_times(model: str) -> str:
-    """List of the most recent measured load+warmup seconds (newest first, trimmed)."""
+    """List of the most recent measured load+warmup seconds (newest first, trimmed) of loads from storage."""
     return f"{PREFIX}loadtimes:{model}"
+
+
+def promote_times(model: str) -> str:
+    """List like load_times, for preloads promoted from a node's host cache (source "host"): kept apart so a
+    fast promotion does not shorten the cold-load time the scheduler plans with."""
+    return f"{PREFIX}promotetimes:{model}"
 
 
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at} of an open cold start (route saw it cold).

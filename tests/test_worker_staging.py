@@ -96,6 +96,9 @@ def test_stage_promote_evict_unstage(r: redis.Redis, catalog: Path) -> None:
     assert state.read_fleet(r).gpu(g0.id).used_bytes == size  # device accounting as for a storage load
     assert w.infer(g0, "tiny-sharded", [[1, 2, 3, 4]])["output"] == reference  # the same weights
     assert node(r).get("tiny-sharded").promotions == 1
+    # Promotions are timed apart from loads from storage (the scheduler's cold-load horizon).
+    assert len(r.lrange(keys.load_times("tiny-sharded"), 0, -1)) == 1  # the storage load on cpu:1
+    assert len(r.lrange(keys.promote_times("tiny-sharded"), 0, -1)) == 1
 
     # Evicting the device replica keeps the staged copy.
     assert w.evict(g0, "tiny-sharded")["bytes_freed"] == size
