@@ -228,6 +228,8 @@ class NodeWorker:
         self._stage_lock = threading.Lock()  # guards _stages and _stage_reasons
         self._stages: dict[str, StageJob] = {}  # "model@version" being staged now
         self._stage_reasons: dict[str, str | None] = {}
+        # Size and mtime of each weight file as it was staged: a promotion checks them (metadata only).
+        self._stage_files: dict[str, dict[str, tuple[int, int]]] = {}
         self._node_publish_lock = threading.Lock()
         self._node_closed = False  # set by shutdown: a stage ending after it must not re-announce the node
 
@@ -530,7 +532,7 @@ class NodeWorker:
         #    cache is promoted from there (its bytes are known, no storage I/O at all); otherwise the headers
         #    say exactly how much (read now, not from the catalog's cache, so a file changed since is
         #    measured as it is).
-        staged = self._staged_bytes(key, expected)
+        staged = self._staged_bytes(entry, expected)
         if staged is not None:
             need, source = staged, "host"
         else:
@@ -642,9 +644,10 @@ class NodeWorker:
         module.requires_grad_(False)
         return module
 
-    def _staged_bytes(self, key: str, expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int | None:
-        """The data bytes of `key`'s staged copy when it can be promoted (it matches the module), else None.
-        A copy that no longer matches (the catalog's builder changed since it was staged) is unstaged."""
+    def _staged_bytes(self, entry: ModelEntry, expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int | None:
+        """The data bytes of the model's staged copy when it can be promoted, else None. A copy that no longer
+        matches the module (the builder changed) or whose weight files changed since is unstaged."""
+        key = entry.key
         e = self.host_cache.get(key)
         tensors = dict(e.tensors) if e is not None else {}
         if not tensors:
@@ -652,13 +655,19 @@ class NodeWorker:
         wrong = [n for n, (dtype, shape) in expected.items()
                  if n not in tensors or tensors[n].dtype != dtype or tuple(tensors[n].shape) != tuple(shape)]
         wrong += [n for n in tensors if n not in expected]
-        if wrong:
-            log.warning("staged copy of %s does not match its module (e.g. %r): unstaged, loading from storage",
-                        key, wrong[0])
+        with self._stage_lock:
+            files = self._stage_files.get(key)
+        now = _fingerprint(entry.weights) if files else None
+        why = f"does not match its module (e.g. {wrong[0]!r})" if wrong else \
+            "is older than its weight files (changed since staged)" if now is not None and now != files else ""
+        if why:
+            log.warning("staged copy of %s %s: unstaged, loading from storage", key, why)
             self.host_cache.evict(key)
             with self._stage_lock:
                 self._stage_reasons.pop(key, None)
+                self._stage_files.pop(key, None)
             self._write_node()
+            self._node_event("unstaged", entry.id, f"staged copy {why}", {"version": entry.version})
             return None
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -793,6 +802,14 @@ class NodeWorker:
             self._node_event("failed", model, str(exc), {"version": version, "action": "stage"})
             raise
         key = entry.key
+        with self._stage_lock:
+            files = self._stage_files.get(key)
+        if files and self.host_cache.get(key) is not None and (now := _fingerprint(entry.weights)) is not None \
+                and now != files:
+            # Its files changed since it was staged: this stage replaces the stale copy.
+            self.host_cache.evict(key)
+            self._node_event("unstaged", entry.id, "staged copy is older than its weight files (changed since "
+                             "staged); staging again", {"version": entry.version})
         if self.host_cache.get(key) is not None:
             return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[])
         with self._stage_lock:
@@ -841,6 +858,7 @@ class NodeWorker:
         with self._stage_lock:
             for k in evicted:
                 self._stage_reasons.pop(k, None)
+                self._stage_files.pop(k, None)
         for k in evicted:
             m, _, v = k.rpartition("@")
             self._node_event("unstaged", m, f"value-per-byte eviction to stage {key}", {"version": v})
@@ -862,6 +880,7 @@ class NodeWorker:
         # Checked against the module now, so a staged copy is one a preload can promote.
         expected = expected_from_module(meta)
         del meta
+        files = _fingerprint(entry.weights)  # before reading: a file changed while we read shows as changed
         t0 = time.monotonic()
         last = [0.0]
         pace = self.options.load_pace_bytes_per_s
@@ -893,6 +912,8 @@ class NodeWorker:
             raise
         except (SafetensorsError, LoadError, OSError) as exc:
             raise LoadFailed(f"staging {key} on node {self.node}: {exc}") from None
+        with self._stage_lock:
+            self._stage_files[key] = files or {}
         # An unstage that came as the read finished waits for us (job.done) and then drops it: no race here.
 
     def _staged_result(self, entry: ModelEntry, key: str, reason: str, kind: str, value: float, *, noop: bool,
@@ -936,6 +957,7 @@ class NodeWorker:
         with self._stage_lock:
             for k in targets:
                 self._stage_reasons.pop(k, None)
+                self._stage_files.pop(k, None)
         if targets or jobs:
             trim_host_memory()
         self._write_node()
@@ -1059,6 +1081,14 @@ class NodeWorker:
                     self.r.delete(keys.host_cache(self.node), keys.staged(self.node))
                 except redis.RedisError as exc:
                     log.warning("could not remove the host cache of %s: %s", self.node, exc)
+
+
+def _fingerprint(weights: Path | str) -> dict[str, tuple[int, int]] | None:
+    """Size and mtime of every weight file; None when they cannot be listed (then nothing is compared)."""
+    try:
+        return {str(f): (st.st_size, st.st_mtime_ns) for f in weight_files(weights) for st in [f.stat()]}
+    except (SafetensorsError, OSError):
+        return None
 
 
 def _args(args: dict[str, Any]) -> str:

@@ -220,6 +220,23 @@ def test_a_preload_waits_for_a_stage_of_its_model_then_promotes_it(r: redis.Redi
     assert out["source"] == "host" and out["bytes"] == size
 
 
+def test_a_staged_copy_older_than_its_files_is_not_promoted(r: redis.Redis, catalog: Path) -> None:
+    w = make_worker(r, catalog, host_cache_bytes=16 * MiB)
+    g = w.gpu_for("cpu:0")
+    w.stage("tiny-mlp")
+    f = model_files(catalog, "tiny-mlp")[0]
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file was replaced since it was staged
+    assert w.preload(g, "tiny-mlp")["source"] == "storage"
+    assert node(r).staged == [] and len(w.host_cache) == 0
+    assert "changed since staged" in events.read(r, kind="unstaged", model="tiny-mlp")[0].reason
+    w.evict(g, "tiny-mlp")
+    assert not w.stage("tiny-mlp")["noop"]
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
+    assert not w.stage("tiny-mlp")["noop"], "a re-stage replaces a stale copy"
+    assert w.preload(g, "tiny-mlp")["source"] == "host"
+
+
 def test_a_worker_publishes_its_host_cache_and_takes_it_along_when_it_stops(r: redis.Redis,
                                                                            catalog: Path) -> None:
     w: NodeWorker = make_worker(r, catalog, host_cache_bytes=8 * MiB)
