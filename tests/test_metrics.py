@@ -17,7 +17,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from prewarm import keys
+from prewarm import keys, state
 from web import metrics
 from web.app import create_app
 
@@ -29,7 +29,8 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not found
 REQUIRED = ("prewarm_requests_total", "prewarm_route_lookups_total", "prewarm_cold_starts_total",
             "prewarm_cold_start_duration_seconds", "prewarm_model_load_seconds", "prewarm_model_warmup_seconds",
             "prewarm_gpu_memory_bytes", "prewarm_preloads_total", "prewarm_evictions_total",
-            "prewarm_scheduler_tick_seconds")
+            "prewarm_scheduler_tick_seconds", "prewarm_stages_total", "prewarm_unstages_total",
+            "prewarm_host_cache_bytes")
 GPU = "node-a/cpu:0"
 
 
@@ -81,6 +82,25 @@ def test_exposition_has_every_metric_with_live_values(client: FlaskClient, r: re
     assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="loading"}}'] == 2 * MIB
     assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="free"}}'] == 7 * MIB
     assert s['prewarm_gpu_up{gpu="node-z/cpu:0"}'] == 0 and s[f'prewarm_gpu_up{{gpu="{GPU}"}}'] == 1
+
+
+def test_host_cache_and_stage_metrics(client: FlaskClient, r: redis.Redis) -> None:
+    staged = [state.Staged(model="alpha", version="v1", node="node-a", state="staged", bytes=3 * MIB),
+              state.Staged(model="beta", version="v1", node="node-a", state="staging", bytes=MIB,
+                           total_bytes=2 * MIB)]
+    # used counts what staging models have reserved (their whole size), not what they have read so far
+    state.write_node(r, state.Node(node="node-a", budget_bytes=8 * MIB, used_bytes=5 * MIB, free_bytes=3 * MIB),
+                     staged, ttl=30)
+    r.hincrby(keys.DISPATCH_COUNTS, "stage:speculative", 2)
+    r.hincrby(keys.DISPATCH_COUNTS, "unstage:operator", 1)
+    text = client.get("/metrics").get_data(as_text=True)
+    s = _samples(text)
+    assert s['prewarm_host_cache_bytes{kind="staged",node="node-a"}'] == 3 * MIB
+    assert s['prewarm_host_cache_bytes{kind="staging",node="node-a"}'] == 2 * MIB
+    assert s['prewarm_host_cache_bytes{kind="free",node="node-a"}'] == 3 * MIB
+    assert s['prewarm_stages_total{reason="speculative"}'] == 2
+    assert s['prewarm_unstages_total{reason="operator"}'] == 1
+    assert 'prewarm_preloads_total{reason="speculative"}' not in s
 
 
 def test_cold_start_and_load_times_are_observed_once(client: FlaskClient, r: redis.Redis) -> None:

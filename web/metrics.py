@@ -63,28 +63,41 @@ class RedisCollector(Collector):
                                        "speculative, operator, rollout, ...)", labels=["reason"])
         evictions = CounterMetricFamily("prewarm_evictions", "Evictions dispatched, by reason",
                                         labels=["reason"])
+        stages = CounterMetricFamily("prewarm_stages", "Stages into a node's host cache dispatched, by reason",
+                                     labels=["reason"])
+        unstages = CounterMetricFamily("prewarm_unstages", "Unstages from a node's host cache dispatched, by "
+                                       "reason", labels=["reason"])
+        families = {"preload": preloads, "evict": evictions, "stage": stages, "unstage": unstages}
         for field, n in sorted(self.r.hgetall(keys.DISPATCH_COUNTS).items()):
             action, _, reason = field.decode().partition(":")
-            family = preloads if action == "preload" else evictions if action == "evict" else None
+            family = families.get(action)
             if family is not None:
                 family.add_metric([reason or "unspecified"], int(n))
-        yield preloads
-        yield evictions
+        yield from families.values()
 
         memory = GaugeMetricFamily("prewarm_gpu_memory_bytes", "GPU memory by use: held by ready "
                                    "replicas, by replicas still loading, and free (worker-measured)",
                                    labels=["gpu", "kind"])
         alive = GaugeMetricFamily("prewarm_gpu_up", "1 while the GPU's worker heartbeats, 0 once stale",
                                   labels=["gpu"])
-        for g in state.read_fleet(self.r).gpus:
+        host = GaugeMetricFamily("prewarm_host_cache_bytes", "Node host cache (staging tier) memory by use: "
+                                 "held by staged models, reserved by stages in progress, and free",
+                                 labels=["node", "kind"])
+        fleet = state.read_fleet(self.r)
+        for g in fleet.gpus:
             alive.add_metric([g.id], 1.0 if g.alive else 0.0)
             if not g.alive:
                 continue
             split = memory_split(g)
             for kind in ("ready", "loading", "free"):
                 memory.add_metric([g.id, kind], float(split[kind]))
+        for n in fleet.nodes:
+            staged = sum(x.bytes for x in n.staged if x.state == "staged")
+            for kind, v in (("staged", staged), ("staging", max(0, n.used_bytes - staged)), ("free", n.free_bytes)):
+                host.add_metric([n.node, kind], float(v))
         yield memory
         yield alive
+        yield host
 
 
 def memory_split(g: state.Gpu) -> dict[str, int]:
