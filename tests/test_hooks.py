@@ -11,11 +11,11 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from prewarm import celery_app, events, keys, traffic
+from prewarm import celery_app, events, keys, state, traffic
 from web.app import create_app
 from web.schemas import MAX_BATCH
 
-from .web_support import make_catalog, make_context, publish_gpu, queued_tasks, replica
+from .web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
 
 GPU = "node-a/cpu:0"
 QUEUE = "gpu.node-a.cpu:0"
@@ -207,6 +207,22 @@ def test_cold_start_closes_when_ready(client: FlaskClient, r: redis.Redis) -> No
     assert client.get("/hooks/route?model=alpha").get_json()["state"] == "ready"
     assert not r.hexists(keys.COLD_STARTS, "alpha")
     assert float(r.hget(keys.LAST_COLD_START, "alpha")) == pytest.approx(2.5, abs=0.01)
+
+
+def test_on_demand_preload_prefers_a_node_holding_a_staged_copy(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, total_mib=64)
+    publish_gpu(r, "node-b/cpu:0", total_mib=32)  # less free memory, but the model is staged on node-b
+    staged = [state.Staged(model="beta", version="v1", node="node-b", state="staged", bytes=MIB),
+              state.Staged(model="alpha", version="v2", node="node-b", state="staged", bytes=MIB)]
+    state.write_node(r, state.Node(node="node-b", budget_bytes=8 * MIB, used_bytes=2 * MIB, free_bytes=6 * MIB),
+                     staged, ttl=30)
+    body = client.get("/hooks/route?model=beta").get_json()
+    assert body["state"] == "cold" and body["preload"]["gpu"] == "node-b/cpu:0"
+    assert len(queued_tasks(r, "gpu.node-b.cpu:0")) == 1 and queued_tasks(r, QUEUE) == []
+    assert events.read(r, model="beta")[0].numbers["staged"] is True
+    # A copy of another version does not count: alpha@v1 goes to the GPU with the most free memory.
+    body = client.get("/hooks/route?model=alpha").get_json()
+    assert body["preload"]["gpu"] == GPU
 
 
 def test_route_for_a_version(client: FlaskClient, r: redis.Redis) -> None:

@@ -132,13 +132,16 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
         where = "no GPU in the fleet" if not fleet.alive() else \
             f"no GPU has {format_bytes(entry.size_bytes)} free; the scheduler will make room"
         return {"queued": False, "message": where}
+    # Nodes holding a staged copy first: the preload promotes it from host memory instead of reading storage.
+    staged = {x.node for x in fleet.staged(entry.id) if x.version == entry.version}
     try:
-        # Most free first; a GPU busy with another action on this model (e.g. loading its other
+        # Then most free first; a GPU busy with another action on this model (e.g. loading its other
         # version) refuses the intent, so the next one is tried.
-        for gpu in sorted(fits, key=lambda g: (-g.free_bytes, g.id)):
+        for gpu in sorted(fits, key=lambda g: (g.node not in staged, -g.free_bytes, g.id)):
             d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
                                      reason="route lookup found the model cold: on-demand preload",
-                                     numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes})
+                                     numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
+                                              "staged": gpu.node in staged})
             if d.sent:
                 return {"queued": True, "gpu": d.gpu, "message": d.message}
     except Exception:
