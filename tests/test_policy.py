@@ -390,3 +390,21 @@ def test_traffic_history_rates_histogram_and_bounded_memory() -> None:
     assert h.rate_long("q", 599) == pytest.approx(10.0, rel=0.02)
     assert h.changed_since(h.seq - 1) == ["q"]
     assert h.requests_per_active_minute("q") == pytest.approx(600.0)
+
+
+def test_an_evicted_model_is_not_reloaded_for_requests_it_already_served() -> None:
+    """A served a request at 195 and was evicted at 200 to make room for B's waiting request.
+    A's request is recent but was served before the eviction: no demand reload of A (that
+    would undo the eviction and thrash); a new request for A after the eviction is demand."""
+    cfg = PolicyConfig(demand_window_s=60.0)  # A's request stays "recent" for the whole test
+    w = World([spec("A", 3), spec("B", 3)], [gpu("n1/cuda:0", 4)], cfg=cfg)
+    w.traffic.add("A", 100.0)
+    w.traffic.add("A", 195.0)
+    w.add_replica("A", "n1/cuda:0", since=100.0)
+    w.traffic.add("B", 200.0)
+    assert [(type(a).__name__, a.model) for a in w.tick(200.5)] == [("Evict", "A"), ("Preload", "B")]
+    w.run(202.5, 228.5)  # B is ready and past its minimum residency: A could take its place
+    assert w.preloads("A") == []
+    w.traffic.add("A", 230.0)
+    w.run(230.5, 240.5)
+    assert [a.kind for _t, a in w.preloads("A")] == ["demand"]

@@ -40,7 +40,7 @@ from .types import (
 )
 
 MAX_SPECULATIVE_TRIES = 24  # per tick, best first: bounds the work of one plan() call
-EVICTION_HORIZON_S = 600.0  # how far ahead an eviction's cost is counted when choosing a GPU
+EVICTION_HORIZON_S = 60.0  # how far ahead an eviction's cost is counted when choosing a GPU
 
 
 @dataclass
@@ -207,6 +207,9 @@ class _Planner:
                          load_seconds(spec, self.cfg)))
             self.st.loss[model] = hit
         inv_mrl, extra, ld = hit[1]
+        # return rate: the idle-time model's, or the measured recent rate if higher (the
+        # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
+        inv_mrl = max(inv_mrl, tr.rate_long(model, self.now))
         # own cold requests during the (stretched) reload, plus the requests its link time
         # would hold up on loads sharing the link then (judged by those waiting now)
         v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + self.link_rate() * ld)
@@ -339,8 +342,9 @@ class _Planner:
             elif speculative and f.spec[gid] + size > spec_cap:
                 continue
             # Expected cold requests this choice causes: the victims' next reloads (their loss rate
-            # over the eviction horizon, at most one reload each) plus load-link contention — k
-            # loads in flight make this load ~k× slower and each of them slower by ~our load time.
+            # over the eviction horizon, at most one reload each) plus load-link contention: loads
+            # share the link equally, so each load j in flight (rem_j s of work left) delays ours
+            # by min(rem_j, ld) and ours delays it by as much; requests wait through both.
             k = f.loading[gid]
             cost = sum(min(self.cost(r.model), self.loss(r.model) * EVICTION_HORIZON_S) for r in victims)
             if k:
@@ -426,8 +430,14 @@ class _Planner:
             if spec is None or self.fleet.count(m) > 0:
                 continue
             a = self.tr.last_arrival(m)
-            if m not in self.s.waiting and (a is None or self.now - a > self.cfg.demand_window_s):
-                continue
+            if m not in self.s.waiting:
+                # a recent request with no replica is unmet demand — unless it came before the
+                # model's last eviction (it was served; reloading now would only undo the eviction)
+                if a is None or self.now - a > self.cfg.demand_window_s:
+                    continue
+                ev = self.s.recent_evictions.get(m)
+                if ev is not None and a + 1.0 <= ev:
+                    continue
             cands.append((-self.cost(m), m))
         failed_size = math.inf  # placement is monotone in size for demand: skip what cannot fit
         for _c, m in sorted(cands):
@@ -637,11 +647,8 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl.step_floor()
     pl.step_scale()
     pl.step_new_gpu()
-    # Hot segments start on the grid (anchors are grid multiples), so speculative loads are
-    # considered in the first tick of each grid step; a candidate that did not place waits for
-    # the next step instead of being re-costed every tick.
-    g = snapshot.config.grid_s
-    if math.floor(now / g) != math.floor((now - snapshot.config.tick_s) / g):
+    # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
+    if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         for m in [m for m, (end, a) in st.awake.items() if end <= now or pl.anchor(m) != a]:
             del st.awake[m]
         pl.step_speculative(sorted(st.awake))
