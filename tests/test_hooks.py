@@ -199,6 +199,16 @@ def test_cold_with_no_room_says_why_and_sends_nothing(client: FlaskClient, r: re
     assert queued_tasks(r, QUEUE) == [] and not r.exists(keys.cold_claim("gamma@v1"))
 
 
+def test_cold_lookups_do_not_send_two_preloads_into_one_gap(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, total_mib=5)  # room for gamma (4 MiB) or beta (2 MiB), not both
+    first = client.get("/hooks/route?model=gamma").get_json()
+    assert first["preload"]["queued"] is True
+    # gamma's preload is in flight but not yet a replica: the GPU's measured free bytes do not show it.
+    second = client.get("/hooks/route?model=beta").get_json()
+    assert second["preload"]["queued"] is False and "free" in second["preload"]["message"]
+    assert [t["headers"]["argsrepr"] for t in queued_tasks(r, QUEUE)] == ["['gamma', 'v1']"]
+
+
 def test_cold_start_closes_when_ready(client: FlaskClient, r: redis.Redis) -> None:
     publish_gpu(r, GPU)
     client.get("/hooks/route?model=alpha")

@@ -121,12 +121,31 @@ def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
     return False
 
 
+def _pending_preload_bytes(fleet: state.Fleet) -> dict[str, int]:
+    """Bytes each GPU has promised to preloads dispatched but not yet visible as replicas: its measured
+    free bytes do not show them yet, and counting them keeps two preloads from being sent into one gap."""
+    catalog = ctx().catalog
+    out: dict[str, int] = {}
+    for it in state.read_intents(ctx().r):
+        g = fleet.gpu(it.gpu)
+        if it.action != "preload" or g is None:
+            continue
+        if any(x.model == it.model and x.version == it.version for x in g.replicas):
+            continue  # already a replica: its bytes are in free_bytes
+        try:
+            out[it.gpu] = out.get(it.gpu, 0) + catalog.get(it.model, it.version).size_bytes
+        except KeyError:
+            continue
+    return out
+
+
 def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     c = ctx()
     # One on-demand preload per cold episode, however many routers ask at once.
     if not c.r.set(keys.cold_claim(entry.key), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
         return {"queued": False, "message": "an on-demand preload is already in flight"}
-    fits = [g for g in fleet.alive() if g.free_bytes >= entry.size_bytes]
+    pending = _pending_preload_bytes(fleet)
+    fits = [g for g in fleet.alive() if g.free_bytes - pending.get(g.id, 0) >= entry.size_bytes]
     if not fits:
         c.r.delete(keys.cold_claim(entry.key))  # nothing sent: let the next lookup try again
         where = "no GPU in the fleet" if not fleet.alive() else \
