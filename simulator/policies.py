@@ -185,33 +185,43 @@ class HybridHistogram(_Base):
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
         n = sim.n_models
-        self.hist = np.zeros((n, self.bins), dtype=np.int64)
+        self.hist = [[0] * self.bins for _ in range(n)]
+        self.n_in = [0] * n
+        self.sumsq = [0] * n  # sum of squared bin counts: the CV without a pass over the bins
         self.oob = [0] * n
         self.last: list[float | None] = [None] * n
         self.recent_idle: list[deque[float]] = [deque(maxlen=5) for _ in range(n)]
-        self.gen = [0] * n  # invalidates timers of older invocations
+        self.gen = [0] * n  # invalidates pre-warm timers of older invocations
         self.unload_at: list[float] = [math.inf] * n
+        self.unload_pending = [False] * n  # one keep-alive timer per model, re-armed lazily
 
     def _key(self, r: Replica) -> float:
         return r.last_request if r.last_request is not None else r.since
 
     def windows(self, m: int) -> tuple[float, float]:
         """(pre-warm window, keep-alive window) in seconds after the invocation."""
-        h = self.hist[m]
-        n_in = int(h.sum())
+        n_in = self.n_in[m]
         total = n_in + self.oob[m]
         if total < 5:
             return 0.0, 4 * 3600.0
         if self.oob[m] / total >= 0.5:
-            pred = float(np.mean(self.recent_idle[m]))
+            pred = sum(self.recent_idle[m]) / len(self.recent_idle[m])
             return 0.85 * pred, 0.3 * pred
-        mean = h.mean()
-        cv = h.std() / mean if mean > 0 else 0.0
+        mean = n_in / self.bins
+        var = self.sumsq[m] / self.bins - mean * mean
+        cv = math.sqrt(max(var, 0.0)) / mean if mean > 0 else 0.0
         if cv < 2.0:
             return 0.0, 4 * 3600.0
-        cum = np.cumsum(h)
-        head_bin = int(np.searchsorted(cum, 0.05 * n_in, side="left"))
-        tail_bin = int(np.searchsorted(cum, 0.99 * n_in, side="left"))
+        h = self.hist[m]
+        head_bin = tail_bin = -1
+        cum = 0
+        for i, c in enumerate(h):
+            cum += c
+            if head_bin < 0 and cum >= 0.05 * n_in:
+                head_bin = i
+            if cum >= 0.99 * n_in:
+                tail_bin = i
+                break
         head = head_bin * self.bin_s  # lower edge of the 5th-percentile bin
         tail = (tail_bin + 1) * self.bin_s  # upper edge of the 99th-percentile bin
         prewarm = 0.9 * head
@@ -223,7 +233,10 @@ class HybridHistogram(_Base):
             idle = t - last
             b = int(idle // self.bin_s)
             if b < self.bins:
-                self.hist[m, b] += 1
+                c = self.hist[m][b]
+                self.hist[m][b] = c + 1
+                self.n_in[m] += 1
+                self.sumsq[m] += 2 * c + 1
             else:
                 self.oob[m] += 1
             self.recent_idle[m].append(idle)
@@ -240,8 +253,13 @@ class HybridHistogram(_Base):
                     self.sim.evict(m, gi)
             self.sim.timer(t + pw, ("load", m, g, ka))
         else:
-            self.unload_at[m] = t + ka
-            self.sim.timer(t + ka, ("unload", m, g))
+            self._keep_until(m, t + ka)
+
+    def _keep_until(self, m: int, until: float) -> None:
+        self.unload_at[m] = until
+        if not self.unload_pending[m]:
+            self.unload_pending[m] = True
+            self.sim.timer(until, ("unload", m))
 
     def on_ready(self, t: float, r: Replica) -> None:
         if t >= self.unload_at[r.model]:
@@ -258,11 +276,12 @@ class HybridHistogram(_Base):
                 return
             if not self.sim.replicas[m]:
                 self.sim.place_evicting(m, self._key, kind="prewarm")
-            self.unload_at[m] = t + ka
-            self.sim.timer(t + ka, ("unload", m, g))
+            self._keep_until(m, t + ka)
         else:
-            _tag, m, g = payload
-            if g != self.gen[m]:
+            _tag, m = payload
+            self.unload_pending[m] = False
+            if self.unload_at[m] > t:  # a later invocation extended the keep-alive
+                self._keep_until(m, self.unload_at[m])
                 return
             for gi, r in list(self.sim.replicas[m].items()):
                 if r.state == "ready":
