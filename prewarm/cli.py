@@ -1,4 +1,6 @@
-"""`prewarm` command line: one entry point, each part registering its own subcommands.
+"""prewarm: keeps ML inference fleets out of cold starts by warming models before demand arrives.
+
+One command line for every part: each part registers its own subcommands.
 
 Registration modules must not import torch at import time: `prewarm fleet` or `prewarm web` should start
 fast and never need it.
