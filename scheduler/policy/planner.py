@@ -310,12 +310,23 @@ class _Planner:
                     and (spec.id, gid) not in f.evicting]
             if easy:
                 order = easy
+        # Cost = victims (>= 0) + link contention, so (node spread, contention) is a lower bound on
+        # a GPU's key: visit GPUs in that order and stop once the bound passes the best found.
+        bounded = []
         for gid in order:
             g = f.gpus[gid]
             if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
                 continue
             if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
                 continue
+            k = f.loading[gid]
+            contention = ld * (rate * k + self.loading_rate(gid)) if k else 0.0
+            bounded.append((g.node in nodes_with, contention, gid))
+        bounded.sort()
+        for spread, contention, gid in bounded:
+            if best is not None and (spread, contention) > best[0][:2]:
+                break
+            g = f.gpus[gid]
             spec_cap = cfg.speculative_share * g.total_bytes
             free = f.avail(gid)
             victims: list[ReplicaState] = []
@@ -342,14 +353,12 @@ class _Planner:
             elif speculative and f.spec[gid] + size > spec_cap:
                 continue
             # Expected cold requests this choice causes: the victims' next reloads (their loss rate
-            # over the eviction horizon, at most one reload each) plus load-link contention: loads
-            # share the link equally, so each load j in flight (rem_j s of work left) delays ours
-            # by min(rem_j, ld) and ours delays it by as much; requests wait through both.
-            k = f.loading[gid]
-            cost = sum(min(self.cost(r.model), self.loss(r.model) * EVICTION_HORIZON_S) for r in victims)
-            if k:
-                cost += ld * (rate * k + self.loading_rate(gid))
-            key = (g.node in nodes_with, cost, k, free - size, gid)
+            # over the eviction horizon, at most one reload each) plus load-link contention: k
+            # loads in flight make ours ~k× slower (our requests wait through it) and each of
+            # theirs slower by about our load time (theirs wait too).
+            cost = contention + sum(
+                min(self.cost(r.model), self.loss(r.model) * EVICTION_HORIZON_S) for r in victims)
+            key = (spread, cost, f.loading[gid], free - size, gid)
             if best is None or key < best[0]:
                 best = (key, gid, victims, loss)
         if best is None:
