@@ -5,7 +5,9 @@
 - `snapshot` (`Snapshot`, frozen): the catalog (`models`: id → `ModelSpec`), the fleet (`gpus`:
   `GpuState`), what is on it (`replicas`: `ReplicaState`, including pending/loading ones), actions
   dispatched but not yet confirmed (`intents`: `Intent`, ignored once `expires_at` passed), the
-  time of each model's last eviction (`recent_evictions`, for the cooldown), the traffic
+  time of each model's last eviction (`recent_evictions`: for the cooldown, and so that requests
+  served before an eviction do not read as new demand), models whose requests wait for a replica
+  (`waiting`: model → count, e.g. the route hook's "cold" answers not yet covered by a load), the traffic
   (`traffic`: a `TrafficHistory`) and the `PolicyConfig`.
 - `now`: the caller's clock (Unix seconds live, virtual seconds in the simulator).
 - `state` (optional `PolicyState`): a cache the caller may keep between calls, one per
@@ -26,7 +28,8 @@ The live scheduler, every tick:
     for model, second, count in new_buckets:     # per-second counts since the last tick
         history.add_bucket(model, second, count)
     snap = Snapshot(models=catalog, gpus=gpus, replicas=replicas, traffic=history,
-                    intents=intents, recent_evictions=last_evicted_at, config=cfg)
+                    intents=intents, recent_evictions=last_evicted_at, waiting=cold_waiting,
+                    config=cfg)
     for action in plan(snap, time.time(), state):
         dispatch(action)   # Preload → preload task, Evict → evict task, on action.gpu's queue
 

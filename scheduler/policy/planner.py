@@ -12,8 +12,14 @@ Order of work in one call (each step sees the tentative effect of the previous o
    evicting only residents worth `prefetch_margin` times less.
 
 Value of a replica = expected cold requests per second its absence would cause
-  = c / E[time to next request], c = 1 + requests arriving during a reload (from requests per
-  active minute and the load time); per byte when choosing victims.
+  = c × return rate, where
+  c = 1 + requests arriving during a reload (requests per active minute × load time stretched by
+      the fleet's current link contention) + requests its link time would hold up on other loads;
+  return rate = 1 / E[time to next request | idle so far] from the idle-time model, or the
+      10-minute measured rate if higher;
+per byte when choosing victims. A GPU for a load is chosen by the fewest expected cold requests:
+its victims' (capped at one reload each, over EVICTION_HORIZON_S) plus link contention.
+A request that arrived before the model's last eviction is not demand (it was served).
 """
 
 from __future__ import annotations
