@@ -334,13 +334,20 @@ def test_plan_is_deterministic_and_state_is_only_a_cache() -> None:
     for i in range(10):
         for s in range(rnd.randrange(60), 4 * 3600, 60 * (i + 1)):
             arrivals.setdefault(s, []).append((f"m{i}", 1))
+    class LiveStyle(World):  # rebuilds the catalog mapping every tick, as a live scheduler may
+        def snapshot(self) -> Snapshot:
+            s = super().snapshot()
+            return Snapshot(dict(s.models), s.gpus, s.replicas, s.traffic,
+                            recent_evictions=s.recent_evictions, config=s.config)
+
     logs = []
-    for keep in (True, True, False):
-        w = World(models, [gpu("a/cuda:0", 6), gpu("b/cuda:0", 6)], keep_state=keep)
+    for cls, keep in ((World, True), (World, True), (World, False), (LiveStyle, True)):
+        w = cls(models, [gpu("a/cuda:0", 6), gpu("b/cuda:0", 6)], keep_state=keep)
         w.run(0.0, 4 * 3600.0, arrivals)
         logs.append([(t, type(a).__name__, a.model, a.gpu, a.kind) for t, a in w.log])
     assert logs[0] == logs[1]  # deterministic
     assert logs[0] == logs[2]  # a kept state decides exactly as a fresh one
+    assert logs[0] == logs[3]  # and so does a state that sees a new catalog object every tick
 
 
 def test_expired_intents_are_ignored_and_live_ones_hold_memory() -> None:

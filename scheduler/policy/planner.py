@@ -612,15 +612,18 @@ def _advance(pl: _Planner) -> None:
     st, snap, tr, now = pl.st, pl.s, pl.tr, pl.now
     fresh = st.traffic_id != id(tr) or st.models_id != id(snap.models) or st.seq < 0
     if fresh:
+        if st.traffic_id != id(tr):
+            # arrival models and losses are keyed by histogram version and load time, so they
+            # survive a new catalog object (a live scheduler may rebuild it every tick)
+            st.arrival.clear()
+            st.loss.clear()
         st.traffic_id, st.models_id = id(tr), id(snap.models)
-        st.arrival.clear()
         st.hot_heap.clear()
         st.cold_heap.clear()
         st.awake.clear()
         st.due.clear()
         st.recent.clear()
         st.scheduled.clear()
-        st.loss.clear()
         st.special = tuple(sorted(
             m for m, s in snap.models.items() if s.pinned or s.min_replicas > 0 or s.max_rate_per_replica
         ))
