@@ -66,8 +66,8 @@ class World:
     def tick(self, now: float) -> list:
         # finish loads
         for key, r in list(self.replicas.items()):
-            spec = self.models[r.model]
-            if r.state == "loading" and now >= r.since + (spec.load_seconds or 0.0):
+            spec = self.models.get(r.model)
+            if spec is not None and r.state == "loading" and now >= r.since + (spec.load_seconds or 0.0):
                 self.replicas[key] = ReplicaState(r.model, r.gpu, "ready", r.bytes, r.since)
         actions = plan(self.snapshot(), now, self.state)
         for a in actions:
@@ -415,3 +415,14 @@ def test_an_evicted_model_is_not_reloaded_for_requests_it_already_served() -> No
     w.traffic.add("A", 230.0)
     w.run(230.5, 240.5)
     assert [a.kind for _t, a in w.preloads("A")] == ["demand"]
+
+
+def test_replica_of_a_model_dropped_from_the_catalog_is_evicted_first() -> None:
+    w = World([spec("keep", 2), spec("new", 2)], [gpu("n1/cuda:0", 4)])
+    w.traffic.add("keep", 0.0)
+    w.traffic.add("gone", 0.0)
+    w.add_replica("keep", "n1/cuda:0")
+    w.replicas[("gone", "n1/cuda:0")] = ReplicaState("gone", "n1/cuda:0", "ready", 2 * GIB, -1e6)
+    w.traffic.add("new", 50.0)
+    kinds = [(type(a).__name__, a.model) for a in w.tick(50.5)]
+    assert kinds == [("Evict", "gone"), ("Preload", "new")]

@@ -174,7 +174,9 @@ class _Planner:
     def cost(self, model: str) -> float:
         """Cold requests one reload costs: the first request plus those arriving during the load,
         which takes the load time stretched by the fleet's current link contention."""
-        spec = self.s.models[model]
+        spec = self.s.models.get(model)
+        if spec is None:
+            return 1.0  # dropped from the catalog: nothing will reload it
         rpm = self.tr.stable_requests_per_active_minute(model)
         return 1.0 + max(0.0, rpm - 1.0) * min(load_seconds(spec, self.cfg) * self.slowdown, 60.0) / 60.0
 
@@ -194,14 +196,13 @@ class _Planner:
         if v is not None:
             return v
         tr = self.tr
-        last = tr.last_arrival(model)
-        if last is None:
+        last, ver, rate_long = tr.snapshot_for_value(model, self.now)
+        if last is None or model not in self.s.models:  # never requested, or dropped from the catalog
             self._loss[model] = 0.0
             return 0.0
         g = self.cfg.grid_s
         anchor = (last // g) * g
         cell = int(max(0.0, self.now - anchor) // g)
-        ver = tr.stable_version(model)
         spec = self.s.models[model]
         # a step function of (histogram version, load time, anchor, grid cell): memoised in the state
         key = (ver, spec.load_seconds, anchor, cell)
@@ -215,10 +216,11 @@ class _Planner:
         inv_mrl, extra, ld = hit[1]
         # return rate: the idle-time model's, or the measured recent rate if higher (the
         # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
-        inv_mrl = max(inv_mrl, tr.rate_long(model, self.now))
+        inv_mrl = max(inv_mrl, rate_long)
         # own cold requests during the (stretched) reload, plus the requests its link time
         # would hold up on loads sharing the link then (judged by those waiting now)
-        v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + self.link_rate() * ld)
+        link = self._link_rate if self._link_rate is not None else self.link_rate()
+        v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + link * ld)
         self._loss[model] = v
         return v
 
@@ -238,10 +240,20 @@ class _Planner:
         v = self.fleet.victims.get(gpu)
         if v is None:
             v = []
-            for r in self.fleet.on_gpu[gpu].values():
-                if self.evictable(r):
-                    share = self.loss(r.model) / max(1, self.fleet.count(r.model))
-                    v.append((share / max(r.bytes / GIB, 1e-3), r.model, r))
+            f = self.fleet
+            models = self.s.models
+            evicting = f.evicting
+            young = self.now - self.cfg.min_residency_s
+            for r in f.on_gpu[gpu].values():
+                # evictable(), inlined: this loop is the policy's hot path
+                if r.state != "ready" or r.in_flight > 0 or r.since > young or (r.model, gpu) in evicting:
+                    continue
+                spec = models.get(r.model)
+                n = len(f.of_model.get(r.model, ()))
+                if spec is not None and (spec.pinned or n <= spec.min_replicas):
+                    continue
+                share = self.loss(r.model) / max(1, n)
+                v.append((share / max(r.bytes / GIB, 1e-3), r.model, r))
             v.sort(key=lambda x: (x[0], x[1]))
             self.fleet.victims[gpu] = v
         return v
@@ -381,7 +393,7 @@ class _Planner:
         gid, victims, _loss = choice
         for r in victims:
             d = self.idle(r.model)
-            mrl = self.arrival(r.model).mrl_at(d) if d is not None else math.inf
+            mrl = self.arrival(r.model).mrl_at(d) if d is not None and r.model in self.s.models else math.inf
             val = self.loss(r.model)
             self.do_evict(
                 r, "make_room",

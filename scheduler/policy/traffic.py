@@ -224,6 +224,14 @@ class TrafficHistory:
             return self.requests_per_active_minute(model)
         return m.stable_rpm
 
+    def snapshot_for_value(self, model: str, now: float) -> tuple[float | None, int, float]:
+        """(last arrival, stable histogram version, rate_long) in one call: the hot path of
+        the policy's value function."""
+        m = self._m.get(model)
+        if m is None or m.last_second is None:
+            return None, 0, 0.0
+        return float(m.last_second), m.stable_version, self._rate(m, m.rate_l, self.long_window_s, now)
+
     def stable_version(self, model: str) -> int:
         """Grows each time the stable histogram is refreshed; 0 before the first idle time."""
         m = self._m.get(model)
