@@ -35,6 +35,7 @@ from scheduler.policy import (
 )
 
 HISTORY_WARMUP_S = 4 * 3600  # how far back a starting scheduler reads per-minute traffic
+WAITING_MAX_AGE_S = 600  # an open cold start older than this was abandoned (e.g. its loads kept failing)
 LATE_EVENT_LAG_S = 2  # per-second buckets this recent may still receive batched events: read them later
 
 
@@ -132,6 +133,24 @@ class SnapshotReader:
                          min_replicas=entry.min_replicas if min_replicas is None else min_replicas,
                          max_rate_per_replica=entry.max_rate_per_replica)
 
+    def _waiting(self, catalog: Catalog, fleet: state.Fleet, now: float) -> dict[str, int]:
+        """Models a router is waiting on: the route hook answered "cold" (an open cold start) and no
+        replica of that version is ready yet."""
+        out: dict[str, int] = {}
+        for raw_model, raw in self.r.hgetall(keys.COLD_STARTS).items():
+            model = raw_model.decode()
+            try:
+                rec = json.loads(raw)
+                seen_at, version = float(rec["seen_at"]), str(rec["version"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if model not in catalog or now - seen_at > WAITING_MAX_AGE_S:
+                continue
+            if any(x.state == "ready" and x.version == version for x in fleet.replicas(model)):
+                continue
+            out[model_key(catalog, model, version)] = 1
+        return out
+
     def read(self, catalog: Catalog, now: float) -> tuple[Snapshot, state.Fleet]:
         rollouts = {k.decode(): json.loads(v) for k, v in self.r.hgetall(keys.ROLLOUTS).items()}
         active = {}
@@ -187,10 +206,11 @@ class SnapshotReader:
                 size = models[key].size_bytes if key in models else 0
                 intents.append(Intent(model=key, gpu=it.gpu, kind=it.action, expires_at=it.expires_at,
                                       bytes=size, version=it.version))
+        waiting = self._waiting(catalog, fleet, now)
         gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
                               joined_at=g.started_at, alive=True) for g in fleet.alive())
         snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
                         intents=tuple(intents), recent_evictions=dict(self.recent_evictions),
-                        config=self.config)
+                        waiting=waiting, config=self.config)
         return snap, fleet
 

@@ -148,3 +148,14 @@ def test_rollout_warms_new_version_before_traffic_shifts(redis_url: str, tmp_pat
     sched.tick(now + 20)
     assert hist.last_arrival("chat@v2") is not None
     assert 0.2 < hist.rate_short("chat@v2", now + 20) / max(1e-9, hist.rate_short("chat", now + 20)) < 0.6
+
+
+def test_a_router_waiting_on_a_cold_model_is_demand(ctx: Context) -> None:
+    g = announce(ctx.r, "node-a", "cpu:0")
+    now = time.time()
+    # The route hook answered "cold" for `other` (an open cold start) but no request was reported.
+    ctx.r.hset(keys.COLD_STARTS, "other", json.dumps({"seen_at": now - 1, "version": "v1"}))
+    res = Scheduler(ctx, ident="s1").tick(now)
+    assert res.leader
+    preloads = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.preload"]
+    assert [json.loads(t["argsrepr"].replace("'", '"')) for t in preloads] == [["other", "v1"]]
