@@ -477,7 +477,8 @@ class _Planner:
             fc = self.forecast(m, ld)
             ok = self.load(
                 spec, "demand",
-                f"{self.s.waiting.get(m, 1)} request(s) waiting (last at {self.tr.last_arrival(m) or self.now:.0f}), no replica; rate {rs:.2f}/s{trend}; "
+                f"{self.s.waiting.get(m, 1)} request(s) waiting (last {_fmt_s(self.now - (self.tr.last_arrival(m) or self.now))} ago), "
+                f"no replica; rate {rs:.2f}/s{trend}; "
                 f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
                 {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
             )
