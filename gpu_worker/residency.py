@@ -167,6 +167,20 @@ def _import_builder(path: str) -> Callable[..., torch.nn.Module]:
     return fn
 
 
+def _meta_module(entry: ModelEntry, doing: str) -> tuple[Callable[..., torch.nn.Module], torch.nn.Module]:
+    """The entry's builder and its module built on the meta device (the shape: no memory, no random
+    init), or a LoadFailed naming the builder and what went wrong."""
+    try:
+        builder = _import_builder(entry.builder)
+        with torch.device("meta"):
+            meta = builder(**entry.builder_args)
+        if not isinstance(meta, torch.nn.Module):
+            raise TypeError(f"returned {type(meta).__name__}, not a torch.nn.Module")
+    except Exception as exc:  # noqa: BLE001
+        raise LoadFailed(f"{doing} {entry.key}: builder {entry.builder}({_args(entry.builder_args)}) failed: "
+                         f"{type(exc).__name__}: {exc}") from None
+    return builder, meta
+
 def make_input(spec: WarmupInput, device: torch.device, *, default_high: int = 2, seed: int = 0) -> torch.Tensor:
     """A deterministic sample input for a declared shape and dtype."""
     dtype = TORCH_INPUT_DTYPES[spec.dtype]
@@ -512,15 +526,7 @@ class NodeWorker:
         key = entry.key
         dev = g.device
         # 1. The module's shape, on the meta device: no memory, no random init.
-        try:
-            builder = _import_builder(entry.builder)
-            with torch.device("meta"):
-                meta = builder(**entry.builder_args)
-            if not isinstance(meta, torch.nn.Module):
-                raise TypeError(f"returned {type(meta).__name__}, not a torch.nn.Module")
-        except Exception as exc:  # noqa: BLE001
-            raise LoadFailed(f"building {key}: builder {entry.builder}({_args(entry.builder_args)}) failed: "
-                             f"{type(exc).__name__}: {exc}") from None
+        builder, meta = _meta_module(entry, "building")
         from gpu_worker.loader import expected_from_module
 
         expected = expected_from_module(meta)
@@ -866,15 +872,7 @@ class NodeWorker:
 
     def _stage(self, job: StageJob, entry: ModelEntry, value: float) -> None:
         key = entry.key
-        try:
-            builder = _import_builder(entry.builder)
-            with torch.device("meta"):
-                meta = builder(**entry.builder_args)
-            if not isinstance(meta, torch.nn.Module):
-                raise TypeError(f"returned {type(meta).__name__}, not a torch.nn.Module")
-        except Exception as exc:  # noqa: BLE001
-            raise LoadFailed(f"staging {key}: builder {entry.builder}({_args(entry.builder_args)}) failed: "
-                             f"{type(exc).__name__}: {exc}") from None
+        _, meta = _meta_module(entry, "staging")
         from gpu_worker.loader import LoadError, expected_from_module
 
         # Checked against the module now, so a staged copy is one a preload can promote.
