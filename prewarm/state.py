@@ -251,48 +251,52 @@ def read_staged(r: redis.Redis) -> dict[str, list[Staged]]:
     return {n.node: n.staged for n in read_nodes(r)}
 
 
-def write_node(r: redis.Redis, node: Node, staged: list[Staged], ttl: float) -> None:
-    """Announce a node's host cache and its full staged set atomically (like write_heartbeat for a GPU)."""
+def _announce(r: redis.Redis, registry: str, member: str, info_key: str, info: dict[str, Any],
+              items_key: str, items: dict[str, str], ttl: float) -> None:
+    """One atomic announcement: the member in its registry set, its info hash and its full item hash
+    (replicas of a GPU, staged models of a node), both expiring with the heartbeat's TTL."""
     ms = int(ttl * 1000)
-    info = {"budget_bytes": node.budget_bytes, "used_bytes": node.used_bytes, "free_bytes": node.free_bytes,
-            "last_heartbeat": node.last_heartbeat, "worker": node.worker, "pinned": int(node.pinned)}
     pipe = r.pipeline(transaction=True)
-    pipe.sadd(keys.NODES, node.node)
-    pipe.hset(keys.host_cache(node.node), mapping=info)
-    pipe.pexpire(keys.host_cache(node.node), ms)
-    pipe.delete(keys.staged(node.node))
-    if staged:
-        pipe.hset(keys.staged(node.node), mapping={replica_field(x.model, x.version): x.to_json() for x in staged})
-        pipe.pexpire(keys.staged(node.node), ms)
+    pipe.sadd(registry, member)
+    pipe.hset(info_key, mapping=info)
+    pipe.pexpire(info_key, ms)
+    pipe.delete(items_key)
+    if items:
+        pipe.hset(items_key, mapping=items)
+        pipe.pexpire(items_key, ms)
     pipe.execute()
 
 
-def clear_node(r: redis.Redis, node: str) -> None:
-    """A starting worker clears its node's stale host cache records and host-cache intents."""
-    target = host_id(node)
+def _clear(r: redis.Redis, target: str, *record_keys: str) -> None:
+    """Delete a target's records and every in-flight intent on it (intent keys end in ':<target>')."""
     pipe = r.pipeline(transaction=True)
-    pipe.delete(keys.host_cache(node), keys.staged(node))
+    pipe.delete(*record_keys)
     for k in r.scan_iter(match=keys.INTENT_PATTERN, count=1000):
         if k.decode().endswith(":" + target):
             pipe.delete(k)
     pipe.execute()
 
 
+def write_node(r: redis.Redis, node: Node, staged: list[Staged], ttl: float) -> None:
+    """Announce a node's host cache and its full staged set atomically (like write_heartbeat for a GPU)."""
+    info = {"budget_bytes": node.budget_bytes, "used_bytes": node.used_bytes, "free_bytes": node.free_bytes,
+            "last_heartbeat": node.last_heartbeat, "worker": node.worker, "pinned": int(node.pinned)}
+    _announce(r, keys.NODES, node.node, keys.host_cache(node.node), info, keys.staged(node.node),
+              {replica_field(x.model, x.version): x.to_json() for x in staged}, ttl)
+
+
+def clear_node(r: redis.Redis, node: str) -> None:
+    """A starting worker clears its node's stale host cache records and host-cache intents."""
+    _clear(r, host_id(node), keys.host_cache(node), keys.staged(node))
+
+
 def write_heartbeat(r: redis.Redis, gpu: Gpu, replicas: list[Replica], ttl: float) -> None:
     """Announce a GPU and its full replica set atomically, so a re-announce after a Redis restart is exact."""
-    ms = int(ttl * 1000)
     info = {"node": gpu.node, "device": gpu.device, "queue": gpu.queue, "total_bytes": gpu.total_bytes,
             "used_bytes": gpu.used_bytes, "free_bytes": gpu.free_bytes, "last_heartbeat": gpu.last_heartbeat,
             "worker": gpu.worker, "started_at": gpu.started_at, "kind": gpu.kind}
-    pipe = r.pipeline(transaction=True)
-    pipe.sadd(keys.GPUS, gpu.id)
-    pipe.hset(keys.gpu(gpu.id), mapping=info)
-    pipe.pexpire(keys.gpu(gpu.id), ms)
-    pipe.delete(keys.replicas(gpu.id))
-    if replicas:
-        pipe.hset(keys.replicas(gpu.id), mapping={replica_field(x.model, x.version): x.to_json() for x in replicas})
-        pipe.pexpire(keys.replicas(gpu.id), ms)
-    pipe.execute()
+    _announce(r, keys.GPUS, gpu.id, keys.gpu(gpu.id), info, keys.replicas(gpu.id),
+              {replica_field(x.model, x.version): x.to_json() for x in replicas}, ttl)
 
 
 def put_replica(r: redis.Redis, replica: Replica, ttl: float) -> None:
@@ -309,12 +313,7 @@ def drop_replica(r: redis.Redis, gpu: str, model: str, version: str) -> None:
 
 def clear_gpu(r: redis.Redis, gpu: str) -> None:
     """A starting worker clears stale claims for its GPU: old replicas and in-flight intents."""
-    pipe = r.pipeline(transaction=True)
-    pipe.delete(keys.replicas(gpu), keys.gpu(gpu))
-    for k in r.scan_iter(match=keys.INTENT_PATTERN, count=1000):
-        if k.decode().endswith(":" + gpu):
-            pipe.delete(k)
-    pipe.execute()
+    _clear(r, gpu, keys.replicas(gpu), keys.gpu(gpu))
 
 
 # --- intents -----------------------------------------------------------------------------------------
