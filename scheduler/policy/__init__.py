@@ -45,11 +45,15 @@ from .types import (
     GpuState,
     Intent,
     ModelSpec,
+    NodeState,
     PolicyConfig,
     Preload,
     ReplicaState,
     Snapshot,
+    Stage,
+    StagedState,
     TrafficView,
+    Unstage,
 )
 
 __all__ = [
@@ -59,13 +63,17 @@ __all__ = [
     "GpuState",
     "Intent",
     "ModelSpec",
+    "NodeState",
     "PolicyConfig",
     "PolicyState",
     "Preload",
     "ReplicaState",
     "Snapshot",
+    "Stage",
+    "StagedState",
     "TrafficHistory",
     "TrafficView",
+    "Unstage",
     "load_seconds",
     "plan",
 ]

@@ -53,6 +53,20 @@ class PolicyConfig:
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
     new_gpu_hot_models: int = 4
+    # Host-memory staging tier (issue 4): a model staged in a node's host cache loads onto that
+    # node's GPUs without touching storage. Default promotion time for a model never measured:
+    promote_fixed_s: float = 0.5
+    promote_bandwidth_bytes_per_s: float = 16.0 * GIB  # pinned host → device
+    max_stages_per_node: int = 2  # stages in flight per node: they share its storage bandwidth
+    stage_margin: float = 2.0  # a stage must be worth this many times the staged bytes it evicts
+    stage_recent_s: float = 3600.0  # a model evicted from its GPUs this recently may be staged
+
+    def default_promote_seconds(self, size_bytes: int) -> float:
+        return (
+            self.promote_fixed_s
+            + size_bytes / self.promote_bandwidth_bytes_per_s
+            + self.warmup_s_per_gib * size_bytes / GIB
+        )
 
     def default_load_seconds(self, size_bytes: int) -> float:
         return (
@@ -73,6 +87,7 @@ class ModelSpec:
     pinned: bool = False  # never evicted; kept on at least one GPU
     min_replicas: int = 0
     max_rate_per_replica: float | None = None  # requests/s one replica serves; None = unbounded
+    promote_seconds: float | None = None  # measured p50 of host cache → device + warmup; None = derive
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +98,28 @@ class GpuState:
     free_bytes: int  # measured by the worker
     joined_at: float = 0.0
     alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node's host-memory cache (the staging tier): its budget and measured free bytes."""
+
+    id: str  # the node name, as in GpuState.node
+    budget_bytes: int
+    free_bytes: int
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StagedState:
+    """One model's bytes in a node's host cache ("staging" while being read, then "staged")."""
+
+    model: str
+    node: str
+    state: str  # "staging" | "staged"
+    bytes: int
+    since: float  # when staging started
+    version: str = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +139,8 @@ class Intent:
     """An action dispatched but not yet confirmed by the worker; it expires at expires_at."""
 
     model: str
-    gpu: str
-    kind: Literal["preload", "evict"]
+    gpu: str  # the GPU id; for "stage"/"unstage", the node id
+    kind: Literal["preload", "evict", "stage", "unstage"]
     expires_at: float
     bytes: int = 0
     version: str = "1"
@@ -160,6 +197,9 @@ class Snapshot:
     # loading yet): they are loaded as demand however old the request
     waiting: Mapping[str, int] = field(default_factory=dict)
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    # the staging tier: each node's host cache and what it holds (empty: no staging tier)
+    nodes: tuple[NodeState, ...] = ()
+    staged: tuple[StagedState, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,4 +223,30 @@ class Evict:
     version: str = "1"
 
 
-Action = Preload | Evict
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Read a model's bytes into a node's host cache, so that a later preload there skips storage."""
+
+    model: str
+    node: str
+    kind: str  # "likely" (demand likely, not imminent) | "demote" (evicted from its GPUs, still valued)
+    reason: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    version: str = "1"
+    bytes: int = 0
+    value: float = 0.0  # cold requests/s its absence would cause: the host cache evicts by value per byte
+
+
+@dataclass(frozen=True, slots=True)
+class Unstage:
+    """Drop a model's bytes from a node's host cache."""
+
+    model: str
+    node: str
+    kind: str  # "make_room" | "loaded" | "quiet"
+    reason: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    version: str = "1"
+
+
+Action = Preload | Evict | Stage | Unstage
