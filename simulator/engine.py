@@ -9,6 +9,16 @@ Fleet model (issue 6):
   Requests take no GPU time (the question is residency, not throughput).
 - Eviction is instant and only of ready replicas.
 
+Host-memory staging tier (issue 4; off unless `host_bytes` > 0): each node has a cache of
+`host_bytes` in host memory. A stage (storage → host) occupies the model's size in its node's cache
+from the moment it starts and takes size / `stage_bandwidth` alone; k stages running at once on
+one node each progress at 1/k speed (they share the node's storage bandwidth; `contention="none"`:
+they never slow each other). A load onto a GPU whose node holds the model staged (completed) is a
+promotion: it takes the model's promotion time (host → device) instead of its load time, and
+shares the GPU's link with other loads as any load does. Unstaging is instant, only of a completed
+stage that no promotion is reading. Stages do not slow the GPU loads of their node (the storage
+read and the host-to-device link are different paths in this model).
+
 Memory-time: every residency (load start to eviction or end of trace) adds bytes × time to
 "total"; the part after its last request (all of it if it never served one) adds to "idle".
 """
@@ -21,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
+from scheduler.policy import PolicyConfig
 
 from .trace import GIB, Trace
 
@@ -36,6 +48,21 @@ class Replica:
     last_request: float | None = None
     remaining: float = 0.0  # seconds of load work left at full speed
     kind: str = ""
+    source: HostCopy | None = None  # the staged copy a promotion reads (None: read from storage)
+
+
+@dataclass(eq=False, slots=True)
+class HostCopy:
+    """A model's bytes in a node's host cache: "staging" while read from storage, then "staged"."""
+
+    model: int
+    node: int
+    bytes: int
+    since: float  # stage start
+    state: str = "staging"  # "staging" | "staged"
+    ready_at: float = math.nan
+    remaining: float = 0.0  # seconds of stage work left at full speed
+    readers: int = 0  # promotions in flight reading this copy
 
 
 @dataclass(slots=True)
@@ -47,6 +74,19 @@ class Gpu:
     used: int = 0
     residents: dict[int, Replica] = field(default_factory=dict)
     loading: list[Replica] = field(default_factory=list)
+    last_update: float = 0.0
+    version: int = 0
+    ni: int = 0  # index of its node in Simulation.nodes
+
+
+@dataclass(slots=True)
+class Node:
+    index: int
+    id: str
+    capacity: int  # host cache budget (0: no staging tier)
+    used: int = 0  # bytes of staging and staged copies
+    cached: dict[int, HostCopy] = field(default_factory=dict)  # model -> copy
+    staging: list[HostCopy] = field(default_factory=list)
     last_update: float = 0.0
     version: int = 0
 
@@ -65,12 +105,14 @@ class Policy(Protocol):
 
     def on_ready(self, t: float, r: Replica) -> None: ...
 
+    def on_staged(self, t: float, c: HostCopy) -> None: ...
+
     def on_tick(self, t: float) -> None: ...
 
     def on_timer(self, t: float, payload: tuple) -> None: ...
 
 
-_LOAD_DONE, _TIMER, _TICK = 0, 1, 2
+_LOAD_DONE, _STAGE_DONE, _TIMER, _TICK = 0, 1, 2, 3  # same-instant order: completions first
 
 
 class Simulation:
@@ -83,7 +125,15 @@ class Simulation:
         gpu_bytes: int,
         contention: str = "shared",
         nodes: int | None = None,
+        host_bytes: int = 0,
+        stage_bandwidth: float = 2.0 * GIB,
+        promote_s: np.ndarray | None = None,
+        promote_bandwidth: float | None = None,
     ) -> None:
+        """`host_bytes`: each node's host cache (0: no staging tier). `stage_bandwidth`: a node's
+        storage → host bytes/s. Promotion time (host → GPU) per model: `promote_s` if given, else
+        `PolicyConfig().default_promote_seconds(size)` (with `promote_bandwidth` in place of its
+        host-to-device bandwidth if given); either way at most the model's load time."""
         self.trace = trace
         self.sizes = [int(x) for x in sizes]
         self.load_s = [float(x) for x in load_s]
@@ -94,6 +144,21 @@ class Simulation:
             Gpu(i, f"node-{i // per_node}/cuda:{i % per_node}", f"node-{i // per_node}", gpu_bytes)
             for i in range(gpus)
         ]
+        self.nodes: list[Node] = []
+        node_index: dict[str, int] = {}
+        for g in self.gpus:
+            if g.node not in node_index:
+                node_index[g.node] = len(self.nodes)
+                self.nodes.append(Node(len(self.nodes), g.node, max(0, int(host_bytes))))
+            g.ni = node_index[g.node]
+        self.host_on = host_bytes > 0
+        self.stage_bandwidth = float(stage_bandwidth)
+        if promote_s is None:
+            cfg = PolicyConfig() if promote_bandwidth is None else PolicyConfig(
+                promote_bandwidth_bytes_per_s=float(promote_bandwidth))
+            promote_s = [cfg.default_promote_seconds(x) for x in self.sizes]
+        self.promote_s = [min(float(p), ls) for p, ls in zip(promote_s, self.load_s, strict=True)]
+        self.host_version = 0  # bumped on every change of any host cache (for snapshot caching)
         self.replicas: list[dict[int, Replica]] = [{} for _ in range(self.n_models)]  # model -> gpu -> r
         self.ready_count = [0] * self.n_models
         self.waiting: list[list[float]] = [[] for _ in range(self.n_models)]
@@ -112,6 +177,11 @@ class Simulation:
         self.mem_idle = 0.0
         self.evictions = 0
         self.last_evicted: dict[int, float] = {}
+        self.stages = 0
+        self.bytes_staged = 0
+        self.unstages = 0
+        self.promotions = 0
+        self.host_mem = 0.0  # byte-seconds held in host caches
         self.policy: Policy | None = None
 
     # ---- events ---------------------------------------------------------------------------
@@ -150,6 +220,13 @@ class Simulation:
         t = self.now
         self._advance_gpu(g, t)
         r = Replica(m, gi, size, t, remaining=self.load_s[m], kind=kind)
+        if self.host_on:
+            c = self.nodes[g.ni].cached.get(m)
+            if c is not None and c.state == "staged":
+                r.remaining = self.promote_s[m]
+                r.source = c
+                c.readers += 1
+                self.promotions += 1
         g.residents[m] = r
         g.used += size
         g.loading.append(r)
@@ -192,6 +269,9 @@ class Simulation:
         for r in done:
             r.state = "ready"
             r.ready_at = t
+            if r.source is not None:
+                r.source.readers -= 1
+                r.source = None
             self.ready_count[r.model] += 1
             w = self.waiting[r.model]
             if w:
@@ -207,6 +287,76 @@ class Simulation:
         if not self.stalled or self.policy is None:
             return
         self.policy.on_stalled(self.now, [m for m in self.stalled if not self.replicas[m]])
+
+    # ---- host-memory staging tier ---------------------------------------------------------
+    def host_free(self, ni: int) -> int:
+        n = self.nodes[ni]
+        return n.capacity - n.used
+
+    def _advance_node(self, n: Node, t: float) -> None:
+        k = len(n.staging)
+        if k and t > n.last_update:
+            step = (t - n.last_update) / (k if self.shared else 1)
+            for c in n.staging:
+                c.remaining -= step
+        n.last_update = t
+
+    def _reschedule_node(self, n: Node) -> None:
+        n.version += 1
+        if n.staging:
+            k = len(n.staging) if self.shared else 1
+            rem = min(c.remaining for c in n.staging)
+            self.push(n.last_update + max(0.0, rem) * k, _STAGE_DONE, (n.index, n.version))
+
+    def start_stage(self, m: int, ni: int) -> HostCopy | None:
+        """Start reading model m into node ni's host cache. None (nothing done) if the node already
+        holds or is staging m, or its cache lacks room for m's bytes."""
+        n = self.nodes[ni]
+        size = self.sizes[m]
+        if m in n.cached or n.capacity - n.used < size:
+            return None
+        t = self.now
+        self._advance_node(n, t)
+        c = HostCopy(m, ni, size, t, remaining=size / self.stage_bandwidth)
+        n.cached[m] = c
+        n.used += size
+        n.staging.append(c)
+        self.stages += 1
+        self.bytes_staged += size
+        self.host_version += 1
+        self._reschedule_node(n)
+        return c
+
+    def unstage(self, m: int, ni: int) -> bool:
+        """Drop model m from node ni's host cache: only a completed stage no promotion is reading."""
+        n = self.nodes[ni]
+        c = n.cached.get(m)
+        if c is None or c.state != "staged" or c.readers:
+            return False
+        del n.cached[m]
+        n.used -= c.bytes
+        self.host_mem += c.bytes * (self.now - c.since)
+        self.unstages += 1
+        self.host_version += 1
+        return True
+
+    def _stage_done(self, ni: int, version: int) -> None:
+        n = self.nodes[ni]
+        if version != n.version:
+            return
+        t = self.now
+        self._advance_node(n, t)
+        done = [c for c in n.staging if c.remaining <= 1e-9]
+        n.staging = [c for c in n.staging if c.remaining > 1e-9]
+        self._reschedule_node(n)
+        for c in done:
+            c.state = "staged"
+            c.ready_at = t
+        if done:
+            self.host_version += 1
+            if self.policy is not None:
+                for c in done:
+                    self.policy.on_staged(t, c)
 
     # ---- main loop ------------------------------------------------------------------------
     def run(self, policy: Policy) -> None:
@@ -252,6 +402,9 @@ class Simulation:
         for g in self.gpus:
             for r in g.residents.values():
                 self._close(r, self.now)
+        for n in self.nodes:
+            for c in n.cached.values():
+                self.host_mem += c.bytes * (self.now - c.since)
         for m in range(self.n_models):  # requests that never got a replica (model fits no GPU)
             if self.waiting[m]:
                 self.waits.extend(math.inf for _ in self.waiting[m])
@@ -263,6 +416,8 @@ class Simulation:
             self._load_done(*payload)
         elif kind == _TIMER:
             self.policy.on_timer(t, payload)  # type: ignore[union-attr]
+        elif kind == _STAGE_DONE:
+            self._stage_done(*payload)
         else:
             self.policy.on_tick(t)  # type: ignore[union-attr]
             self._retry_stalled()
@@ -334,4 +489,10 @@ class Simulation:
                 "idle": self.mem_idle / GIB / 3600.0,
                 "total": self.mem_total / GIB / 3600.0,
             },
+            # host-memory staging tier (all 0 when it is off)
+            "stages": self.stages,
+            "bytes_staged": self.bytes_staged,
+            "unstages": self.unstages,
+            "promotions": self.promotions,
+            "host_memory_gib_hours": self.host_mem / GIB / 3600.0,
         }

@@ -4,29 +4,38 @@ Multi-GPU adaptation shared by the baselines (the papers describe one memory poo
 loaded on a GPU with room if there is one; otherwise on the GPU whose victims — taken in the
 policy's own eviction order until the model fits — reach least far into that order
 (`Simulation.place_evicting`). Only ready replicas are evicted; loads in flight are never cancelled.
+
+The host-memory staging tier (issue 4, `Simulation(host_bytes=...)`) is prewarm's: the baselines
+are implemented as published and never stage, so with a host tier on their figures do not change.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
 from scheduler.policy import (
+    Action,
     Evict,
     GpuState,
     ModelSpec,
+    NodeState,
     PolicyConfig,
     PolicyState,
     Preload,
     ReplicaState,
     Snapshot,
+    Stage,
+    StagedState,
     TrafficHistory,
+    Unstage,
     plan,
 )
 
-from .engine import Replica, Simulation
+from .engine import HostCopy, Replica, Simulation
 
 
 class _Base:
@@ -48,6 +57,9 @@ class _Base:
                 self.on_miss(t, m)
 
     def on_ready(self, t: float, r: Replica) -> None:
+        pass
+
+    def on_staged(self, t: float, c: HostCopy) -> None:
         pass
 
     def on_tick(self, t: float) -> None:
@@ -342,7 +354,10 @@ class Prewarm(_Base):
     """prewarm: our policy — scheduler.policy.plan, the same function the live scheduler runs,
     called every config.tick_s of virtual time and right away on a cold request that has no load
     in flight (as the live route hook triggers an on-demand preload). The simulator plays the
-    worker: Preload starts a load on the named GPU, Evict removes a ready replica."""
+    worker: Preload starts a load on the named GPU, Evict removes a ready replica. With a host tier
+    (host_bytes > 0) the snapshot also carries each node's cache (`nodes`) and its contents
+    (`staged`); Stage starts a stage if the node has room and does not hold the model yet (else it
+    is ignored), Unstage drops a completed stage."""
 
     name = "prewarm"
 
@@ -357,9 +372,17 @@ class Prewarm(_Base):
         self.names = sim.trace.models
         self.index = {m: i for i, m in enumerate(self.names)}
         self.gpu_index = {g.id: g.index for g in sim.gpus}
-        self.specs = {
-            m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i]) for i, m in enumerate(self.names)
-        }
+        if sim.host_on:
+            self.specs = {
+                m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i], promote_seconds=sim.promote_s[i])
+                for i, m in enumerate(self.names)
+            }
+        else:
+            self.specs = {
+                m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i]) for i, m in enumerate(self.names)
+            }
+        self.node_index = {n.id: n.index for n in sim.nodes}
+        self._host: tuple[int, tuple[NodeState, ...], tuple[StagedState, ...]] = (-1, (), ())
         self.rs: dict[tuple[int, int], ReplicaState] = {}
         self.dirty: set[tuple[int, int]] = set()
         self.evicted_at: dict[str, float] = {}
@@ -403,22 +426,46 @@ class Prewarm(_Base):
             GpuState(g.id, g.node, g.capacity, g.capacity - g.used, joined_at=-math.inf) for g in s.gpus
         )
         waiting = {names[m]: len(s.waiting[m]) for m in s.stalled}
+        if not s.host_on:
+            return Snapshot(self.specs, gpus, tuple(self.rs.values()), self.history,
+                            recent_evictions=self.evicted_at, waiting=waiting, config=self.cfg)
+        if self._host[0] != s.host_version:  # rebuilt only when a host cache changed
+            nodes = tuple(NodeState(n.id, n.capacity, n.capacity - n.used) for n in s.nodes)
+            staged = tuple(
+                StagedState(names[c.model], n.id, c.state, c.bytes, c.since)
+                for n in s.nodes for c in n.cached.values()
+            )
+            self._host = (s.host_version, nodes, staged)
         return Snapshot(self.specs, gpus, tuple(self.rs.values()), self.history,
-                        recent_evictions=self.evicted_at, waiting=waiting, config=self.cfg)
+                        recent_evictions=self.evicted_at, waiting=waiting, config=self.cfg,
+                        nodes=self._host[1], staged=self._host[2])
 
     def _plan(self, t: float) -> None:
+        self._apply(plan(self._snapshot(), t, self.state), t)
+
+    def _apply(self, actions: Iterable[Action], t: float) -> None:
+        """Play the worker for plan()'s actions (an action the fleet cannot take is ignored)."""
         s = self.sim
-        for a in plan(self._snapshot(), t, self.state):
+        for a in actions:
             self.actions += 1
             m = self.index[a.model]
-            gi = self.gpu_index[a.gpu]
             if isinstance(a, Evict):
+                gi = self.gpu_index[a.gpu]
                 if s.evict(m, gi):
                     self.evicted_at[a.model] = t
                     self.rs.pop((m, gi), None)
             elif isinstance(a, Preload):
+                gi = self.gpu_index[a.gpu]
                 if s.start_load(m, gi, a.kind) is not None:
                     self.dirty.add((m, gi))
+            elif isinstance(a, Stage):
+                ni = self.node_index.get(a.node)
+                if ni is not None and s.host_on:
+                    s.start_stage(m, ni)  # None: already held/staging or no room → ignored
+            elif isinstance(a, Unstage):
+                ni = self.node_index.get(a.node)
+                if ni is not None:
+                    s.unstage(m, ni)
 
 
 POLICIES = {
