@@ -37,6 +37,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="write a PNG: cold-start share against memory-time")
     p.add_argument("--seed", type=int, default=0, help="seed for spreading per-minute counts")
     p.add_argument("--contention", choices=["shared", "none"], default="shared")
+    p.add_argument("--host-memory", default="0",
+                   help="host-memory staging cache per node (8 GPUs a node), e.g. 256GiB; 0 = no staging tier")
+    p.add_argument("--stage-bandwidth", default="2GiB",
+                   help="storage → host cache bandwidth per node, bytes/s (e.g. 2GiB); stages on a node share it")
+    p.add_argument("--promote-bandwidth", default=None,
+                   help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
+                   "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
+
+
+def parse_rate(s: str) -> float:
+    """A bandwidth such as 2GiB, 2GiB/s or 2147483648 (bytes per second)."""
+    s = s.strip()
+    if s.lower().endswith("/s"):
+        s = s[:-2]
+    return float(parse_bytes(s))
 
 
 def load_trace(path: str, fmt: str, seed: int) -> Trace:
@@ -51,6 +66,9 @@ def simulate(
     gpu_bytes: int = 80 * GIB,
     contention: str = "shared",
     progress: bool = False,
+    host_bytes: int = 0,
+    stage_bandwidth: float = 2.0 * GIB,
+    promote_bandwidth: float | None = None,
 ) -> dict:
     sizes, loads = load_profile(profile, trace.models)
     out: dict[str, Any] = {
@@ -60,11 +78,13 @@ def simulate(
             "model_bytes": int(sizes.sum()), "profile": profile,
         },
         "fleet": {"gpus": gpus, "gpu_bytes": gpu_bytes, "contention": contention,
-                  "fleet_bytes": gpus * gpu_bytes},
+                  "fleet_bytes": gpus * gpu_bytes, "host_bytes": host_bytes,
+                  "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth},
         "policies": {},
     }
     for name in policies:
-        sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention)
+        sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
+                         stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth)
         pol = POLICIES[name]()
         t0 = time.perf_counter()
         sim.run(pol)
@@ -94,6 +114,14 @@ def table(out: dict) -> str:
             f"{r['loads']:>7} {r['bytes_loaded'] / GIB / 1024:>7.2f} {r['memory_gib_hours']['idle']:>9.0f} "
             f"{r['memory_gib_hours']['total']:>9.0f} {ratio:>7}"
         )
+    if out["fleet"].get("host_bytes"):
+        hdr = f"{'host tier':<17} {'stages':>8} {'TiB staged':>10} {'unstages':>8} {'promotions':>10} {'host GiBh':>9}"
+        lines += ["", hdr, "-" * len(hdr)]
+        for name, r in out["policies"].items():
+            lines.append(
+                f"{name:<17} {r['stages']:>8} {r['bytes_staged'] / GIB / 1024:>10.2f} {r['unstages']:>8} "
+                f"{r['promotions']:>10} {r['host_memory_gib_hours']:>9.0f}"
+            )
     return "\n".join(lines)
 
 
@@ -129,6 +157,9 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     try:
         gpu_bytes = parse_bytes(args.gpu_memory)
+        host_bytes = parse_bytes(args.host_memory)
+        stage_bw = parse_rate(args.stage_bandwidth)
+        promote_bw = None if args.promote_bandwidth is None else parse_rate(args.promote_bandwidth)
         trace = load_trace(args.trace, args.format, args.seed)
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
@@ -136,7 +167,11 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.gpus < 1 or gpu_bytes <= 0:
         print("simulate: --gpus and --gpu-memory must be positive", file=sys.stderr)
         return 2
-    out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True)
+    if stage_bw <= 0 or (promote_bw is not None and promote_bw <= 0):
+        print("simulate: --stage-bandwidth and --promote-bandwidth must be positive", file=sys.stderr)
+        return 2
+    out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
+                   host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw)
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:
