@@ -3,15 +3,18 @@ by hand in the comments, the fleet model (load-link contention), formats, determ
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 
 import numpy as np
 import pytest
 
+from scheduler.policy import Stage, Unstage
 from simulator.cli import main as cli_main
 from simulator.cli import simulate
-from simulator.engine import Simulation
-from simulator.policies import POLICIES
+from simulator.engine import HostCopy, Simulation
+from simulator.policies import POLICIES, _Base
 from simulator.trace import GIB, Trace, load_azure_minute, load_requests, parse_bytes
 
 
@@ -207,3 +210,218 @@ def test_simulation_is_deterministic_and_cli_writes_json_and_plot(tmp_path) -> N
         assert again["policies"][name]["cold_starts"] == r["cold_starts"]
         assert again["policies"][name]["bytes_loaded"] == r["bytes_loaded"]
     assert cli_main(["simulate", str(inv), "--policies", "nope"]) == 2
+
+
+# ---- host-memory staging tier (issue 4) --------------------------------------------------------
+
+class Scripted(_Base):
+    """A test policy that drives the real engine's host tier: at each scripted time it stages or
+    unstages (model, node) and records what the engine answered; a miss loads on GPU `gpu_of[m]`."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[tuple[float, str, str, int]], gpu_of: dict[str, int] | None = None) -> None:
+        self.script = script
+        self.gpu_of = gpu_of or {}
+        self.answers: dict[int, object] = {}
+        self.staged_at: dict[str, float] = {}
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        for i, (t, *_rest) in enumerate(self.script):
+            sim.timer(t, ("script", i))
+
+    def on_timer(self, t: float, payload: tuple) -> None:
+        _tag, i = payload
+        _t, op, model, ni = self.script[i]
+        m = self.sim.trace.models.index(model)
+        self.answers[i] = self.sim.start_stage(m, ni) if op == "stage" else self.sim.unstage(m, ni)
+
+    def on_staged(self, t: float, c: HostCopy) -> None:
+        self.staged_at[self.sim.trace.models[c.model]] = t
+
+    def on_miss(self, t: float, m: int) -> None:
+        self.sim.start_load(m, self.gpu_of.get(self.sim.trace.models[m], 0), "demand")
+
+
+def staged_run(events: list[tuple[float, str]], sizes_gib: dict[str, float], load_s: dict[str, float],
+               script: list[tuple[float, str, str, int]], host_gib: float = 64.0, gpus: int = 1,
+               contention: str = "shared", span: float = 100.0, gpu_of: dict[str, int] | None = None,
+               gpu_gib: float = 80.0) -> tuple[Simulation, Scripted]:
+    tr = trace(events, span)
+    for _t, _op, model, _ni in script:  # scripted models need not be requested
+        if model not in tr.models:
+            tr.models.append(model)
+    sizes = np.array([int(sizes_gib[m] * GIB) for m in tr.models], dtype=np.int64)
+    loads = np.array([load_s[m] for m in tr.models], dtype=float)
+    sim = Simulation(tr, sizes, loads, gpus, int(gpu_gib * GIB), contention, host_bytes=int(host_gib * GIB))
+    pol = Scripted(script, gpu_of)
+    sim.run(pol)
+    return sim, pol
+
+
+def test_a_staged_models_load_takes_its_promotion_time() -> None:
+    # A: 8 GiB, 10 s from storage; C, D: 1 GiB. All three staged at 0 on node 0 (2 GiB/s shared:
+    # alone 4 s, 0.5 s, 0.5 s; at 1/3 speed C and D are done at 1.5 s, A then has 3.5 s left → 5 s).
+    # Promotion time (default) = 0.5 + 8/16 + 0.1·8 = 1.8 s: A@10 is cold, promoted, waits 1.8 s.
+    # B (never staged) loads from storage: 10 s. C (1 s load) promotes in 0.5 + 1/16 + 0.1 =
+    # 0.6625 s; D's load time 0.5 s is below that, so its promotion time is capped at 0.5 s.
+    sizes = {"A": 8.0, "B": 8.0, "C": 1.0, "D": 1.0}
+    loads = {"A": 10.0, "B": 10.0, "C": 1.0, "D": 0.5}
+    script = [(0.0, "stage", "A", 0), (0.0, "stage", "C", 0), (0.0, "stage", "D", 0)]
+    events = [(10.0, "A"), (20.0, "B"), (30.0, "C"), (40.0, "D")]
+    sim, pol = staged_run(events, sizes, loads, script)
+    assert pol.staged_at == pytest.approx({"A": 5.0, "C": 1.5, "D": 1.5})
+    assert sim.waits == pytest.approx([1.8, 10.0, 0.6625, 0.5])
+    res = sim.results()
+    assert res["stages"] == 3 and res["bytes_staged"] == 10 * GIB and res["promotions"] == 3
+    assert res["loads"] == 4 and res["unstages"] == 0
+    # host memory-time: 10 GiB held from 0 to the end of the trace (100 s)
+    assert res["host_memory_gib_hours"] == pytest.approx(10 * 100 / 3600)
+
+
+def test_a_promotion_shares_its_gpus_link_with_other_loads() -> None:
+    # A staged (promotion 1.8 s, as above) and B from storage (4 s) start together on GPU 0:
+    # both at half speed until A is done at 3.6 s (B has 4 − 1.8 = 2.2 s left) → B ready at 5.8 s.
+    sizes = {"A": 8.0, "B": 1.0}
+    loads = {"A": 10.0, "B": 4.0}
+    sim, _ = staged_run([(10.0, "A"), (10.0, "B")], sizes, loads, [(0.0, "stage", "A", 0)])
+    assert sim.waits == pytest.approx([3.6, 5.8])
+
+
+def test_stages_on_one_node_share_its_storage_bandwidth() -> None:
+    # A 2 GiB (1 s alone at 2 GiB/s) and B 6 GiB (3 s alone) staged at 0 on one node: at half
+    # speed A is done at 2 s; B then has 3 − 1 = 2 s left alone → staged at 4 s.
+    sizes = {"A": 2.0, "B": 6.0}
+    loads = {"A": 5.0, "B": 5.0}
+    script = [(0.0, "stage", "A", 0), (0.0, "stage", "B", 0)]
+    _, pol = staged_run([(50.0, "A")], sizes, loads, script)
+    assert pol.staged_at == pytest.approx({"A": 2.0, "B": 4.0})
+    # contention none: each at full speed
+    _, pol = staged_run([(50.0, "A")], sizes, loads, script, contention="none")
+    assert pol.staged_at == pytest.approx({"A": 1.0, "B": 3.0})
+    # on two nodes (16 GPUs, eight a node) they do not slow each other
+    _, pol = staged_run([(50.0, "A")], sizes, loads, [(0.0, "stage", "A", 0), (0.0, "stage", "B", 1)], gpus=16)
+    assert pol.staged_at == pytest.approx({"A": 1.0, "B": 3.0})
+
+
+def test_a_stage_only_promotes_on_its_own_node() -> None:
+    # A staged on node 0; its miss loads on GPU 8 (node 1): read from storage, 10 s.
+    sim, _ = staged_run([(10.0, "A")], {"A": 8.0}, {"A": 10.0}, [(0.0, "stage", "A", 0)], gpus=16,
+                        gpu_of={"A": 8})
+    assert sim.waits == pytest.approx([10.0]) and sim.promotions == 0
+
+
+def test_unstage_frees_host_bytes_and_a_stage_that_does_not_fit_is_refused() -> None:
+    # 8 GiB host cache. A (6 GiB, staged at 3 s) at 0; unstaging A at 1 s (still staging) is
+    # refused; B (4 GiB) at 5 s does not fit (2 GiB free) → refused; staging A again → refused
+    # (already held); A unstaged at 10 s (instant); B at 11 s fits.
+    sizes = {"A": 6.0, "B": 4.0}
+    loads = {"A": 5.0, "B": 5.0}
+    script = [(0.0, "stage", "A", 0), (1.0, "unstage", "A", 0), (5.0, "stage", "B", 0),
+              (6.0, "stage", "A", 0), (10.0, "unstage", "A", 0), (11.0, "stage", "B", 0)]
+    sim, pol = staged_run([(50.0, "B")], sizes, loads, script, host_gib=8.0)
+    a = pol.answers
+    assert a[0] is not None and a[1] is False and a[2] is None and a[3] is None
+    assert a[4] is True and a[5] is not None
+    assert sim.host_free(0) == 4 * GIB  # B holds 4 of 8 GiB
+    res = sim.results()
+    assert res["stages"] == 2 and res["unstages"] == 1 and res["bytes_staged"] == 10 * GIB
+    assert res["promotions"] == 1 and sim.waits == pytest.approx([min(5.0, 0.5 + 4 / 16 + 0.4)])
+    # host memory-time: A 6 GiB × 10 s + B 4 GiB × (100 − 11) s
+    assert res["host_memory_gib_hours"] == pytest.approx((6 * 10 + 4 * 89) / 3600)
+
+
+def test_unstage_is_refused_while_a_promotion_reads_the_copy() -> None:
+    # A staged at 4 s; A@10 promotes (1.8 s, ready 11.8); unstage at 11 → refused, at 12 → done.
+    script = [(0.0, "stage", "A", 0), (11.0, "unstage", "A", 0), (12.0, "unstage", "A", 0)]
+    _, pol = staged_run([(10.0, "A")], {"A": 8.0}, {"A": 10.0}, script)
+    assert pol.answers[1] is False and pol.answers[2] is True
+
+
+def _random_events(seed: int, n: int = 300, models: int = 10) -> tuple[list[tuple[float, str]], dict, dict]:
+    rng = np.random.default_rng(seed)
+    events = [(float(t), f"m{int(m)}") for t, m in zip(np.sort(rng.uniform(0, 1800, n)),
+                                                         rng.integers(0, models, n), strict=True)]
+    sizes = {f"m{i}": 0.5 + (i % 4) * 0.5 for i in range(models)}
+    loads = {f"m{i}": 2.0 + i % 3 for i in range(models)}
+    return events, sizes, loads
+
+
+def test_host_tier_off_changes_nothing_and_baselines_ignore_it() -> None:
+    events, sizes, loads = _random_events(5)
+    tr = trace(events)
+    sz = np.array([int(sizes[m] * GIB) for m in tr.models], dtype=np.int64)
+    ld = np.array([loads[m] for m in tr.models], dtype=float)
+    new_keys = {"stages", "bytes_staged", "unstages", "promotions", "host_memory_gib_hours"}
+    for name, cls in POLICIES.items():
+        plain = Simulation(tr, sz, ld, 2, 3 * GIB, "shared")
+        plain.run(cls())
+        off = Simulation(tr, sz, ld, 2, 3 * GIB, "shared", host_bytes=0, stage_bandwidth=1 * GIB,
+                         promote_bandwidth=64 * GIB)
+        off.run(cls())
+        a, b = plain.results(), off.results()
+        assert a == b, name
+        assert all(b[k] == 0 for k in new_keys), name
+        assert plain.waits == off.waits and plain.loads == off.loads, name
+        if name == "prewarm":
+            continue
+        on = Simulation(tr, sz, ld, 2, 3 * GIB, "shared", host_bytes=64 * GIB)
+        on.run(cls())
+        assert on.results() == a, name  # baselines never stage: same figures with the tier on
+
+
+def test_prewarm_adapter_reports_and_executes_the_host_tier() -> None:
+    from scheduler.policy import NodeState, StagedState
+
+    events = [(float(t), "A") for t in range(0, 300, 10)] + [(5.0, "B")]
+    tr = trace(events, 400.0)
+    sizes = np.array([2 * GIB, 4 * GIB], dtype=np.int64)  # A, B
+    sim = Simulation(tr, sizes, np.array([3.0, 6.0]), 2, 8 * GIB, "shared", host_bytes=8 * GIB)
+    pol = POLICIES["prewarm"]()
+    sim.run(pol)  # today's planner may or may not stage; it must serve every request either way
+    assert all(np.isfinite(sim.waits))
+    snap = pol._snapshot()
+    assert snap.models["A"].promote_seconds == pytest.approx(min(3.0, 0.5 + 2 / 16 + 0.2))
+    for n in list(sim.nodes[0].cached):  # start from an empty host cache
+        assert sim.unstage(n, 0)
+    snap = pol._snapshot()
+    assert snap.nodes == (NodeState("node-0", 8 * GIB, 8 * GIB),) and snap.staged == ()
+    t = sim.now
+    pol._apply([Stage("B", "node-0", "likely", "test", bytes=4 * GIB),
+                Stage("B", "node-0", "likely", "again: ignored"),
+                Stage("A", "node-0", "likely", "test"),
+                Stage("A", "node-0", "likely", "again: ignored")], t)
+    snap = pol._snapshot()
+    assert snap.nodes == (NodeState("node-0", 8 * GIB, 2 * GIB),)
+    assert snap.staged == (StagedState("B", "node-0", "staging", 4 * GIB, t),
+                           StagedState("A", "node-0", "staging", 2 * GIB, t))
+    assert pol._snapshot().staged is snap.staged  # cached while nothing changes
+    pol._apply([Unstage("B", "node-0", "quiet", "still staging: refused")], t)
+    assert sim.nodes[0].used == 6 * GIB
+    # let both stages finish: sharing the node, A (1 s alone) is done at t + 2, B at t + 3
+    while sim.events and sim.events[0][0] <= t + 10.0:
+        sim._dispatch(heapq.heappop(sim.events), math.inf)
+    assert sim.nodes[0].cached[1].ready_at == pytest.approx(t + 3.0)
+    snap = pol._snapshot()
+    assert {s.state for s in snap.staged} == {"staged"}
+    pol._apply([Unstage("B", "node-0", "quiet", "test")], sim.now)
+    assert pol._snapshot().nodes == (NodeState("node-0", 8 * GIB, 6 * GIB),)
+    assert [s.model for s in pol._snapshot().staged] == ["A"]
+
+
+def test_cli_host_tier_flags_go_into_the_fleet_and_the_table(tmp_path, capsys) -> None:
+    p = tmp_path / "req.csv"
+    p.write_text("timestamp,model\n" + "".join(f"{t},m{t % 3}\n" for t in range(0, 120, 5)))
+    out = tmp_path / "out.json"
+    rc = cli_main(["simulate", str(p), "--format", "requests", "--gpus", "1", "--gpu-memory", "4GiB",
+                   "--policies", "on-demand-lru,prewarm", "--host-memory", "16GiB",
+                   "--stage-bandwidth", "4GiB/s", "--promote-bandwidth", "32GiB", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["fleet"]["host_bytes"] == 16 * GIB
+    assert res["fleet"]["stage_bandwidth"] == 4 * GIB and res["fleet"]["promote_bandwidth"] == 32 * GIB
+    assert res["policies"]["on-demand-lru"]["stages"] == 0
+    assert "promotions" in capsys.readouterr().out
+    cli_main(["simulate", str(p), "--format", "requests", "--policies", "on-demand-lru"])
+    assert "promotions" not in capsys.readouterr().out
