@@ -1,7 +1,7 @@
 """Reading what the scheduler knows into a policy `Snapshot` (the I/O side of the tick).
 
-Catalog, measured load times, operator pins and rollouts, the fleet and its replicas, in-flight intents,
-and the traffic: per-second request counts read from Redis since the last tick and fed into one
+Catalog, measured load and promotion times, operator pins and rollouts, the fleet and its replicas, each
+live node's host cache and what is staged in it (the staging tier), in-flight intents, and the traffic: per-second request counts read from Redis since the last tick and fed into one
 `TrafficHistory` that lives as long as the process (warmed from per-minute buckets at start, so a new
 leader knows the last hours' patterns too).
 
@@ -11,6 +11,12 @@ reported for the model are split between the versions by the rollout's traffic f
 version's `min_replicas` covers that fraction of the current replicas, so the policy warms the new version
 before the router shifts traffic and releases the old one as its share falls, with no special case in
 `plan`.
+
+Staging tier: `Snapshot.nodes` has one `NodeState` per live node's host cache, `Snapshot.staged` one
+`StagedState` per staged or staging model there (keyed like replicas, so an old version staged shows as
+`"<id>@<version>"`). Stage/unstage intents are claimed on `state.host_id(node)`; the policy sees them as
+`Intent(kind="stage"|"unstage", gpu=<node>)`. The fleet read brings the host caches in the same round trips
+as the GPUs, and promotion times come in the load times' pipeline, so the staging tier adds no round trip.
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ from scheduler.policy import (
     GpuState,
     Intent,
     ModelSpec,
+    NodeState,
     PolicyConfig,
     ReplicaState,
     Snapshot,
+    StagedState,
     TrafficHistory,
 )
 
@@ -50,16 +58,38 @@ def model_key(catalog: Catalog, model_id: str, version: str) -> str:
     return model_id if version == current else f"{model_id}@{version}"
 
 
-def measured_load_seconds(r: redis.Redis, model_ids: list[str]) -> dict[str, float]:
+MEASURED_KEPT = 20  # the median is over this many most recent measurements
+
+
+def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median of the recent load times from storage and of the promotions from a host cache, per model
+    (a model never measured is absent), in one pipelined round trip."""
     pipe = r.pipeline(transaction=False)
     for m in model_ids:
-        pipe.lrange(keys.load_times(m), 0, 19)
-    out = {}
-    for m, raw in zip(model_ids, pipe.execute(), strict=True):
-        vals = [float(x) for x in raw]
-        if vals:
-            out[m] = statistics.median(vals)
-    return out
+        pipe.lrange(keys.load_times(m), 0, MEASURED_KEPT - 1)
+        pipe.lrange(keys.promote_times(m), 0, MEASURED_KEPT - 1)
+    raw = pipe.execute()
+    load: dict[str, float] = {}
+    promote: dict[str, float] = {}
+    for i, m in enumerate(model_ids):
+        for out, vals in ((load, raw[2 * i]), (promote, raw[2 * i + 1])):
+            try:
+                nums = [float(x) for x in vals]
+            except ValueError:
+                continue  # a corrupt entry: plan as if unmeasured rather than fail the tick
+            if nums:
+                out[m] = statistics.median(nums)
+    return load, promote
+
+
+def measured_load_seconds(r: redis.Redis, model_ids: list[str]) -> dict[str, float]:
+    return measured_seconds(r, model_ids)[0]
+
+
+def host_node(target: str) -> str | None:
+    """The node whose host cache `target` (an intent's gpu) is, or None for a GPU id."""
+    node = target.removesuffix("/host")
+    return node if node != target and state.host_id(node) == target else None
 
 
 class SnapshotReader:
@@ -126,12 +156,27 @@ class SnapshotReader:
 
     # --- everything else ---------------------------------------------------------------------
     def _spec(self, key: str, entry: ModelEntry, load_s: dict[str, float], pinned: set[str],
-              min_replicas: int | None = None) -> ModelSpec:
+              min_replicas: int | None = None, promote_s: dict[str, float] | None = None) -> ModelSpec:
         self.refs[key] = ModelRef(entry.id, entry.version)
         return ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version,
                          load_seconds=load_s.get(entry.id), pinned=entry.pinned or entry.id in pinned,
                          min_replicas=entry.min_replicas if min_replicas is None else min_replicas,
-                         max_rate_per_replica=entry.max_rate_per_replica)
+                         max_rate_per_replica=entry.max_rate_per_replica,
+                         promote_seconds=(promote_s or {}).get(entry.id))
+
+    def _old_version(self, models: dict[str, ModelSpec], catalog: Catalog, model: str, version: str,
+                     load_s: dict[str, float], pinned: set[str], promote_s: dict[str, float]) -> str | None:
+        """The policy's key of (model, version) found resident or staged; an old version gets a spec with no
+        traffic of its own (so it goes). None: not in the catalog (any more)."""
+        if model not in catalog:
+            return None
+        key = model_key(catalog, model, version)
+        if key not in models:
+            try:
+                models[key] = self._spec(key, catalog.get(model, version), load_s, pinned, 0, promote_s)
+            except KeyError:
+                return None
+        return key
 
     def _waiting(self, catalog: Catalog, fleet: state.Fleet, now: float) -> dict[str, int]:
         """Models a router is waiting on: the route hook answered "cold" (an open cold start) and no
@@ -160,12 +205,12 @@ class SnapshotReader:
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r)
         ids = catalog.ids()
-        load_s = measured_load_seconds(self.r, ids)
+        load_s, promote_s = measured_seconds(self.r, ids)
         pinned = {x.decode() for x in self.r.smembers(keys.PINNED)}
         self.refs = {}
         models: dict[str, ModelSpec] = {}
         for mid in ids:
-            models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned)
+            models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s)
         replicas_now = {mid: 0 for mid in ids}
         for rep in fleet.replicas():
             if rep.model in replicas_now and rep.state in ("loading", "warming", "ready", "pending"):
@@ -181,36 +226,49 @@ class SnapshotReader:
             # Enough replicas of the new version for its share of the current version's load.
             need = max(1, math.ceil(fraction * max(1, replicas_now.get(mid, 0)))) if fraction > 0 else 0
             key = f"{mid}@{entry.version}"
-            models[key] = self._spec(key, entry, load_s, pinned, min_replicas=need)
+            models[key] = self._spec(key, entry, load_s, pinned, min_replicas=need, promote_s=promote_s)
         replicas: list[ReplicaState] = []
         for g in fleet.alive():
             for rep in g.replicas:
                 if rep.state == "failed":
                     continue  # holds no memory; the worker keeps it only to show the reason
-                key = model_key(catalog, rep.model, rep.version) if rep.model in catalog else None
+                key = self._old_version(models, catalog, rep.model, rep.version, load_s, pinned, promote_s)
                 if key is None:
                     continue
-                if key not in models:  # an old version still resident: no traffic of its own, so it goes
-                    try:
-                        models[key] = self._spec(key, catalog.get(rep.model, rep.version), load_s, pinned, 0)
-                    except KeyError:
-                        continue
                 held = max(rep.bytes, rep.total_bytes)
                 replicas.append(ReplicaState(model=key, gpu=g.id, state=rep.state, bytes=held,
                                              since=rep.created_at or rep.since, version=rep.version,
                                              last_request=rep.last_used, in_flight=rep.in_flight))
+        nodes: list[NodeState] = []
+        staged: list[StagedState] = []
+        for n in fleet.nodes:  # live nodes only: read_fleet drops a node whose heartbeat expired
+            nodes.append(NodeState(id=n.node, budget_bytes=n.budget_bytes, free_bytes=n.free_bytes, alive=True))
+            for x in n.staged:
+                if x.state not in state.STAGED_STATES:
+                    continue
+                key = self._old_version(models, catalog, x.model, x.version, load_s, pinned, promote_s)
+                if key is None:
+                    continue
+                staged.append(StagedState(model=key, node=n.node, state=x.state, bytes=max(x.bytes, x.total_bytes),
+                                          since=x.staged_at, version=x.version))
         intents = []
         for it in state.read_intents(self.r):
-            if it.model in catalog:
-                key = model_key(catalog, it.model, it.version)
-                size = models[key].size_bytes if key in models else 0
-                intents.append(Intent(model=key, gpu=it.gpu, kind=it.action, expires_at=it.expires_at,
-                                      bytes=size, version=it.version))
+            if it.model not in catalog:
+                continue
+            target: str | None = it.gpu
+            if it.action in ("stage", "unstage"):
+                target = host_node(it.gpu)  # claimed on host_id(node); the policy speaks of the node
+            if target is None:
+                continue
+            key = model_key(catalog, it.model, it.version)
+            size = models[key].size_bytes if key in models else 0
+            intents.append(Intent(model=key, gpu=target, kind=it.action, expires_at=it.expires_at,
+                                  bytes=size, version=it.version))
         waiting = self._waiting(catalog, fleet, now)
         gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
                               joined_at=g.started_at, alive=True) for g in fleet.alive())
         snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
                         intents=tuple(intents), recent_evictions=dict(self.recent_evictions),
-                        waiting=waiting, config=self.config)
+                        waiting=waiting, config=self.config, nodes=tuple(nodes), staged=tuple(staged))
         return snap, fleet
 
