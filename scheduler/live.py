@@ -3,7 +3,13 @@
     tick:  leadership.ensure()            one planner at a time (redis-py Lock with a TTL)
            snapshot = reader.read(...)    I/O: catalog, traffic, fleet, replicas, intents
            actions = plan(snapshot, now)  pure
-           dispatcher.preload/evict(...)  claims an intent per (model, gpu), sends the task by name
+           dispatch(action, gpus)         dispatcher.preload/evict/stage/unstage: claims an intent per
+                                          (model, gpu) — (model, host_id(node)) for the host cache —
+                                          and sends the task by name to the GPU's queue
+
+Stage/Unstage act on a node's host cache: the task goes to the queue of the node's first alive GPU (sorted
+by id), and is skipped when the node has none (nothing there could run it). The dispatcher records every
+sent action in the event log.
 
 A standby runs the same ticks and plans nothing until it gets the lock. The dispatcher's intents are
 claimed atomically, so even two schedulers that both believe they lead never send one action twice.
@@ -19,10 +25,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from prewarm import events, keys
+from prewarm import events, keys, state
 from prewarm.context import Context
+from prewarm.dispatch import Dispatched
 from scheduler.leader import Leadership
-from scheduler.policy import Evict, PolicyConfig, PolicyState, Preload, plan
+from scheduler.policy import Action, Evict, PolicyConfig, PolicyState, Preload, Stage, Unstage, plan
 from scheduler.snapshot import SnapshotReader
 
 log = logging.getLogger(__name__)
@@ -70,27 +77,9 @@ class Scheduler:
         result = TickResult(True, actions=len(actions))
         gpus = {g.id: g for g in fleet.alive()}
         for action in actions:
-            ref = self.reader.refs.get(action.model)
-            gpu = gpus.get(action.gpu)
-            if ref is None or gpu is None:
-                continue
             try:
-                if isinstance(action, Preload):
-                    d = self.ctx.dispatcher.preload(ref.id, ref.version, gpu, actor="scheduler",
-                                                    reason=action.reason, numbers=dict(action.numbers),
-                                                    kind=action.kind)
-                elif isinstance(action, Evict):
-                    d = self.ctx.dispatcher.evict(ref.id, ref.version, gpu, actor="scheduler",
-                                                  reason=action.reason, numbers=dict(action.numbers),
-                                                  kind=action.kind)
-                    if d.sent:
-                        self.reader.note_eviction(action.model, now)
-                else:
-                    continue
-                result.dispatched += int(d.sent)
-                if d.sent:
-                    log.info("%s %s on %s (%s): %s", type(action).__name__.lower(), action.model, action.gpu,
-                             action.kind, action.reason)
+                d = self.dispatch(action, gpus, now)
+                result.dispatched += int(d is not None and d.sent)
             except Exception as exc:  # one failed send must not lose the rest of the plan
                 log.exception("dispatch of %s failed", action)
                 result.errors.append(str(exc))
@@ -99,6 +88,46 @@ class Scheduler:
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched})
         return result
+
+    def dispatch(self, action: Action, gpus: dict[str, state.Gpu], now: float | None = None) -> Dispatched | None:
+        """Send one planned action through the dispatcher. `gpus`: the alive GPUs by id. None: skipped (its
+        model is unknown to this tick's snapshot, or its GPU — for Stage/Unstage, every GPU of its node — is
+        not alive); otherwise the dispatcher's answer (`sent` False: an action on it is already in flight)."""
+        assert self.reader is not None, "dispatch runs after a snapshot (a tick as leader)"
+        ref = self.reader.refs.get(action.model)
+        if ref is None:
+            return None
+        numbers = dict(action.numbers)
+        if isinstance(action, Stage | Unstage):
+            on_node = sorted(gid for gid, g in gpus.items() if g.node == action.node and g.alive)
+            if not on_node:
+                return None
+            gpu, where = gpus[on_node[0]], state.host_id(action.node)
+            if isinstance(action, Stage):
+                d = self.ctx.dispatcher.stage(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
+                                              numbers=numbers, kind=action.kind, value=action.value)
+            else:
+                d = self.ctx.dispatcher.unstage(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
+                                                numbers=numbers, kind=action.kind)
+        else:
+            g = gpus.get(action.gpu)
+            if g is None:
+                return None
+            gpu, where = g, g.id
+            if isinstance(action, Preload):
+                d = self.ctx.dispatcher.preload(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
+                                                numbers=numbers, kind=action.kind)
+            elif isinstance(action, Evict):
+                d = self.ctx.dispatcher.evict(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
+                                              numbers=numbers, kind=action.kind)
+                if d.sent:
+                    self.reader.note_eviction(action.model, time.time() if now is None else now)
+            else:
+                return None
+        if d.sent:
+            log.info("%s %s on %s (%s): %s", type(action).__name__.lower(), action.model, where, action.kind,
+                     action.reason)
+        return d
 
     def safe_tick(self) -> None:
         from web.metrics import SCHEDULER_TICK
