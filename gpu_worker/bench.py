@@ -8,7 +8,13 @@ One run measures, on the same generated safetensors file (seeded, written to a t
   (``safetensors.torch.load_file`` + a copy into owned memory), and ``fresh_memcpy`` (the same
   bytes copied from RAM into tensors allocated exactly as the loader allocates them: the loader
   minus the file, the ceiling of any loader that must write every byte into new memory, which a
-  raw read into one reused buffer never does). The order of the contenders rotates each round;
+  raw read into one reused buffer never does), and, on a CPU target, the same loader and memcpy into
+  *pre-faulted* device memory (``loader_prefaulted``, ``prefaulted_memcpy``: one arena of the
+  model's size, faulted in once and reused by every run, see :class:`DeviceMemory`). The loader's
+  default destinations are new memory, which the kernel must fault in and zero page by page while
+  the reads first touch it; a GPU's memory exists before the load and is never faulted per load,
+  so ``loader_prefaulted`` is the CPU analogue of a GPU load and ``loader`` is what a CPU virtual
+  GPU (whose evicted bytes go back to the OS) pays. The order of the contenders rotates each round;
 - out-of-page-cache case: the same three reads after ``posix_fadvise(DONTNEED)`` on the file
   before each run (the resident fraction after dropping is reported: if the drop did not work the
   numbers say so);
@@ -160,12 +166,17 @@ def fresh_memcpy(src, header, threads: int) -> dict:
     fill them from ``src`` (the same bytes, already in RAM) with ``threads`` threads of 8 MiB
     memmoves. Its throughput is the ceiling for any loader that must write every byte into new
     memory, which a raw read into one reused buffer never does."""
-    import threading
-
     from gpu_worker.loader import TORCH_DTYPES, _allocate
 
     device = src.device
     out = {name: _allocate(e.shape, TORCH_DTYPES[e.dtype], device) for name, e in header.tensors.items()}
+    _memcpy_into(src, header, out, threads)
+    return out
+
+
+def _memcpy_into(src, header, out: dict, threads: int) -> None:
+    import threading
+
     pieces: list[tuple[int, int, int]] = []
     base = src.data_ptr()
     step = 8 * MiB
@@ -183,7 +194,43 @@ def fresh_memcpy(src, header, threads: int) -> dict:
         t.start()
     for t in ts:
         t.join()
-    return out
+
+
+class DeviceMemory:
+    """A CPU stand-in for a GPU's memory: one huge-page-advised arena of the model's size (a
+    :class:`gpu_worker.staging.HostArena`, unpinned), faulted in once before the runs and reused by
+    each of them, as HBM exists before any load and the CUDA caching allocator hands out memory
+    that is already mapped. ``allocate`` is the loader's allocator."""
+
+    def __init__(self, header):
+        from gpu_worker.hostmem import prefault
+        from gpu_worker.staging import HostArena
+
+        self.header = header
+        self.arena = HostArena({name: e.nbytes for name, e in header.tensors.items()}, pin=False)
+        assert self.arena.buffer is not None
+        prefault(self.arena.buffer)
+
+    def allocate(self, name: str, shape: tuple[int, ...], dtype) -> object:
+        return self.arena.allocate(name, shape, dtype)
+
+    def huge_page_fraction(self) -> float | None:
+        from gpu_worker.hostmem import huge_page_bytes
+
+        buf = self.arena.buffer
+        got = huge_page_bytes(buf) if buf is not None else None
+        return None if got is None or not self.arena.nbytes else got / self.arena.nbytes
+
+    def memcpy(self, src, threads: int) -> dict:
+        """``fresh_memcpy`` into this memory: the ceiling of a load into already-mapped memory."""
+        from gpu_worker.loader import TORCH_DTYPES
+
+        out = {name: self.allocate(name, e.shape, TORCH_DTYPES[e.dtype]) for name, e in self.header.tensors.items()}
+        _memcpy_into(src, self.header, out, threads)
+        return out
+
+    def release(self) -> None:
+        self.arena.release()
 
 
 _cpu_seconds: dict[str, list[float]] = {}
@@ -200,6 +247,10 @@ def _timed(fn: Callable[[], object], label: str | None = None) -> float:
         _cpu_seconds.setdefault(label, []).append(time.process_time() - c0)
     del out  # free outside the timed region: a load's result is kept, its freeing is not its cost
     return dt
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def _gib_s(nbytes: int, seconds: list[float]) -> float:
@@ -232,7 +283,17 @@ def hwm():
         for line in f:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
+def anon_huge():
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 base = rss()
+huge0 = anon_huge()
 try:  # reset the high-water mark to now: the peak is then the load's alone
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -247,7 +308,7 @@ else:
     out = {k: v.clone() for k, v in load_file(path).items()}
 held = sum(t.numel() * t.element_size() for t in out.values())
 print(json.dumps({"baseline_rss_bytes": base, "peak_rss_bytes": hwm(), "hwm_reset": reset,
-                  "result_bytes": held}))
+                  "result_bytes": held, "anon_huge_page_bytes": anon_huge() - huge0}))
 """
 
 
@@ -318,22 +379,41 @@ def run_bench(
             f.seek(header.data_offset)
             f.readinto(memoryview(src.numpy()))
         memcpy = functools.partial(fresh_memcpy, src, header, nthreads)  # the loader's thread count
-        times: dict[str, list[float]] = {"raw_read": [], "loader": [], "load_file": [], "fresh_memcpy": []}
-        warm_page_cache(path)
-        log(f"page-cache runs ({runs}) ...")
         contenders: list[tuple[str, Callable[[], object]]] = [
             ("raw_read", lambda: raw_read(path)),
             ("loader", loader_dev),
             ("load_file", lambda: load_file_copy(path)),
             ("fresh_memcpy", memcpy),
         ]
+        devmem: DeviceMemory | None = None
+        if dev.type == "cpu":
+            # Device memory that exists before the load (a GPU's HBM): faulted in once, reused.
+            devmem = DeviceMemory(header)
+            mem = devmem
+            contenders += [
+                ("loader_prefaulted",
+                 lambda: load_weights(path, dev, threads=nthreads, chunk_bytes=chunk, allocator=mem.allocate)),
+                ("prefaulted_memcpy", functools.partial(mem.memcpy, src, nthreads)),
+            ]
+            got = contenders[-2][1]()
+            if any(not torch.equal(got[k], v) for k, v in load_file_copy(path).items()):
+                raise RuntimeError("loader result into pre-faulted memory differs from safetensors")
+            del got
+            result["prefaulted_huge_page_fraction"] = _round(devmem.huge_page_fraction(), 3)
+        times: dict[str, list[float]] = {name: [] for name, _ in contenders}
+        warm_page_cache(path)
+        log(f"page-cache runs ({runs}) ...")
+        n = len(contenders)
         for k in range(runs):
             warm_page_cache(path)
             # Rotate the order each round: what ran before (memory it freed, caches it filled)
             # changes the next one's figure, and no contender should always follow the same one.
-            for name, fn in contenders[k % 4 :] + contenders[: k % 4]:
+            for name, fn in contenders[k % n :] + contenders[: k % n]:
                 times[name].append(_timed(fn, name))
         del memcpy, src, contenders
+        if devmem is not None:
+            devmem.release()
+            del devmem, mem
         result.update(
             {
                 "loader_gib_s": round(_gib_s(data_bytes, times["loader"]), 3),
@@ -343,9 +423,18 @@ def run_bench(
             }
         )
         loader_gib_s = _gib_s(data_bytes, times["loader"])
-        result["ratio_to_raw_read"] = round(loader_gib_s / _gib_s(file_bytes, times["raw_read"]), 3)
+        raw_gib_s = _gib_s(file_bytes, times["raw_read"])
+        result["ratio_to_raw_read"] = round(loader_gib_s / raw_gib_s, 3)
         result["ratio_to_load_file"] = round(loader_gib_s / _gib_s(data_bytes, times["load_file"]), 3)
         result["ratio_to_fresh_memcpy"] = round(loader_gib_s / _gib_s(data_bytes, times["fresh_memcpy"]), 3)
+        if "loader_prefaulted" in times:
+            pre_gib_s = _gib_s(data_bytes, times["loader_prefaulted"])
+            result["loader_prefaulted_gib_s"] = round(pre_gib_s, 3)
+            result["prefaulted_memcpy_gib_s"] = round(_gib_s(data_bytes, times["prefaulted_memcpy"]), 3)
+            result["prefaulted_ratio_to_raw_read"] = round(pre_gib_s / raw_gib_s, 3)
+            result["prefaulted_ratio_to_memcpy"] = round(
+                pre_gib_s / _gib_s(data_bytes, times["prefaulted_memcpy"]), 3
+            )
         # CPU seconds per GiB (median): the work each contender does, less sensitive to noise.
         result["cpu_s_per_gib"] = {
             k: round(statistics.median(_cpu_seconds[k]) / ((file_bytes if k == "raw_read" else data_bytes) / GiB), 4)
@@ -370,6 +459,9 @@ def run_bench(
             result["peak_rss_bound_bytes"] = host_model_bytes + pool_bound
             result["peak_within_bound"] = result["peak_rss_over_baseline_bytes"] <= host_model_bytes + pool_bound
             result["peak_rss_hwm_reset"] = peak["hwm_reset"]
+            if dev.type == "cpu" and data_bytes:
+                # How much of the loaded model the kernel backed with 2 MiB pages (MADV_HUGEPAGE).
+                result["loader_huge_page_fraction"] = round(peak.get("anon_huge_page_bytes", 0) / data_bytes, 3)
         else:
             result["peak_rss_bytes"] = None
             result["peak_rss_error"] = peak.get("error")
@@ -499,15 +591,28 @@ def _fmt_report(r: dict) -> str:
         "page cache                 median       [min..max GiB/s]",
     ]
     for key, label in (("raw_read", "raw read (cat-like)"), ("loader", "loader"),
-                       ("load_file", "load_file + copy"), ("fresh_memcpy", "memcpy, same allocations")):
-        lo, hi = r["spread_gib_s"][key]
-        lines.append(f"  {label:24s} {gb(key + '_gib_s')}  [{lo}..{hi}]")
+                       ("load_file", "load_file + copy"), ("fresh_memcpy", "memcpy, same allocations"),
+                       ("loader_prefaulted", "loader, pre-faulted dest"),
+                       ("prefaulted_memcpy", "memcpy, pre-faulted dest")):
+        if key in r["spread_gib_s"]:
+            lo, hi = r["spread_gib_s"][key]
+            lines.append(f"  {label:24s} {gb(key + '_gib_s')}  [{lo}..{hi}]")
     lines += [
-        f"  loader / raw read        {r['ratio_to_raw_read']:.2f}x",
+        f"  loader / raw read        {r['ratio_to_raw_read']:.2f}x  (into new memory: the CPU virtual GPU's load)",
         f"  loader / load_file       {r['ratio_to_load_file']:.2f}x",
         f"  loader / memcpy ceiling  {r['ratio_to_fresh_memcpy']:.2f}x",
-        "  CPU s/GiB: " + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_s_per_gib"].items()),
     ]
+    if "prefaulted_ratio_to_raw_read" in r:
+        lines += [
+            f"  pre-faulted / raw read   {r['prefaulted_ratio_to_raw_read']:.2f}x  (into mapped memory: a GPU load's analogue)",
+            f"  pre-faulted / memcpy     {r['prefaulted_ratio_to_memcpy']:.2f}x",
+        ]
+    huge = [f"{label} {r[k]:.0%}" for k, label in (("loader_huge_page_fraction", "loader"),
+                                                   ("prefaulted_huge_page_fraction", "pre-faulted arena"))
+            if isinstance(r.get(k), int | float)]
+    if huge:
+        lines.append("  huge-page backed: " + ", ".join(huge))
+    lines.append("  CPU s/GiB: " + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_s_per_gib"].items()))
     if r.get("peak_rss_bytes"):
         lines += [
             "",

@@ -392,8 +392,13 @@ def test_bench_writes_a_valid_model_and_reports_the_agreed_keys(tmp_path):
                 "peak_rss_bytes", "cold_loader_gib_s", "promote_gib_s"):
         assert isinstance(r[key], int | float) and r[key] > 0, key
     assert r["ratio_to_raw_read"] == pytest.approx(r["loader_gib_s"] / r["raw_read_gib_s"], rel=0.05, abs=0.01)
+    # Beside the load into new memory, the load into pre-faulted device memory (a GPU load's analogue).
+    for key in ("loader_prefaulted_gib_s", "prefaulted_memcpy_gib_s", "prefaulted_ratio_to_raw_read"):
+        assert isinstance(r[key], int | float) and r[key] > 0, key
+    assert r["prefaulted_ratio_to_raw_read"] == pytest.approx(
+        r["loader_prefaulted_gib_s"] / r["raw_read_gib_s"], rel=0.05, abs=0.01)
     assert list(tmp_path.glob("prewarm-bench-*")) == []  # its temp dir is gone
-    assert "loader / raw read" in bench._fmt_report(r)
+    assert "loader / raw read" in bench._fmt_report(r) and "pre-faulted / raw read" in bench._fmt_report(r)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA guard")
@@ -504,3 +509,42 @@ def test_shards_are_read_side_by_side_each_file_forward(tmp_path, monkeypatch):
         per_stream.setdefault((thread, path), []).append(off)
     for offsets in per_stream.values():
         assert offsets == sorted(offsets)  # every thread walks each file forward
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off here")
+def test_large_destinations_are_huge_page_backed(tmp_path):
+    """The MADV_HUGEPAGE advice takes effect: a big tensor's memory is mostly 2 MiB pages once loaded."""
+    from gpu_worker.hostmem import HUGE_PAGE_BYTES, huge_page_bytes
+
+    path = tmp_path / "big.safetensors"
+    # Above glibc's largest mmap threshold (32 MiB): the tensor has its own mapping, so smaps is exact.
+    want = torch.randint(0, 256, (48 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    save_file({"w": want}, path)
+    t = load_weights(path, CPU)["w"]
+    got = huge_page_bytes(t)
+    assert got is not None
+    # The unaligned ends (under 2 MiB each) stay in 4 KiB pages; allow a few huge pages more for a
+    # kernel short of free 2 MiB blocks.
+    assert got >= t.numel() - 2 * HUGE_PAGE_BYTES - 4 * HUGE_PAGE_BYTES, f"{got} of {t.numel()} bytes in huge pages"
+    assert torch.equal(t, want)
+
+
+def test_prefault_makes_fresh_memory_resident_before_any_write():
+    psutil = pytest.importorskip("psutil")
+    from gpu_worker.hostmem import prefault
+
+    proc = psutil.Process()
+    t = torch.empty(64 << 20, dtype=torch.uint8)  # own mapping: nothing of it is resident yet
+    before = proc.memory_info().rss
+    prefault(t)
+    assert proc.memory_info().rss - before > 60 << 20
+    t.fill_(7)  # still ordinary writable memory
+    assert int(t[-1]) == 7
