@@ -43,9 +43,13 @@ from .types import (
     Preload,
     ReplicaState,
     Snapshot,
+    Stage,
+    StagedState,
+    Unstage,
 )
 
 MAX_SPECULATIVE_TRIES = 24  # per tick, best first: bounds the work of one plan() call
+MAX_STAGE_TRIES = 16  # per tick, best first
 EVICTION_HORIZON_S = 60.0  # how far ahead an eviction's cost is counted when choosing a GPU
 
 
@@ -76,6 +80,12 @@ class PolicyState:
 
 def load_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
     return spec.load_seconds if spec.load_seconds is not None else cfg.default_load_seconds(spec.size_bytes)
+
+
+def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
+    """Load time from a node's host cache: measured, else derived; never more than from storage."""
+    p = spec.promote_seconds if spec.promote_seconds is not None else cfg.default_promote_seconds(spec.size_bytes)
+    return min(p, load_seconds(spec, cfg))
 
 
 class _Fleet:
@@ -127,7 +137,40 @@ class _Fleet:
                 self.pending_intent[it.gpu] += size
                 self.loading[it.gpu] += 1
                 self.of_model.setdefault(it.model, []).append(it.gpu)
+        # The staging tier: each live node's host cache (only nodes that still have a live GPU).
+        gpu_nodes = {g.node for g in self.gpus.values()}
+        self.nodes = {n.id: n for n in snap.nodes if n.alive and n.id in gpu_nodes}
+        self.host_used: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self.host_pending: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self.stages_in_flight: dict[str, int] = dict.fromkeys(self.nodes, 0)
+        self.on_host: dict[str, dict[str, StagedState | None]] = {n: {} for n in self.nodes}  # None: intent
+        self.staged_nodes: dict[str, set[str]] = {}  # model -> nodes holding it ready to promote
+        self.unstaging: set[tuple[str, str]] = set()
+        for x in snap.staged:
+            if x.node not in self.nodes:
+                continue
+            self.host_used[x.node] += x.bytes
+            self.on_host[x.node][x.model] = x
+            if x.state == "staged":
+                self.staged_nodes.setdefault(x.model, set()).add(x.node)
+            else:
+                self.stages_in_flight[x.node] += 1
+        for it in snap.intents:
+            if it.kind not in ("stage", "unstage") or it.gpu not in self.nodes or it.expires_at <= now:
+                continue
+            if it.kind == "unstage":
+                self.unstaging.add((it.model, it.gpu))
+            elif it.model not in self.on_host[it.gpu]:
+                size = it.bytes or (snap.models[it.model].size_bytes if it.model in snap.models else 0)
+                self.host_used[it.gpu] += size
+                self.host_pending[it.gpu] += size
+                self.stages_in_flight[it.gpu] += 1
+                self.on_host[it.gpu][it.model] = None
         self.cfg = cfg
+
+    def host_avail(self, node: str) -> int:
+        n = self.nodes[node]
+        return min(n.budget_bytes - self.host_used[node], n.free_bytes - self.host_pending[node])
 
     def avail(self, gpu: str) -> int:
         g = self.gpus[gpu]
@@ -151,6 +194,8 @@ class _Planner:
         self._loss: dict[str, float] = {}
         self._loading_rate: dict[str, float] = {}
         self._link_rate: float | None = None
+        self.evicted_now: list[str] = []  # models this call evicts: candidates to keep in host memory
+        self.host_victims: dict[str, list[tuple[float, str, int]]] = {}  # node -> staged, by value per byte
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
@@ -178,7 +223,13 @@ class _Planner:
         if spec is None:
             return 1.0  # dropped from the catalog: nothing will reload it
         rpm = self.tr.stable_requests_per_active_minute(model)
-        return 1.0 + max(0.0, rpm - 1.0) * min(load_seconds(spec, self.cfg) * self.slowdown, 60.0) / 60.0
+        return 1.0 + max(0.0, rpm - 1.0) * min(self.reload_s(spec) * self.slowdown, 60.0) / 60.0
+
+    def reload_s(self, spec: ModelSpec) -> float:
+        """How long the next load of this model takes: from a node's host cache if it is staged."""
+        if spec.id in self.fleet.staged_nodes:
+            return promote_seconds(spec, self.cfg)
+        return load_seconds(spec, self.cfg)
 
     def anchor(self, model: str) -> float | None:
         """Last arrival rounded down to the timeline grid: the idle-time model's origin. Rounding
@@ -214,6 +265,8 @@ class _Planner:
                          load_seconds(spec, self.cfg)))
             self.st.loss[model] = hit
         inv_mrl, extra, ld = hit[1]
+        if model in self.fleet.staged_nodes:
+            ld = promote_seconds(spec, self.cfg)  # a reload from host is cheaper: worth less kept
         # return rate: the idle-time model's, or the measured recent rate if higher (the
         # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
         inv_mrl = max(inv_mrl, rate_long)
@@ -295,6 +348,7 @@ class _Planner:
         vl = f.victims.get(r.gpu)
         if vl is not None:
             f.victims[r.gpu] = [x for x in vl if x[2] is not r]
+        self.evicted_now.append(r.model)
         self.actions.append(Evict(r.model, r.gpu, kind, reason, numbers, r.version))
 
     def do_preload(self, spec: ModelSpec, gpu: str, kind: str, reason: str, numbers: dict[str, float]) -> None:
@@ -315,17 +369,21 @@ class _Planner:
         size = spec.size_bytes
         speculative = kind == "speculative"
         hosting = f.of_model.get(spec.id, [])
-        ld = load_seconds(spec, cfg)
+        ld_storage = load_seconds(spec, cfg)
         rate = max(self.tr.rate_short(spec.id, self.now), self.tr.stable_requests_per_active_minute(spec.id) / 60.0)
         nodes_with = {f.gpus[g].node for g in hosting if g in f.gpus}
+        # Nodes holding it in host memory: a load there is a promotion, not a storage read.
+        staged_on = f.staged_nodes.get(spec.id, ())
+        ld_host = promote_seconds(spec, cfg) if staged_on else ld_storage
         best: tuple | None = None
         order = sorted(f.gpus)
         if not speculative:
             # an idle GPU with room on a node without this model costs nothing: no need to
-            # cost evictions elsewhere
+            # cost evictions elsewhere (on a node that has it staged, if there is one)
             easy = [gid for gid in order if gid not in hosting and f.loading[gid] == 0
                     and f.gpus[gid].node not in nodes_with and f.avail(gid) >= size
                     and (spec.id, gid) not in f.evicting]
+            easy = [gid for gid in easy if f.gpus[gid].node in staged_on] or easy
             if easy:
                 order = easy
         # Cost = victims (>= 0) + link contention, so (node spread, contention) is a lower bound on
@@ -338,7 +396,11 @@ class _Planner:
             if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
                 continue
             k = f.loading[gid]
+            ld = ld_host if g.node in staged_on else ld_storage
             contention = ld * (rate * k + self.loading_rate(gid)) if k else 0.0
+            if staged_on:
+                # where the load time differs by GPU, count our own requests waiting through it
+                contention += rate * ld
             bounded.append((g.node in nodes_with, contention, gid))
         bounded.sort()
         for spread, contention, gid in bounded:
@@ -403,8 +465,126 @@ class _Planner:
                 {"idle_s": _num(d), "expected_next_s": _num(mrl), "loss_per_s": val,
                  "gib": r.bytes / GIB},
             )
-        self.do_preload(spec, gid, kind, f"{reason} → preload on {gid}", numbers)
+        node = self.fleet.gpus[gid].node
+        if node in self.fleet.staged_nodes.get(spec.id, ()):
+            self.do_preload(spec, gid, kind,
+                            f"{reason} → preload on {gid}, promoted from {node}'s host cache in "
+                            f"~{promote_seconds(spec, self.cfg):.1f} s", {**numbers, "from_host": 1.0})
+        else:
+            self.do_preload(spec, gid, kind, f"{reason} → preload on {gid}", numbers)
         return True
+
+    # ---- the staging tier ----------------------------------------------------------------
+    def host_victim_list(self, node: str) -> list[tuple[float, str, int]]:
+        """Staged models on a node that could make room, lowest value per byte first."""
+        v = self.host_victims.get(node)
+        if v is None:
+            f = self.fleet
+            v = []
+            for m, x in f.on_host[node].items():
+                if x is None or x.state != "staged" or (m, node) in f.unstaging:
+                    continue
+                if any(f.gpus[g].node == node and f.on_gpu[g].get(m) is not None
+                       and f.on_gpu[g][m].state in LOADING_STATES for g in f.of_model.get(m, ())):
+                    continue  # a promotion may be reading it right now
+                vpb = self.loss(m) / max(x.bytes / GIB, 1e-3) if m in self.s.models else 0.0
+                v.append((vpb, m, x.bytes))
+            v.sort()
+            self.host_victims[node] = v
+        return v
+
+    def do_stage(self, spec: ModelSpec, node: str, kind: str, reason: str, numbers: dict[str, float],
+                 value: float) -> None:
+        f = self.fleet
+        f.host_used[node] += spec.size_bytes
+        f.host_pending[node] += spec.size_bytes
+        f.stages_in_flight[node] += 1
+        f.on_host[node][spec.id] = None
+        self.actions.append(Stage(spec.id, node, kind, reason, numbers, spec.version, spec.size_bytes, value))
+
+    def do_unstage(self, model: str, node: str, nbytes: int, kind: str, reason: str,
+                   numbers: dict[str, float]) -> None:
+        f = self.fleet
+        f.host_used[node] -= nbytes
+        f.host_pending[node] -= nbytes
+        x = f.on_host[node].pop(model, None)
+        f.unstaging.add((model, node))
+        nodes = f.staged_nodes.get(model)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del f.staged_nodes[model]
+        hv = self.host_victims.get(node)
+        if hv is not None:
+            self.host_victims[node] = [e for e in hv if e[1] != model]
+        version = x.version if x is not None else (self.s.models[model].version if model in self.s.models else "1")
+        self.actions.append(Unstage(model, node, kind, reason, numbers, version))
+
+    def step_stage(self, candidates: Iterable[str]) -> None:
+        """Keep models whose demand is likely but not imminent in a node's host memory: a later load
+        there is a promotion (host → device), not a storage read. Candidates are models just evicted
+        from their GPUs and models in a hot segment that got no GPU this tick; the cache keeps the
+        highest expected value per byte, replacing staged models worth `stage_margin` times less."""
+        f = self.fleet
+        cfg = self.cfg
+        if not f.nodes:
+            return
+        cands = []
+        for m in set(candidates):
+            spec = self.s.models.get(m)
+            if spec is None or f.count(m) > 0 or any(m in f.on_host[n] for n in f.nodes):
+                continue
+            v = self.loss(m)
+            if v > 0.0:
+                cands.append((-v / max(spec.size_bytes / GIB, 1e-3), m, v))
+        cands.sort()
+        for negvpb, m, v in cands[:MAX_STAGE_TRIES]:
+            spec = self.s.models[m]
+            vpb = -negvpb
+            best: tuple | None = None
+            for node in sorted(f.nodes):
+                if f.stages_in_flight[node] >= cfg.max_stages_per_node:
+                    continue
+                if f.nodes[node].budget_bytes < spec.size_bytes:
+                    continue
+                free = f.host_avail(node)
+                victims: list[tuple[float, str, int]] = []
+                if free < spec.size_bytes:
+                    freed = 0
+                    for e in self.host_victim_list(node):
+                        if e[0] * cfg.stage_margin >= vpb:
+                            break  # what is there is worth keeping
+                        victims.append(e)
+                        freed += e[2]
+                        if free + freed >= spec.size_bytes:
+                            break
+                    if free + freed < spec.size_bytes:
+                        continue
+                key = (bool(victims), max((e[0] for e in victims), default=0.0), -free, node)
+                if best is None or key < best[0]:
+                    best = (key, node, victims)
+            if best is None:
+                continue
+            _key, node, victims = best
+            for evpb, em, eb in victims:
+                self.do_unstage(em, node, eb, "make_room",
+                                f"make room in {node}'s host cache for {m}: lowest value per byte here "
+                                f"({evpb:.3g} vs {vpb:.3g} cold req/s per GiB), {eb / GIB:.1f} GiB",
+                                {"value_per_gib": evpb, "gib": eb / GIB})
+            d = self.idle(m)
+            am = self.arrival(m)
+            mrl = am.mrl_at(d) if d is not None else math.inf
+            kind = "demote" if m in self.evicted_now else "likely"
+            self.do_stage(
+                spec, node, kind,
+                f"{'evicted from its GPUs' if kind == 'demote' else 'likely soon, no GPU free'}; "
+                f"idle {_fmt_s(d)}, next request expected in {_fmt_s(mrl)}, {v:.3g} cold req/s if absent; "
+                f"a promotion from host takes ~{promote_seconds(spec, cfg):.1f} s instead of "
+                f"{load_seconds(spec, cfg):.1f} s → stage in {node}'s host cache",
+                {"idle_s": _num(d), "expected_next_s": _num(mrl), "loss_per_s": v,
+                 "promote_s": promote_seconds(spec, cfg), "load_s": load_seconds(spec, cfg)},
+                v,
+            )
 
     # ---- steps ---------------------------------------------------------------------------
     def step_release(self, due: Iterable[str]) -> None:
@@ -683,4 +863,7 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
         for m in [m for m, (end, a) in st.awake.items() if end <= now or pl.anchor(m) != a]:
             del st.awake[m]
         pl.step_speculative(sorted(st.awake))
+    if pl.fleet.nodes:
+        likely = [m for m, (end, a) in st.awake.items() if end > now and pl.anchor(m) == a]
+        pl.step_stage([*pl.evicted_now, *likely])
     return pl.actions
