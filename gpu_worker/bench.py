@@ -9,8 +9,8 @@ One run measures, on the same generated safetensors file (seeded, written to a t
   bytes copied from RAM into tensors allocated exactly as the loader allocates them: the loader
   minus the file, the ceiling of any loader that must write every byte into new memory, which a
   raw read into one reused buffer never does), and, on a CPU target, the same loader and memcpy into
-  *pre-faulted* device memory (``loader_prefaulted``, ``prefaulted_memcpy``: one arena of the
-  model's size, faulted in once and reused by every run, see :class:`DeviceMemory`). The loader's
+  *pre-faulted* device memory (``loader_prefaulted``, ``prefaulted_memcpy``: a
+  :class:`gpu_worker.devmem.DeviceArena` of the model's size, faulted in once and reused by every run). The loader's
   default destinations are new memory, which the kernel must fault in and zero page by page while
   the reads first touch it; a GPU's memory exists before the load and is never faulted per load,
   so ``loader_prefaulted`` is the CPU analogue of a GPU load and ``loader`` is what a CPU virtual
@@ -197,29 +197,21 @@ def _memcpy_into(src, header, out: dict, threads: int) -> None:
 
 
 class DeviceMemory:
-    """A CPU stand-in for a GPU's memory: one huge-page-advised arena of the model's size (a
-    :class:`gpu_worker.staging.HostArena`, unpinned), faulted in once before the runs and reused by
-    each of them, as HBM exists before any load and the CUDA caching allocator hands out memory
-    that is already mapped. ``allocate`` is the loader's allocator."""
+    """A CPU stand-in for a GPU's memory, sized for one model: a :class:`gpu_worker.devmem.DeviceArena`
+    (huge-page advised, faulted in once before the runs), whose blocks each run's tensors take and
+    give back, as HBM exists before any load and the CUDA caching allocator hands out memory that is
+    already mapped. ``allocate`` is the loader's allocator."""
 
     def __init__(self, header):
-        from gpu_worker.hostmem import prefault
-        from gpu_worker.staging import HostArena
+        from gpu_worker.devmem import DeviceArena
 
         self.header = header
-        self.arena = HostArena({name: e.nbytes for name, e in header.tensors.items()}, pin=False)
-        assert self.arena.buffer is not None
-        prefault(self.arena.buffer)
-
-    def allocate(self, name: str, shape: tuple[int, ...], dtype) -> object:
-        return self.arena.allocate(name, shape, dtype)
+        self.arena = DeviceArena(sum(-(-e.nbytes // 64) * 64 for e in header.tensors.values()))
+        self.allocate = self.arena.allocate
 
     def huge_page_fraction(self) -> float | None:
-        from gpu_worker.hostmem import huge_page_bytes
-
-        buf = self.arena.buffer
-        got = huge_page_bytes(buf) if buf is not None else None
-        return None if got is None or not self.arena.nbytes else got / self.arena.nbytes
+        got = self.arena.huge_page_bytes()
+        return None if got is None else got / self.arena.total_bytes
 
     def memcpy(self, src, threads: int) -> dict:
         """``fresh_memcpy`` into this memory: the ceiling of a load into already-mapped memory."""
@@ -228,9 +220,6 @@ class DeviceMemory:
         out = {name: self.allocate(name, e.shape, TORCH_DTYPES[e.dtype]) for name, e in self.header.tensors.items()}
         _memcpy_into(src, self.header, out, threads)
         return out
-
-    def release(self) -> None:
-        self.arena.release()
 
 
 _cpu_seconds: dict[str, list[float]] = {}
@@ -412,7 +401,7 @@ def run_bench(
                 times[name].append(_timed(fn, name))
         del memcpy, src, contenders
         if devmem is not None:
-            devmem.release()
+            result["prefaulted_fallback_tensors"] = devmem.arena.fallbacks  # 0: every run fit the arena
             del devmem, mem
         result.update(
             {

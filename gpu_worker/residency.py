@@ -38,6 +38,7 @@ import redis
 import torch
 
 from gpu_worker.device import Device, make_device, module_bytes, trim_host_memory
+from gpu_worker.devmem import DeviceArena
 from gpu_worker.errors import (
     BadRequest,
     Busy,
@@ -83,6 +84,9 @@ class WorkerOptions:
     load_pace_bytes_per_s: float | None = None
     # The node's host cache budget; None: $PREWARM_HOST_CACHE, else a quarter of physical memory.
     host_cache_bytes: int | None = None
+    # A CPU virtual GPU's memory as a GPU's: one pre-faulted arena of its budget that loads write into
+    # (gpu_worker/devmem.py); evicted bytes go back to the arena, not to the OS. Off: new memory per load.
+    cpu_device_arena: bool = False
 
     @classmethod
     def from_settings(cls, s: Settings, env: dict[str, str] | None = None) -> WorkerOptions:
@@ -96,7 +100,8 @@ class WorkerOptions:
                    max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
                    failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
                    load_threads=int(threads) if threads else None,
-                   load_pace_bytes_per_s=float(pace) if pace else None)
+                   load_pace_bytes_per_s=float(pace) if pace else None,
+                   cpu_device_arena=(e.get("PREWARM_CPU_DEVICE_ARENA") or "").strip().lower() in ("1", "true", "yes", "on"))
 
 
 @dataclass
@@ -141,6 +146,8 @@ class GpuSlot:
         self.publish_lock = threading.Lock()  # one writer at a time: a snapshot is never overtaken by an older one
         self.replicas: dict[str, Slot] = {}  # "model@version" -> Slot
         self.cancelled_tasks: dict[str, float] = {}  # preload task id -> when an evict cancelled it
+        # A CPU virtual GPU's pre-faulted memory, when WorkerOptions.cpu_device_arena (see NodeWorker).
+        self.arena: DeviceArena | None = None
 
     def active_loads(self) -> int:
         """Loads running now (placeholders of queued preloads not counted). Call with `lock` held."""
@@ -229,6 +236,8 @@ class NodeWorker:
         self.gpus: dict[str, GpuSlot] = {}
         for spec in devices:
             g = GpuSlot(node, spec, self.worker_id, self.started_at)
+            if self.options.cpu_device_arena and g.device.kind == "cpu":
+                g.arena = DeviceArena(g.device.total_bytes())  # faulted in now, as a GPU's memory exists
             self.gpus[g.id] = g
         self._by_queue = {g.queue: g for g in self.gpus.values()}
         self.claimed: set[str] = set()  # GPUs this worker holds the claim on (heartbeat.claim_gpus)
@@ -621,7 +630,8 @@ class NodeWorker:
         try:
             if tensors is None:
                 tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
-                                       threads=self.options.load_threads)
+                                       threads=self.options.load_threads,
+                                       allocator=g.arena.allocate if g.arena is not None else None)
         except Cancelled:
             raise
         except (SafetensorsError, LoadError) as exc:
