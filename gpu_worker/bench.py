@@ -15,6 +15,9 @@ One run measures, on the same generated safetensors file (seeded, written to a t
   the reads first touch it; a GPU's memory exists before the load and is never faulted per load,
   so ``loader_prefaulted`` is the CPU analogue of a GPU load and ``loader`` is what a CPU virtual
   GPU (whose evicted bytes go back to the OS) pays. The order of the contenders rotates each round;
+- the loader into new and into pre-faulted memory again, each run after ``--idle`` seconds (3) of
+  rest, as a worker's loads come: on a VM whose freed memory goes back to its host, new memory faults
+  are much slower then (``idle_loader_gib_s``), pre-faulted memory is unaffected;
 - out-of-page-cache case: the same three reads after ``posix_fadvise(DONTNEED)`` on the file
   before each run (the resident fraction after dropping is reported: if the drop did not work the
   numbers say so);
@@ -327,6 +330,7 @@ def run_bench(
     directory: str | None = None,
     cold: bool = True,
     device: str | None = None,
+    idle_seconds: float = 3.0,
     log: Callable[[str], None] = lambda _m: None,
 ) -> dict:
     import torch
@@ -399,7 +403,24 @@ def run_bench(
             # changes the next one's figure, and no contender should always follow the same one.
             for name, fn in contenders[k % n :] + contenders[: k % n]:
                 times[name].append(_timed(fn, name))
-        del memcpy, src, contenders
+        del memcpy, src
+        # ---- the same loads after the machine sat idle, as a worker's loads usually come: on a VM
+        # that hands freed guest memory back to its host (free page reporting), new memory is then no
+        # longer backed and each fault also goes to the host; mapped memory is unaffected.
+        if idle_seconds > 0:
+            log(f"loads after {idle_seconds:g} s idle ({runs}) ...")
+            idle_named = [c for c in contenders if c[0] in ("loader", "loader_prefaulted")]
+            idle_times: dict[str, list[float]] = {name: [] for name, _ in idle_named}
+            for k in range(runs):
+                for name, fn in idle_named[k % len(idle_named) :] + idle_named[: k % len(idle_named)]:
+                    warm_page_cache(path)
+                    time.sleep(idle_seconds)
+                    idle_times[name].append(_timed(fn))
+            result["idle_seconds"] = idle_seconds
+            for name, ts in idle_times.items():
+                result[f"idle_{name}_gib_s"] = round(_gib_s(data_bytes, ts), 3)
+            result["idle_spread_gib_s"] = {k: _spread(data_bytes, v) for k, v in idle_times.items()}
+        del contenders
         if devmem is not None:
             result["prefaulted_fallback_tensors"] = devmem.arena.fallbacks  # 0: every run fit the arena
             del devmem, mem
@@ -596,6 +617,11 @@ def _fmt_report(r: dict) -> str:
             f"  pre-faulted / raw read   {r['prefaulted_ratio_to_raw_read']:.2f}x  (into mapped memory: a GPU load's analogue)",
             f"  pre-faulted / memcpy     {r['prefaulted_ratio_to_memcpy']:.2f}x",
         ]
+    if "idle_loader_gib_s" in r:
+        idle = f"  after {r['idle_seconds']:g} s idle: loader {gb('idle_loader_gib_s').strip()}"
+        if "idle_loader_prefaulted_gib_s" in r:
+            idle += f", pre-faulted {gb('idle_loader_prefaulted_gib_s').strip()}"
+        lines.append(idle)
     huge = [f"{label} {r[k]:.0%}" for k, label in (("loader_huge_page_fraction", "loader"),
                                                    ("prefaulted_huge_page_fraction", "pre-faulted arena"))
             if isinstance(r.get(k), int | float)]
@@ -656,6 +682,7 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
         directory=args.dir,
         cold=not args.no_cold,
         device=args.device,
+        idle_seconds=args.idle,
         log=log,
     )
     print(json.dumps(r, sort_keys=True) if args.json else _fmt_report(r))
@@ -672,6 +699,8 @@ def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--dir", default=None, help="where to write the temporary model (default: $TMPDIR)")
     p.add_argument("--device", default=None, help="target device (default cuda:0 if present, else cpu)")
     p.add_argument("--no-cold", action="store_true", help="skip the out-of-page-cache runs")
+    p.add_argument("--idle", type=float, default=3.0,
+                   help="seconds idle before each of the after-idle loads (0: skip them; default 3)")
     p.set_defaults(func=cmd_bench_load)
     return p
 

@@ -14,7 +14,10 @@ Steps (issue 4):
    here), taking over half of another thread's remaining stripe when its own is done; stripes
    over a sharded set put threads on different shards, so shards load in parallel:
    - CPU target: straight into the destination tensors' memory. No intermediate copy; the result
-     owns its memory (it is not a view of an mmap or of the page cache).
+     owns its memory (it is not a view of an mmap or of the page cache). New memory (the default
+     allocation) is faulted in and zeroed by the kernel as the reads first touch it, which costs about
+     as much as the copy; an ``allocator`` over already-mapped memory
+     (:class:`gpu_worker.devmem.DeviceArena`, as a GPU's memory is) avoids that (docs/worker.md).
    - CUDA target: into a per-thread ring of pinned host buffers (:class:`StagingRing`), each chunk
      then copied ``non_blocking`` on the thread's side stream while the thread reads the next one.
      ``staged=True`` forces this path on CPU too (a synchronous copy), which is how the shared
