@@ -98,7 +98,7 @@ class DeviceArena:
         # A buffer object of its own over the block: the tensor's storage holds it (and nothing else of
         # the arena), and the block goes back when that storage is freed.
         holder = (ctypes.c_char * nbytes).from_address(self._base + off)
-        weakref.finalize(holder, self._give_back, off, size, self._buffer)
+        weakref.finalize(holder, self._give_back, off, size, self._buffer).atexit = False
         t = torch.frombuffer(holder, dtype=torch.uint8)
         return t.view(dtype).reshape(shape)
 
