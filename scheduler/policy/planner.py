@@ -102,6 +102,7 @@ class _Fleet:
         self.of_model: dict[str, list[str]] = {}
         self.evicting: set[tuple[str, str]] = set()
         self.victims: dict[str, list[tuple[float, str, ReplicaState]]] = {}  # lazily sorted per gpu
+        self.loading_models: dict[str, list[str]] = {g: [] for g in self.gpus}  # in the snapshot
         traffic = snap.traffic
         used, spec, loading, on_gpu, of_model = self.used, self.spec, self.loading, self.on_gpu, self.of_model
         for r in snap.replicas:
@@ -110,6 +111,8 @@ class _Fleet:
             if g not in used or st not in HOLDING_STATES:
                 continue
             used[g] += r.bytes
+            if st in LOADING_STATES and r.model not in on_gpu[g]:
+                self.loading_models[g].append(r.model)
             on_gpu[g][r.model] = r
             if st == "evicting":
                 self.evicting.add((r.model, g))
@@ -194,6 +197,7 @@ class _Planner:
         self._loss: dict[str, float] = {}
         self._loading_rate: dict[str, float] = {}
         self._link_rate: float | None = None
+        self.grid_s = snap.config.grid_s
         self.evicted_now: list[str] = []  # models this call evicts: candidates to keep in host memory
         self.host_victims: dict[str, list[tuple[float, str, int]]] = {}  # node -> staged, by value per byte
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
@@ -247,18 +251,19 @@ class _Planner:
         if v is not None:
             return v
         tr = self.tr
-        last, ver, rate_long = tr.snapshot_for_value(model, self.now)
-        if last is None or model not in self.s.models:  # never requested, or dropped from the catalog
+        now = self.now
+        last, ver, rate_long = tr.snapshot_for_value(model, now)
+        spec = self.s.models.get(model)
+        if last is None or spec is None:  # never requested, or dropped from the catalog
             self._loss[model] = 0.0
             return 0.0
-        g = self.cfg.grid_s
+        g = self.grid_s
         anchor = (last // g) * g
-        cell = int(max(0.0, self.now - anchor) // g)
-        spec = self.s.models[model]
+        cell = int(max(0.0, now - anchor) // g)
         # a step function of (histogram version, load time, anchor, grid cell): memoised in the state
         key = (ver, spec.load_seconds, anchor, cell)
         hit = self.st.loss.get(model)
-        if hit is None or hit[0] != key or ver == 0:
+        if hit is None or ver == 0 or hit[0] != key:
             am = self.arrival(model)
             extra = max(0.0, tr.stable_requests_per_active_minute(model) - 1.0)
             hit = (key, (1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra,
@@ -297,17 +302,22 @@ class _Planner:
             models = self.s.models
             evicting = f.evicting
             young = self.now - self.cfg.min_residency_s
-            for r in f.on_gpu[gpu].values():
+            of_model = f.of_model
+            known = self._loss
+            loss = self.loss
+            for m, r in f.on_gpu[gpu].items():
                 # evictable(), inlined: this loop is the policy's hot path
-                if r.state != "ready" or r.in_flight > 0 or r.since > young or (r.model, gpu) in evicting:
+                if r.state != "ready" or r.in_flight > 0 or r.since > young or (evicting and (m, gpu) in evicting):
                     continue
-                spec = models.get(r.model)
-                n = len(f.of_model.get(r.model, ()))
+                spec = models.get(m)
+                n = len(of_model.get(m, ()))
                 if spec is not None and (spec.pinned or n <= spec.min_replicas):
                     continue
-                share = self.loss(r.model) / max(1, n)
-                v.append((share / max(r.bytes / GIB, 1e-3), r.model, r))
-            v.sort(key=lambda x: (x[0], x[1]))
+                value = known.get(m)
+                if value is None:
+                    value = loss(m)
+                v.append((value / max(1, n) / max(r.bytes / GIB, 1e-3), m, r))
+            v.sort()  # (value, model) is unique on a GPU: the replica is never compared
             self.fleet.victims[gpu] = v
         return v
 
@@ -329,8 +339,7 @@ class _Planner:
         """Sum of request rates of the models loading on a GPU (their requests wait on the link)."""
         v = self._loading_rate.get(gpu)
         if v is None:
-            v = sum(max(self.tr.rate_short(m, self.now), 1e-3)
-                    for m, r in self.fleet.on_gpu[gpu].items() if r.state in LOADING_STATES)
+            v = sum(max(self.tr.rate_short(m, self.now), 1e-3) for m in self.fleet.loading_models[gpu])
             self._loading_rate[gpu] = v
         return v
 
@@ -728,19 +737,28 @@ class _Planner:
                 )
                 self.fleet.spec[gid] += spec.size_bytes  # unrequested on this GPU: count as speculative
 
-    def step_speculative(self, awake: Iterable[str]) -> None:
+    def step_speculative(self, awake: dict[str, tuple[float, float]]) -> None:
+        """`awake`: the state's hot segments (model -> (end, anchor)); ended ones are dropped here."""
         cfg = self.cfg
         cands = []
-        for m in awake:
-            spec = self.s.models.get(m)
-            if spec is None or self.fleet.count(m) > 0:
+        now = self.now
+        models = self.s.models
+        of_model = self.fleet.of_model
+        for m in sorted(awake):
+            end, a = awake[m]
+            anchor = self.anchor(m)
+            if end <= now or anchor != a:
+                del awake[m]  # the segment ended, or a request moved the model's timeline
+                continue
+            spec = models.get(m)
+            if spec is None or of_model.get(m):
                 continue
             ev = self.s.recent_evictions.get(m)
-            if ev is not None and self.now - ev < cfg.eviction_cooldown_s:
+            if ev is not None and now - ev < cfg.eviction_cooldown_s:
                 continue
-            d = self.idle(m)
-            if d is None:
+            if anchor is None:
                 continue
+            d = max(0.0, now - anchor)
             am = self.arrival(m)
             if am.segment_at(d) != "hot":
                 continue
@@ -860,9 +878,7 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl.step_new_gpu()
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
     if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
-        for m in [m for m, (end, a) in st.awake.items() if end <= now or pl.anchor(m) != a]:
-            del st.awake[m]
-        pl.step_speculative(sorted(st.awake))
+        pl.step_speculative(st.awake)
     if pl.fleet.nodes:
         likely = [m for m, (end, a) in st.awake.items() if end > now and pl.anchor(m) == a]
         pl.step_stage([*pl.evicted_now, *likely])

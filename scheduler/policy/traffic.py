@@ -230,7 +230,14 @@ class TrafficHistory:
         m = self._m.get(model)
         if m is None or m.last_second is None:
             return None, 0, 0.0
-        return float(m.last_second), m.stable_version, self._rate(m, m.rate_l, self.long_window_s, now)
+        # _rate(m, m.rate_l, long_window_s, now), inlined: this runs for every resident every tick
+        tau = self.long_window_s
+        span = now - m.first_second + 1.0
+        # 1 - e^-40 rounds to 1.0 in a double: skip the exp for models older than 40 windows
+        bias = 1.0 - math.exp(-max(min(10.0, tau), span) / tau) if span < 40.0 * tau else 1.0
+        dt = now - m.rate_t
+        rate = m.rate_l * math.exp(-dt / tau) if dt > 0.0 else m.rate_l
+        return float(m.last_second), m.stable_version, rate / bias
 
     def stable_version(self, model: str) -> int:
         """Grows each time the stable histogram is refreshed; 0 before the first idle time."""
