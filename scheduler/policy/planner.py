@@ -9,7 +9,11 @@ Order of work in one call (each step sees the tentative effect of the previous o
 5. a GPU that just joined takes replicas of the hottest models;
 6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
    within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
-   evicting only residents worth `prefetch_margin` times less.
+   evicting only residents worth `prefetch_margin` times less;
+7. staging tier (only when the snapshot has host caches): models this call evicted and hot models
+   that got no GPU are staged in a node's host memory, best value per byte first, replacing staged
+   models worth `stage_margin` times less; a load of a staged model goes to its node (a promotion,
+   `promote_seconds`, instead of a storage load), and a staged resident is the cheaper victim.
 
 Value of a replica = expected cold requests per second its absence would cause
   = c × return rate, where
