@@ -313,6 +313,22 @@ def test_new_gpu_receives_the_hottest_models() -> None:
     assert all(a.kind == "new_gpu" for a in acts)
 
 
+def test_gpus_joining_together_share_the_hottest_models_instead_of_copying_them() -> None:
+    models = [spec(f"m{i}", 1) for i in range(8)]
+    w = World(models, [gpu("a/cuda:0", 16, joined_at=100.0), gpu("b/cuda:0", 16, joined_at=100.0)])
+    for s in range(0, 100):
+        for i in range(8):
+            w.traffic.add_bucket(f"m{i}", s, 1 + i)
+    acts = [a for a in w.tick(101.0) if isinstance(a, Preload)]
+    # every model is wanted (demand) and placed once; the hottest are not copied onto the other GPU
+    assert sorted(a.model for a in acts) == [f"m{i}" for i in range(8)]
+    assert {a.gpu for a in acts} == {"a/cuda:0", "b/cuda:0"}
+    # a GPU joining this fleet later still receives the hottest models
+    w.gpus["c/cuda:0"] = gpu("c/cuda:0", 16, joined_at=250.0)
+    late = [a for a in w.tick(251.0) if isinstance(a, Preload) and a.kind == "new_gpu"]
+    assert sorted(a.model for a in late) == ["m4", "m5", "m6", "m7"]
+
+
 def test_speculative_loads_stay_within_the_speculative_share() -> None:
     """Twelve periodic models are all due at once on a 10 GiB GPU: speculative loads may take
     6 GiB of it (0.6), not more."""

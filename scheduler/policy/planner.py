@@ -723,12 +723,17 @@ class _Planner:
             ((-self.tr.rate_short(m, self.now), m) for m in self.tr.models() if m in self.s.models),
         )
         hot = [(r, m) for r, m in hot if r < 0][: cfg.new_gpu_hot_models]
+        fresh_set = set(fresh)
         for gid in fresh:
             g = self.fleet.gpus[gid]
             for negr, m in hot:
                 spec = self.s.models[m]
-                if gid in self.fleet.of_model.get(m, []) or m in self.fleet.on_gpu[gid]:
+                hosts = self.fleet.of_model.get(m, [])
+                if gid in hosts or m in self.fleet.on_gpu[gid]:
                     continue
+                if any(h in fresh_set for h in hosts):
+                    continue  # GPUs joining together (a fleet starting cold) share the hottest, not copy them
+
                 if self.fleet.avail(gid) < spec.size_bytes:
                     continue
                 if self.fleet.spec[gid] + spec.size_bytes > cfg.speculative_share * g.total_bytes:
