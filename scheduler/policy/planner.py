@@ -754,18 +754,17 @@ class _Planner:
         models = self.s.models
         of_model = self.fleet.of_model
         for m in sorted(awake):
-            end, a = awake[m]
-            anchor = self.anchor(m)
-            if end <= now or anchor != a:
-                del awake[m]  # the segment ended, or a request moved the model's timeline
+            end, anchor = awake[m]  # (_advance drops an entry whose model's timeline moved)
+            if end <= now:
+                del awake[m]  # the segment ended
+                continue
+            if of_model.get(m):
                 continue
             spec = models.get(m)
-            if spec is None or of_model.get(m):
+            if spec is None:
                 continue
             ev = self.s.recent_evictions.get(m)
             if ev is not None and now - ev < cfg.eviction_cooldown_s:
-                continue
-            if anchor is None:
                 continue
             d = max(0.0, now - anchor)
             am = self.arrival(m)
@@ -853,6 +852,12 @@ def _advance(pl: _Planner) -> None:
         if changed is None:
             changed = tr.models()
     st.seq = tr.seq
+    # a request moves a model's timeline: its hot/cold segments from the old anchor no longer hold
+    for m in changed:
+        for segs in (st.awake, st.due):
+            seg = segs.get(m)
+            if seg is not None and seg[1] != pl.anchor(m):
+                del segs[m]
     for m in sorted(set(changed)):
         if m in snap.models:
             _schedule(pl, m)
@@ -861,7 +866,7 @@ def _advance(pl: _Planner) -> None:
             _start, m, a, end = heapq.heappop(heap)
             if end > now and pl.anchor(m) == a:
                 target[m] = (end, a)
-    for m in [m for m, (end, a) in st.due.items() if end <= now or pl.anchor(m) != a]:
+    for m in [m for m, (end, _a) in st.due.items() if end <= now]:
         del st.due[m]
     cutoff = now - pl.cfg.demand_window_s
     for m in [m for m, a in st.recent.items() if a < cutoff]:
@@ -889,6 +894,6 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         pl.step_speculative(st.awake)
     if pl.fleet.nodes:
-        likely = [m for m, (end, a) in st.awake.items() if end > now and pl.anchor(m) == a]
+        likely = [m for m, (end, _a) in st.awake.items() if end > now]
         pl.step_stage([*pl.evicted_now, *likely])
     return pl.actions
