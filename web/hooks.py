@@ -7,15 +7,19 @@
                                    "preload"?: {"queued", "gpu", "message"}}   ready replicas first
                            retry=1: a repeat lookup while waiting for a cold model; not counted again in
                            prewarm_route_lookups_total (which counts requests, not polls)
+                           a new cold episode also PUBLISHes <model>@<version> on keys.WAKE: the leader
+                           scheduler plans at once (e.g. makes room) instead of at its next tick
     POST /hooks/rollout    {"model", "version", "traffic_fraction"} -> 202; the scheduler warms it
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
+import redis
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
@@ -26,6 +30,8 @@ from web import coldstarts, metrics
 from web.auth import require_hook_token
 from web.schemas import MAX_BATCH, RequestBatch, RequestEvent, Rollout
 from web.util import ApiError, ctx, json_body, validate
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint("hooks", __name__, url_prefix="/hooks")
 
@@ -96,13 +102,24 @@ def route_hook() -> ResponseReturnValue:
         coldstarts.open_cold_start(c.r, entry.id, entry.version)
     else:
         body["state"] = "cold"
-        coldstarts.open_cold_start(c.r, entry.id, entry.version)
+        new_episode = coldstarts.open_cold_start(c.r, entry.id, entry.version)
         body["preload"] = _on_demand_preload(entry, fleet)
+        if new_episode:  # once per cold episode (its HSETNX claim), not on every router retry
+            _wake_scheduler(entry)
     # One lookup per request: a router re-asking while it waits for a cold model passes retry=1, so the
     # hit rate and cold-start share count requests, not polls.
     if request.args.get("retry") not in ("1", "true"):
         metrics.ROUTE_LOOKUPS.labels(body["state"]).inc()
     return jsonify(body)
+
+
+def _wake_scheduler(entry: ModelEntry) -> None:
+    """Wake the leader scheduler to plan now (e.g. make room by evicting) rather than at its next tick.
+    Fire-and-forget: a lost wake-up only costs the wait for that tick, so a failure never fails the hook."""
+    try:
+        ctx().r.publish(keys.WAKE, entry.key)
+    except redis.RedisError as exc:
+        log.warning("could not wake the scheduler for %s: %s", entry.key, exc)
 
 
 def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
