@@ -13,6 +13,12 @@ sent action in the event log.
 
 A standby runs the same ticks and plans nothing until it gets the lock. The dispatcher's intents are
 claimed atomically, so even two schedulers that both believe they lead never send one action twice.
+
+Wake-ups: the route hook PUBLISHes a model on keys.WAKE when a lookup opens a cold episode (a router waits).
+A listener thread subscribed to it runs one extra tick at once when this process leads (a standby ignores
+it): messages that arrive together, or while a tick runs, are drained into one tick, and ticks never
+overlap (one lock for the periodic and the woken ones). That tick records a "wake" event naming the models.
+The listener resubscribes after Redis goes away, and stops with the process.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -42,6 +50,7 @@ class TickResult:
     dispatched: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    woken_by: list[str] = field(default_factory=list)  # "<model>@<version>" of the cold lookups that woke it
 
 
 class Scheduler:
@@ -53,6 +62,9 @@ class Scheduler:
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
         self.policy_state: PolicyState | None = None
+        self._tick_lock = threading.Lock()  # periodic and woken ticks never run at once
+        self._stop = threading.Event()
+        self._listener: threading.Thread | None = None
 
     def _reset(self) -> None:
         # A fresh history and policy cache whenever we (re)gain the lead: what a previous term fed may be
@@ -60,7 +72,9 @@ class Scheduler:
         self.reader = SnapshotReader(self.ctx.r, self.config)
         self.policy_state = PolicyState()
 
-    def tick(self, now: float | None = None) -> TickResult:
+    def tick(self, now: float | None = None, *, woken_by: Sequence[str] = ()) -> TickResult:
+        """One planning round. `woken_by`: the models whose cold route lookups asked for this extra tick
+        (empty for the periodic one); recorded as a "wake" event with what the tick did."""
         started = time.perf_counter()
         was_leader = self.leadership.is_leader
         if not self.leadership.ensure():
@@ -74,7 +88,7 @@ class Scheduler:
         catalog = self.ctx.catalog
         snap, fleet = self.reader.read(catalog, now)
         actions = plan(snap, now, self.policy_state)
-        result = TickResult(True, actions=len(actions))
+        result = TickResult(True, actions=len(actions), woken_by=list(woken_by))
         gpus = {g.id: g for g in fleet.alive()}
         for action in actions:
             try:
@@ -84,10 +98,25 @@ class Scheduler:
                 log.exception("dispatch of %s failed", action)
                 result.errors.append(str(exc))
         result.seconds = time.perf_counter() - started
+        if woken_by:
+            self._record_wake(result)
         self.ctx.r.hset(keys.SCHEDULER_STATUS, mapping={
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
-            "actions": result.actions, "dispatched": result.dispatched})
+            "actions": result.actions, "dispatched": result.dispatched,
+            "trigger": "wake" if woken_by else "interval"})
         return result
+
+    def _record_wake(self, result: TickResult) -> None:
+        models = result.woken_by
+        only = models[0].partition("@")[0] if len(models) == 1 else ""
+        events.record(
+            self.ctx.r, "wake", "scheduler", model=only,
+            reason=f"woken by a cold route lookup for {', '.join(models)}: planned at once instead of at the "
+                   f"next tick (every {self.ctx.settings.tick_seconds:g} s): {result.actions} action(s), "
+                   f"{result.dispatched} dispatched",
+            numbers={"trigger": "cold_route", "models": models, "actions": result.actions,
+                     "dispatched": result.dispatched, "scheduler": self.ident},
+            maxlen=self.ctx.settings.event_log_max)
 
     def dispatch(self, action: Action, gpus: dict[str, state.Gpu], now: float | None = None) -> Dispatched | None:
         """Send one planned action through the dispatcher. `gpus`: the alive GPUs by id. None: skipped (its
@@ -129,23 +158,79 @@ class Scheduler:
                      action.reason)
         return d
 
-    def safe_tick(self) -> None:
+    def safe_tick(self, woken_by: Sequence[str] = ()) -> TickResult | None:
         from web.metrics import SCHEDULER_TICK
 
-        try:
-            res = self.tick()
-            if res.leader:
-                SCHEDULER_TICK.observe(res.seconds)
-                if res.dispatched:
-                    log.info("tick: %d actions, %d dispatched in %.3f s", res.actions, res.dispatched,
-                             res.seconds)
-        except redis.RedisError as exc:
-            # Redis down or restarted: keep ticking; leadership and history are rebuilt when it is back.
-            log.warning("tick skipped, Redis unavailable: %s", exc)
-            self.leadership.is_leader = False
-            self.reader = None
-        except Exception:
-            log.exception("tick failed")
+        with self._tick_lock:
+            try:
+                res = self.tick(woken_by=woken_by)
+                if res.leader:
+                    SCHEDULER_TICK.observe(res.seconds)
+                    if res.dispatched or woken_by:
+                        log.info("%s: %d actions, %d dispatched in %.3f s",
+                                 f"tick woken by {', '.join(woken_by)}" if woken_by else "tick", res.actions,
+                                 res.dispatched, res.seconds)
+                return res
+            except redis.RedisError as exc:
+                # Redis down or restarted: keep ticking; leadership and history are rebuilt when it is back.
+                log.warning("tick skipped, Redis unavailable: %s", exc)
+                self.leadership.is_leader = False
+                self.reader = None
+            except Exception:
+                log.exception("tick failed")
+            return None
+
+    def wake(self, models: Sequence[str]) -> TickResult | None:
+        """A cold route lookup asked for a plan now: tick at once if this process leads; a standby ignores it
+        (its periodic tick is what takes over the lead). None: ignored, or the tick failed."""
+        if not self.leadership.is_leader:
+            log.info("standby: wake-up for %s ignored", ", ".join(models))
+            return None
+        return self.safe_tick(woken_by=models)
+
+    def _listen(self) -> None:
+        pubsub: redis.client.PubSub | None = None
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self.ctx.r.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(keys.WAKE)
+                msg = pubsub.get_message(timeout=1.0)
+                backoff = 0.5
+                if msg is None:
+                    continue
+                # Coalesce a burst: everything already delivered goes into this one tick.
+                woken = {_text(msg["data"])}
+                while (more := pubsub.get_message(timeout=0.0)) is not None:
+                    woken.add(_text(more["data"]))
+                self.wake(sorted(woken))
+            except redis.RedisError as exc:
+                # Redis down or restarted: resubscribe when it is back. It may have lost everything, so the
+                # next tick rebuilds its history as after a new lead (the periodic ticks do the same).
+                log.warning("wake-up listener lost Redis, resubscribing in %.1f s: %s", backoff, exc)
+                _close(pubsub)
+                pubsub = None
+                with self._tick_lock:
+                    self.reader = None
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception:
+                log.exception("wake-up listener failed; going on")
+                self._stop.wait(1.0)
+        _close(pubsub)
+
+    def start_listener(self) -> None:
+        """Subscribe to keys.WAKE in a daemon thread (it dies with the process; stop_listener ends it sooner)."""
+        self._stop.clear()
+        self._listener = threading.Thread(target=self._listen, name="prewarm-wake", daemon=True)
+        self._listener.start()
+
+    def stop_listener(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.join(timeout)
+            self._listener = None
 
     def run(self) -> None:
         from apscheduler.schedulers.blocking import BlockingScheduler
@@ -153,10 +238,24 @@ class Scheduler:
         sched = BlockingScheduler()
         sched.add_job(self.safe_tick, "interval", seconds=self.ctx.settings.tick_seconds, max_instances=1,
                       coalesce=True)
-        log.info("scheduler %s ticking every %.1f s (leader lock TTL %.0f s)", self.ident,
-                 self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl)
+        log.info("scheduler %s ticking every %.1f s (leader lock TTL %.0f s), woken at once by cold route "
+                 "lookups", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl)
         self.safe_tick()
+        self.start_listener()
         try:
             sched.start()
         finally:
+            self.stop_listener()
             self.leadership.release()
+
+
+def _text(data: object) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+
+
+def _close(pubsub: redis.client.PubSub | None) -> None:
+    if pubsub is not None:
+        try:
+            pubsub.close()
+        except Exception:  # closing a connection to a Redis that is gone
+            pass
