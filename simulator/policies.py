@@ -353,7 +353,8 @@ class Oracle(_Base):
 class Prewarm(_Base):
     """prewarm: our policy — scheduler.policy.plan, the same function the live scheduler runs,
     called every config.tick_s of virtual time and right away on a cold request that has no load
-    in flight (as the live route hook triggers an on-demand preload). The simulator plays the
+    in flight (as live, where a cold route lookup starts an on-demand preload and wakes the leader
+    scheduler for an extra tick). The simulator plays the
     worker: Preload starts a load on the named GPU, Evict removes a ready replica. With a host tier
     (host_bytes > 0) the snapshot also carries each node's cache (`nodes`) and its contents
     (`staged`); Stage starts a stage if the node has room and does not hold the model yet (else it
