@@ -7,7 +7,9 @@ Rules it keeps (issue 2, items 5 and 8):
 - Replicas go pending -> loading (bytes done / total) -> warming -> ready, or failed with a reason. Every
   transition is written to Redis at once; the heartbeat rewrites the whole set with a TTL.
 - A preload reserves device memory before it allocates; it is refused (DoesNotFit) when the model cannot
-  fit the free budget. A second preload of a resident model is a no-op; concurrent preloads of one model
+  fit the free budget — once no evict of another resident of that GPU is in flight (the scheduler sends a
+  make-room evict and the preload it makes room for together, and the thread pool may start the preload
+  first: it waits for that evict, at most EVICT_WAIT_SECONDS, rather than fail). A second preload of a resident model is a no-op; concurrent preloads of one model
   on one GPU load it once (the later ones wait for the first and report its outcome).
 - Any failure drops every tensor the load allocated and returns the accounting to where it was; the
   replica shows `failed` with the reason until the next preload or evict of that model (or a retention
@@ -24,6 +26,7 @@ Rules it keeps (issue 2, items 5 and 8):
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import math
 import os
@@ -63,6 +66,7 @@ LOAD_TIMES_KEPT = 50
 TORCH_INPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                       "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 MAX_INFER_ELEMENTS = 1 << 22
+EVICT_WAIT_SECONDS = 10.0  # how long a preload that does not fit waits for an evict in flight on its GPU
 
 
 @dataclass
@@ -557,7 +561,7 @@ class NodeWorker:
             except SafetensorsError as exc:
                 raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
         self._check_cancel(g, s)
-        dev.reserve(key, need, residents=[k for k in g.residents() if k != key])
+        self._reserve(g, s, key, need)
         module: torch.nn.Module | None = None
         error: WorkerError | None = None
         try:
@@ -595,6 +599,46 @@ class NodeWorker:
             dev.release(key)
             dev.reclaim()
             raise error
+
+    def _reserve(self, g: GpuSlot, s: Slot, key: str, need: int) -> None:
+        """Reserve `need` bytes for `key` on `g`; DoesNotFit when they do not fit — unless an evict of another
+        resident here is in flight (its intent claimed, the task queued or running): the scheduler sends a
+        make-room evict and the preload it makes room for at once, and with a thread pool the preload can
+        get here first. Then wait for that evict (polling, at most EVICT_WAIT_SECONDS) and try again."""
+        deadline = time.monotonic() + EVICT_WAIT_SECONDS
+        waited = False
+        while True:
+            try:
+                g.device.reserve(key, need, residents=[k for k in g.residents() if k != key])
+                if waited:
+                    log.info("%s on %s: reserved once the evict in flight made room", key, g.id)
+                return
+            except DoesNotFit:
+                if time.monotonic() >= deadline or not self._evict_in_flight(g, key):
+                    raise
+            waited = True
+            time.sleep(0.05)
+            self._check_cancel(g, s)
+
+    def _evict_in_flight(self, g: GpuSlot, key: str) -> bool:
+        """An evict intent (claimed by the dispatcher, released by our evict once its bytes are freed) is held
+        for a model with a replica on `g` other than `key`."""
+        with g.lock:
+            models = sorted({x.record.model for k, x in g.replicas.items()
+                             if k != key and x.record.state != "failed"})
+        if not models:
+            return False
+        try:
+            raw = self.r.mget([keys.intent(m, g.id) for m in models])
+        except redis.RedisError:
+            return False
+        for v in raw:
+            try:
+                if v is not None and json.loads(v).get("action") == "evict":
+                    return True
+            except (ValueError, AttributeError):
+                continue
+        return False
 
     def _read(self, g: GpuSlot, s: Slot, entry: ModelEntry, builder: Callable[..., torch.nn.Module],
               expected: dict[str, tuple[torch.dtype, tuple[int, ...]]], extra: list[str]) -> torch.nn.Module:
