@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -115,6 +116,28 @@ class Policy(Protocol):
 _LOAD_DONE, _STAGE_DONE, _TIMER, _TICK = 0, 1, 2, 3  # same-instant order: completions first
 
 
+class _Job(Protocol):
+    remaining: float  # seconds of work left at full speed
+
+
+def _progress(jobs: Sequence[_Job], since: float, t: float, shared: bool) -> None:
+    """Advance the jobs sharing one link (a GPU's loads, a node's stages) from `since` to `t`:
+    processor sharing, k jobs each at 1/k speed (`shared` False: each at full speed)."""
+    k = len(jobs)
+    if k and t > since:
+        step = (t - since) / (k if shared else 1)
+        for j in jobs:
+            j.remaining -= step
+
+
+def _next_done(jobs: Sequence[_Job], since: float, shared: bool) -> float | None:
+    """When the first of the jobs sharing one link finishes at the current sharing, or None."""
+    if not jobs:
+        return None
+    k = len(jobs) if shared else 1
+    return since + max(0.0, min(j.remaining for j in jobs)) * k
+
+
 class Simulation:
     def __init__(
         self,
@@ -194,19 +217,14 @@ class Simulation:
 
     # ---- loads ----------------------------------------------------------------------------
     def _advance_gpu(self, g: Gpu, t: float) -> None:
-        k = len(g.loading)
-        if k and t > g.last_update:
-            step = (t - g.last_update) / (k if self.shared else 1)
-            for r in g.loading:
-                r.remaining -= step
+        _progress(g.loading, g.last_update, t, self.shared)
         g.last_update = t
 
     def _reschedule(self, g: Gpu) -> None:
         g.version += 1
-        if g.loading:
-            k = len(g.loading) if self.shared else 1
-            rem = min(r.remaining for r in g.loading)
-            self.push(g.last_update + max(0.0, rem) * k, _LOAD_DONE, (g.index, g.version))
+        done = _next_done(g.loading, g.last_update, self.shared)
+        if done is not None:
+            self.push(done, _LOAD_DONE, (g.index, g.version))
 
     def free(self, gi: int) -> int:
         g = self.gpus[gi]
@@ -294,19 +312,14 @@ class Simulation:
         return n.capacity - n.used
 
     def _advance_node(self, n: Node, t: float) -> None:
-        k = len(n.staging)
-        if k and t > n.last_update:
-            step = (t - n.last_update) / (k if self.shared else 1)
-            for c in n.staging:
-                c.remaining -= step
+        _progress(n.staging, n.last_update, t, self.shared)
         n.last_update = t
 
     def _reschedule_node(self, n: Node) -> None:
         n.version += 1
-        if n.staging:
-            k = len(n.staging) if self.shared else 1
-            rem = min(c.remaining for c in n.staging)
-            self.push(n.last_update + max(0.0, rem) * k, _STAGE_DONE, (n.index, n.version))
+        done = _next_done(n.staging, n.last_update, self.shared)
+        if done is not None:
+            self.push(done, _STAGE_DONE, (n.index, n.version))
 
     def start_stage(self, m: int, ni: int) -> HostCopy | None:
         """Start reading model m into node ni's host cache. None (nothing done) if the node already
