@@ -13,6 +13,8 @@ import pytest
 import redis
 
 from prewarm.redis_server import EmbeddedRedis
+from tests.system import SchedulerProc
+from tests.web_support import WebProc
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +44,19 @@ def artifacts_dir() -> Path:
     path = Path(os.environ.get("PREWARM_ARTIFACTS") or Path(__file__).resolve().parent.parent / "artifacts")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# --- system tests: a one-worker gunicorn web over the module's `catalog`, and the schedulers a test starts ---
+@pytest.fixture
+def web(redis_url: str, catalog: Path, tmp_path: Path) -> Iterator[WebProc]:
+    w = WebProc(redis_url, catalog, tmp_path, workers=1)
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def schedulers() -> Iterator[list[SchedulerProc]]:
+    started: list[SchedulerProc] = []
+    yield started
+    for s in started:
+        s.stop()

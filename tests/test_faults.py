@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from prewarm.redis_server import EmbeddedRedis
 from tests.model_files import tiny_catalog
 from tests.procs import start_worker, wait_for
 from tests.system import SchedulerProc
-from tests.web_support import WebProc
+from tests.web_support import HookTraffic, WebProc
 
 pytestmark = pytest.mark.slow
 
@@ -39,27 +38,6 @@ def catalog(tmp_path: Path) -> Path:
 
 def ready_on(r: redis.Redis, model: str) -> list[str]:
     return [g.id for g in state.read_fleet(r).alive() for x in g.replicas if x.model == model and x.state == "ready"]
-
-
-class Traffic:
-    """Keeps reporting requests for one model through the hook, as a router under steady load would."""
-
-    def __init__(self, url: str, model: str, every: float = 0.3) -> None:
-        self.url, self.model, self.every = url, model, every
-        self.stop_flag = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop_flag.wait(self.every):
-            try:
-                requests.post(f"{self.url}/hooks/requests", json={"model": self.model, "count": 2}, timeout=5)
-            except requests.RequestException:
-                pass  # web or Redis down: a router keeps going too
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -119,7 +97,7 @@ def test_killed_worker_leaves_fleet_and_hot_model_is_replaced(redis_url: str, r:
     a = start_worker(redis_url, catalog, devices="cpu:0=256MiB", node="node-a", log_dir=tmp_path)
     web = WebProc(redis_url, catalog, tmp_path, workers=1)
     sched = SchedulerProc(redis_url, catalog, tmp_path)
-    traffic = Traffic(web.url, "tiny-lm")
+    traffic = HookTraffic(web.url, "tiny-lm")
     b = None
     try:
         wait_for(lambda: ready_on(r, "tiny-lm") == ["node-a/cpu:0"], 60, what="hot model on node-a", log=a.log)
@@ -174,7 +152,7 @@ def test_lost_task_intent_expires_and_model_is_planned_again(redis_url: str, r: 
     assert state.claim_intent(r, lost)
     web = WebProc(redis_url, catalog, tmp_path, workers=1)
     sched = SchedulerProc(redis_url, catalog, tmp_path)
-    traffic = Traffic(web.url, "tiny-lm")
+    traffic = HookTraffic(web.url, "tiny-lm")
     try:
         wait_for(sched.is_leader, 30, what="scheduler leads", log=sched.log)
         time.sleep(1.0)

@@ -130,21 +130,6 @@ def catalog(tmp_path: Path) -> Path:
     return tiny_catalog(tmp_path / "models", ["tiny-lm", "tiny-lm-wide"])
 
 
-@pytest.fixture
-def web(redis_url: str, catalog: Path, tmp_path: Path) -> Iterator[WebProc]:
-    w = WebProc(redis_url, catalog, tmp_path, workers=1)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-def schedulers() -> Iterator[list[SchedulerProc]]:
-    started: list[SchedulerProc] = []
-    yield started
-    for s in started:
-        s.stop()
-
-
 def route(web: WebProc, model: str) -> dict:
     resp = requests.get(f"{web.url}/hooks/route", params={"model": model}, timeout=30)
     assert resp.status_code == 200, resp.text

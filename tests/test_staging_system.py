@@ -14,20 +14,18 @@ holds both. Traffic reported to /hooks/requests moves from A to B and back to A:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-import requests
 
 from prewarm import events, keys, state
 from prewarm.catalog import parse_catalog
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
 from tests.system import SchedulerProc
-from tests.web_support import WebProc
+from tests.web_support import HookTraffic
 
 pytestmark = pytest.mark.slow
 
@@ -37,43 +35,14 @@ DEVICE_BUDGET = 3 * 1024 * 1024  # either model fits alone, not both together
 HOST_CACHE = "64MiB"  # both fit in host memory
 
 
-class Traffic:
-    """Reports requests for one model through the hook every `every` seconds, as a router would."""
-
-    def __init__(self, url: str, model: str, every: float = 0.3) -> None:
-        self.url, self.model, self.every = url, model, every
-        self.stop_flag = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop_flag.is_set():
-            try:
-                requests.post(f"{self.url}/hooks/requests", json={"model": self.model, "count": 2}, timeout=5)
-            except requests.RequestException:
-                pass
-            self.stop_flag.wait(self.every)
-
-    def stop(self) -> None:
-        self.stop_flag.set()
-        self.thread.join(10)
-
-
 @pytest.fixture
 def catalog(tmp_path: Path) -> Path:
     return tiny_catalog(tmp_path / "models", [A, B])
 
 
 @pytest.fixture
-def web(redis_url: str, catalog: Path, tmp_path: Path) -> Iterator[WebProc]:
-    w = WebProc(redis_url, catalog, tmp_path, workers=1)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-def traffic() -> Iterator[list[Traffic]]:
-    started: list[Traffic] = []
+def traffic() -> Iterator[list[HookTraffic]]:
+    started: list[HookTraffic] = []
     yield started
     for t in started:
         t.stop()
@@ -118,7 +87,7 @@ def test_evicted_model_is_staged_in_host_memory_and_promoted_back(redis_url, r, 
         assert node.budget_bytes == 64 * 1024 * 1024 and node.staged == []
 
         # 1. Traffic for A: A is loaded from storage.
-        traffic.append(Traffic(web.url, A))
+        traffic.append(HookTraffic(web.url, A))
         first = wait_for(lambda: ready(r, A), 60, what=f"{A} ready", log=logs)
         assert first.source == "storage"
         assert logged(r, A, "ready", "worker", log=logs)[0].numbers["source"] == "storage"
@@ -126,7 +95,7 @@ def test_evicted_model_is_staged_in_host_memory_and_promoted_back(redis_url, r, 
         traffic.pop().stop()
 
         # 2. Traffic for B only: A is evicted to make room for B, and staged in the node's host cache.
-        traffic.append(Traffic(web.url, B))
+        traffic.append(HookTraffic(web.url, B))
         wait_for(lambda: ready(r, B), 90, what=f"{B} ready (after {A} is evicted)", log=logs)
         wait_for(lambda: replica(r, A) is None, 15, what=f"{A} gone from {GPU}", log=logs)  # one at a time
         evicts = logged(r, A, "evict", "scheduler", log=logs)
@@ -147,7 +116,7 @@ def test_evicted_model_is_staged_in_host_memory_and_promoted_back(redis_url, r, 
         traffic.pop().stop()
 
         # 3. Traffic for A again: A is loaded again, promoted from host memory rather than read from storage.
-        traffic.append(Traffic(web.url, A))
+        traffic.append(HookTraffic(web.url, A))
         again = wait_for(lambda: ready(r, A), 90, what=f"{A} ready again (after {B} is evicted)", log=logs)
         assert again.source == "host", again
         assert again.created_at > first.created_at

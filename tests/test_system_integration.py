@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,21 +26,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def catalog(tmp_path: Path) -> Path:
     return tiny_catalog(tmp_path / "models", ["tiny-lm", "tiny-mlp", "tiny-lm-wide"])
-
-
-@pytest.fixture
-def web(redis_url: str, catalog: Path, tmp_path: Path) -> Iterator[WebProc]:
-    w = WebProc(redis_url, catalog, tmp_path, workers=1)
-    yield w
-    w.stop()
-
-
-@pytest.fixture
-def schedulers(tmp_path: Path) -> Iterator[list[SchedulerProc]]:
-    started: list[SchedulerProc] = []
-    yield started
-    for s in started:
-        s.stop()
 
 
 def replica_state(r: redis.Redis, model: str) -> str | None:

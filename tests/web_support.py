@@ -4,11 +4,13 @@ and a simulated fleet published with the worker's own heartbeat function (real R
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import redis
+import requests
 from safetensors.numpy import save_file
 
 from prewarm import state
@@ -141,3 +143,26 @@ class WebProc:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+class HookTraffic:
+    """Keeps reporting requests for one model to /hooks/requests every `every` seconds, as a router under
+    steady load would; keeps going while web or Redis is down, as a router does."""
+
+    def __init__(self, url: str, model: str, every: float = 0.3) -> None:
+        self.url, self.model, self.every = url, model, every
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop_flag.is_set():
+            try:
+                requests.post(f"{self.url}/hooks/requests", json={"model": self.model, "count": 2}, timeout=5)
+            except requests.RequestException:
+                pass
+            self.stop_flag.wait(self.every)
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(10)
