@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -67,6 +66,39 @@ class HostCopy:
 
 
 @dataclass(slots=True)
+class Link:
+    """Jobs sharing one link (a GPU's loads, a node's stages): processor sharing, k jobs each at
+    1/k speed (`shared` False: each at full speed)."""
+
+    jobs: list = field(default_factory=list)  # Replica / HostCopy: each with `remaining` seconds at full speed
+    last_update: float = 0.0
+    version: int = 0  # bumped at every reschedule: a completion event of an older version is stale
+
+    def advance(self, t: float, shared: bool) -> None:
+        k = len(self.jobs)
+        if k and t > self.last_update:
+            step = (t - self.last_update) / (k if shared else 1)
+            for j in self.jobs:
+                j.remaining -= step
+        self.last_update = t
+
+    def finished(self, t: float, shared: bool) -> list:
+        """Advance to `t` and take out the jobs that are done."""
+        self.advance(t, shared)
+        done = [j for j in self.jobs if j.remaining <= 1e-9]
+        self.jobs = [j for j in self.jobs if j.remaining > 1e-9]
+        return done
+
+    def next_done(self, shared: bool) -> float | None:
+        """New version; when the first job finishes at the current sharing, or None."""
+        self.version += 1
+        if not self.jobs:
+            return None
+        k = len(self.jobs) if shared else 1
+        return self.last_update + max(0.0, min(j.remaining for j in self.jobs)) * k
+
+
+@dataclass(slots=True)
 class Gpu:
     index: int
     id: str
@@ -74,9 +106,7 @@ class Gpu:
     capacity: int
     used: int = 0
     residents: dict[int, Replica] = field(default_factory=dict)
-    loading: list[Replica] = field(default_factory=list)
-    last_update: float = 0.0
-    version: int = 0
+    link: Link = field(default_factory=Link)  # its loads in flight
     ni: int = 0  # index of its node in Simulation.nodes
 
 
@@ -87,9 +117,7 @@ class Node:
     capacity: int  # host cache budget (0: no staging tier)
     used: int = 0  # bytes of staging and staged copies
     cached: dict[int, HostCopy] = field(default_factory=dict)  # model -> copy
-    staging: list[HostCopy] = field(default_factory=list)
-    last_update: float = 0.0
-    version: int = 0
+    link: Link = field(default_factory=Link)  # its stages in flight
 
 
 class Policy(Protocol):
@@ -114,28 +142,6 @@ class Policy(Protocol):
 
 
 _LOAD_DONE, _STAGE_DONE, _TIMER, _TICK = 0, 1, 2, 3  # same-instant order: completions first
-
-
-class _Job(Protocol):
-    remaining: float  # seconds of work left at full speed
-
-
-def _progress(jobs: Sequence[_Job], since: float, t: float, shared: bool) -> None:
-    """Advance the jobs sharing one link (a GPU's loads, a node's stages) from `since` to `t`:
-    processor sharing, k jobs each at 1/k speed (`shared` False: each at full speed)."""
-    k = len(jobs)
-    if k and t > since:
-        step = (t - since) / (k if shared else 1)
-        for j in jobs:
-            j.remaining -= step
-
-
-def _next_done(jobs: Sequence[_Job], since: float, shared: bool) -> float | None:
-    """When the first of the jobs sharing one link finishes at the current sharing, or None."""
-    if not jobs:
-        return None
-    k = len(jobs) if shared else 1
-    return since + max(0.0, min(j.remaining for j in jobs)) * k
 
 
 class Simulation:
@@ -216,15 +222,10 @@ class Simulation:
         self.push(t, _TIMER, payload)
 
     # ---- loads ----------------------------------------------------------------------------
-    def _advance_gpu(self, g: Gpu, t: float) -> None:
-        _progress(g.loading, g.last_update, t, self.shared)
-        g.last_update = t
-
-    def _reschedule(self, g: Gpu) -> None:
-        g.version += 1
-        done = _next_done(g.loading, g.last_update, self.shared)
+    def _reschedule(self, link: Link, kind: int, index: int) -> None:
+        done = link.next_done(self.shared)
         if done is not None:
-            self.push(done, _LOAD_DONE, (g.index, g.version))
+            self.push(done, kind, (index, link.version))
 
     def free(self, gi: int) -> int:
         g = self.gpus[gi]
@@ -236,7 +237,7 @@ class Simulation:
         if m in g.residents or g.capacity - g.used < size:
             return None
         t = self.now
-        self._advance_gpu(g, t)
+        g.link.advance(t, self.shared)
         r = Replica(m, gi, size, t, remaining=self.load_s[m], kind=kind)
         if self.host_on:
             c = self.nodes[g.ni].cached.get(m)
@@ -247,12 +248,12 @@ class Simulation:
                 self.promotions += 1
         g.residents[m] = r
         g.used += size
-        g.loading.append(r)
+        g.link.jobs.append(r)
         self.replicas[m][gi] = r
         self.loads += 1
         self.bytes_loaded += size
         self.stalled.pop(m, None)
-        self._reschedule(g)
+        self._reschedule(g.link, _LOAD_DONE, gi)
         return r
 
     def evict(self, m: int, gi: int) -> bool:
@@ -277,13 +278,11 @@ class Simulation:
 
     def _load_done(self, gi: int, version: int) -> None:
         g = self.gpus[gi]
-        if version != g.version:
+        if version != g.link.version:
             return
         t = self.now
-        self._advance_gpu(g, t)
-        done = [r for r in g.loading if r.remaining <= 1e-9]
-        g.loading = [r for r in g.loading if r.remaining > 1e-9]
-        self._reschedule(g)
+        done = g.link.finished(t, self.shared)
+        self._reschedule(g.link, _LOAD_DONE, gi)
         for r in done:
             r.state = "ready"
             r.ready_at = t
@@ -311,16 +310,6 @@ class Simulation:
         n = self.nodes[ni]
         return n.capacity - n.used
 
-    def _advance_node(self, n: Node, t: float) -> None:
-        _progress(n.staging, n.last_update, t, self.shared)
-        n.last_update = t
-
-    def _reschedule_node(self, n: Node) -> None:
-        n.version += 1
-        done = _next_done(n.staging, n.last_update, self.shared)
-        if done is not None:
-            self.push(done, _STAGE_DONE, (n.index, n.version))
-
     def start_stage(self, m: int, ni: int) -> HostCopy | None:
         """Start reading model m into node ni's host cache. None (nothing done) if the node already
         holds or is staging m, or its cache lacks room for m's bytes."""
@@ -329,15 +318,15 @@ class Simulation:
         if m in n.cached or n.capacity - n.used < size:
             return None
         t = self.now
-        self._advance_node(n, t)
+        n.link.advance(t, self.shared)
         c = HostCopy(m, ni, size, t, remaining=size / self.stage_bandwidth)
         n.cached[m] = c
         n.used += size
-        n.staging.append(c)
+        n.link.jobs.append(c)
         self.stages += 1
         self.bytes_staged += size
         self.host_version += 1
-        self._reschedule_node(n)
+        self._reschedule(n.link, _STAGE_DONE, ni)
         return c
 
     def unstage(self, m: int, ni: int) -> bool:
@@ -355,13 +344,11 @@ class Simulation:
 
     def _stage_done(self, ni: int, version: int) -> None:
         n = self.nodes[ni]
-        if version != n.version:
+        if version != n.link.version:
             return
         t = self.now
-        self._advance_node(n, t)
-        done = [c for c in n.staging if c.remaining <= 1e-9]
-        n.staging = [c for c in n.staging if c.remaining > 1e-9]
-        self._reschedule_node(n)
+        done = n.link.finished(t, self.shared)
+        self._reschedule(n.link, _STAGE_DONE, ni)
         for c in done:
             c.state = "staged"
             c.ready_at = t
