@@ -26,6 +26,11 @@ def _err(msg: str) -> int:
     return 2
 
 
+def _lookup_err(exc: Exception) -> int:
+    """_err for a failed catalog/fleet lookup: its message, not KeyError's quoted repr of it."""
+    return _err(str(exc.args[0]) if exc.args else str(exc))
+
+
 def cmd_models_list(args: argparse.Namespace) -> int:
     from prewarm.catalog import load_catalog
     from prewarm.config import Settings
@@ -123,7 +128,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
         entry = ctx.catalog.get(args.model, args.version)
         gpu = pick_gpu(state.read_fleet(ctx.r), entry.size_bytes, args.gpu)
     except (KeyError, LookupError, CatalogError) as exc:
-        return _err(str(exc.args[0]) if exc.args else str(exc))
+        return _lookup_err(exc)
     d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="operator",
                                reason=args.reason or "operator preload from the CLI", kind="operator")
     print(d.message)
@@ -135,7 +140,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
     try:
         entry = ctx.catalog.get(args.model, args.version)
     except (KeyError, CatalogError) as exc:
-        return _err(str(exc.args[0]) if exc.args else str(exc))
+        return _lookup_err(exc)
     fleet = state.read_fleet(ctx.r)
     targets = [g for g in fleet.alive() if (args.gpu in (None, g.id, g.device))
                and any(x.model == entry.id and x.version == entry.version for x in g.replicas)]
@@ -168,11 +173,11 @@ def pick_node_gpu(fleet: state.Fleet, node: str | None, size: int) -> state.Gpu:
             raise LookupError(f"model needs {format_bytes(size)}, more than any node's host cache holds "
                               f"(largest {format_bytes(max(n.budget_bytes for n in caches))}; PREWARM_HOST_CACHE)")
         node = best.node
-    gpus = sorted((g for g in alive if g.node == node), key=lambda g: g.id)
-    if not gpus:
+    gpu = state.node_carrier(alive, node)
+    if gpu is None:
         names = ", ".join(sorted({g.node for g in alive}))
         raise LookupError(f"node {node!r} has no live GPU in the fleet (nodes: {names})")
-    return gpus[0]
+    return gpu
 
 
 def _task_outcome(ctx, d, timeout: float) -> tuple[dict | None, str | None]:  # noqa: ANN001
@@ -189,7 +194,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         entry = ctx.catalog.get(args.model, args.version)
         gpu = pick_node_gpu(state.read_fleet(ctx.r), args.node, entry.size_bytes)
     except (KeyError, LookupError, CatalogError) as exc:
-        return _err(str(exc.args[0]) if exc.args else str(exc))
+        return _lookup_err(exc)
     d = ctx.dispatcher.stage(entry.id, entry.version, gpu, actor="operator",
                              reason=args.reason or "operator stage from the CLI", kind="operator", value=args.value)
     print(d.message)
@@ -223,7 +228,7 @@ def cmd_unstage(args: argparse.Namespace) -> int:
     try:
         entry = ctx.catalog.get(args.model, args.version)
     except (KeyError, CatalogError) as exc:
-        return _err(str(exc.args[0]) if exc.args else str(exc))
+        return _lookup_err(exc)
     fleet = state.read_fleet(ctx.r)
     nodes = [n.node for n in fleet.nodes if args.node in (None, n.node) and n.get(entry.id, entry.version)]
     if not nodes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -174,6 +175,12 @@ class Fleet:
 
     def gpu(self, gid: str) -> Gpu | None:
         return next((g for g in self.gpus if g.id == gid), None)
+
+
+def node_carrier(gpus: Iterable[Gpu], node: str) -> Gpu | None:
+    """The GPU whose queue carries node-level tasks (stage/unstage of the node's host cache) to `node`'s
+    worker: its first live GPU by id; None when the node has none."""
+    return min((g for g in gpus if g.node == node and g.alive), key=lambda g: g.id, default=None)
 
 
 _GPU_INT = ("total_bytes", "used_bytes", "free_bytes")

@@ -128,10 +128,10 @@ class Scheduler:
             return None
         numbers = dict(action.numbers)
         if isinstance(action, Stage | Unstage):
-            on_node = sorted(gid for gid, g in gpus.items() if g.node == action.node and g.alive)
-            if not on_node:
+            carrier = state.node_carrier(gpus.values(), action.node)
+            if carrier is None:
                 return None
-            gpu, where = gpus[on_node[0]], state.host_id(action.node)
+            gpu, where = carrier, state.host_id(action.node)
             if isinstance(action, Stage):
                 d = self.ctx.dispatcher.stage(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
                                               numbers=numbers, kind=action.kind, value=action.value)
