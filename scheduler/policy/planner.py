@@ -42,6 +42,7 @@ from .types import (
     Action,
     Evict,
     GpuState,
+    Intent,
     ModelSpec,
     PolicyConfig,
     Preload,
@@ -77,7 +78,7 @@ class PolicyState:
     due: dict[str, tuple[float, float]] = field(default_factory=dict)
     recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
     scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
-    loss: dict[str, tuple[tuple[int, float | None, float, int], tuple[float, float, float]]] = field(
+    loss: dict[str, tuple[tuple[int, float | None, float, int], tuple[float, float]]] = field(
         default_factory=dict)
     special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap
 
@@ -90,6 +91,11 @@ def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
     """Load time from a node's host cache: measured, else derived; never more than from storage."""
     p = spec.promote_seconds if spec.promote_seconds is not None else cfg.default_promote_seconds(spec.size_bytes)
     return min(p, load_seconds(spec, cfg))
+
+
+def _intent_bytes(it: Intent, snap: Snapshot) -> int:
+    """What a preload or stage in flight will hold: its own figure, else the catalog's size."""
+    return it.bytes or (snap.models[it.model].size_bytes if it.model in snap.models else 0)
 
 
 class _Fleet:
@@ -139,7 +145,7 @@ class _Fleet:
             if it.kind == "evict":
                 self.evicting.add((it.model, it.gpu))
             elif it.model not in self.on_gpu[it.gpu]:
-                size = it.bytes or (snap.models[it.model].size_bytes if it.model in snap.models else 0)
+                size = _intent_bytes(it, snap)
                 self.used[it.gpu] += size
                 self.pending_intent[it.gpu] += size
                 self.loading[it.gpu] += 1
@@ -168,7 +174,7 @@ class _Fleet:
             if it.kind == "unstage":
                 self.unstaging.add((it.model, it.gpu))
             elif it.model not in self.on_host[it.gpu]:
-                size = it.bytes or (snap.models[it.model].size_bytes if it.model in snap.models else 0)
+                size = _intent_bytes(it, snap)
                 self.host_used[it.gpu] += size
                 self.host_pending[it.gpu] += size
                 self.stages_in_flight[it.gpu] += 1
@@ -270,12 +276,10 @@ class _Planner:
         if hit is None or ver == 0 or hit[0] != key:
             am = self.arrival(model)
             extra = max(0.0, tr.stable_requests_per_active_minute(model) - 1.0)
-            hit = (key, (1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra,
-                         load_seconds(spec, self.cfg)))
+            hit = (key, (1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra))
             self.st.loss[model] = hit
-        inv_mrl, extra, ld = hit[1]
-        if model in self.fleet.staged_nodes:
-            ld = promote_seconds(spec, self.cfg)  # a reload from host is cheaper: worth less kept
+        inv_mrl, extra = hit[1]
+        ld = self.reload_s(spec)  # a reload from host memory is cheaper: a staged model is worth less kept
         # return rate: the idle-time model's, or the measured recent rate if higher (the
         # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
         inv_mrl = max(inv_mrl, rate_long)
@@ -488,7 +492,7 @@ class _Planner:
         return True
 
     # ---- the staging tier ----------------------------------------------------------------
-    def host_victim_list(self, node: str) -> list[tuple[float, str, int]]:
+    def host_victim_list(self, node: str) -> list[tuple[float, str, StagedState]]:
         """Staged models on a node that could make room, lowest value per byte first."""
         v = self.host_victims.get(node)
         if v is None:
@@ -501,7 +505,7 @@ class _Planner:
                        and f.on_gpu[g][m].state in LOADING_STATES for g in f.of_model.get(m, ())):
                     continue  # a promotion may be reading it right now
                 vpb = self.loss(m) / max(x.bytes / GIB, 1e-3) if m in self.s.models else 0.0
-                v.append((vpb, m, x.bytes))
+                v.append((vpb, m, x))
             v.sort()
             self.host_victims[node] = v
         return v
@@ -515,12 +519,12 @@ class _Planner:
         f.on_host[node][spec.id] = None
         self.actions.append(Stage(spec.id, node, kind, reason, numbers, spec.version, spec.size_bytes, value))
 
-    def do_unstage(self, model: str, node: str, nbytes: int, kind: str, reason: str,
-                   numbers: dict[str, float]) -> None:
+    def do_unstage(self, x: StagedState, kind: str, reason: str, numbers: dict[str, float]) -> None:
         f = self.fleet
-        f.host_used[node] -= nbytes
-        f.host_pending[node] -= nbytes
-        x = f.on_host[node].pop(model, None)
+        model, node = x.model, x.node
+        f.host_used[node] -= x.bytes
+        f.host_pending[node] -= x.bytes
+        del f.on_host[node][model]
         f.unstaging.add((model, node))
         nodes = f.staged_nodes.get(model)
         if nodes is not None:
@@ -530,8 +534,7 @@ class _Planner:
         hv = self.host_victims.get(node)
         if hv is not None:
             self.host_victims[node] = [e for e in hv if e[1] != model]
-        version = x.version if x is not None else (self.s.models[model].version if model in self.s.models else "1")
-        self.actions.append(Unstage(model, node, kind, reason, numbers, version))
+        self.actions.append(Unstage(model, node, kind, reason, numbers, x.version))
 
     def step_stage(self, candidates: Iterable[str]) -> None:
         """Keep models whose demand is likely but not imminent in a node's host memory: a later load
@@ -561,14 +564,14 @@ class _Planner:
                 if f.nodes[node].budget_bytes < spec.size_bytes:
                     continue
                 free = f.host_avail(node)
-                victims: list[tuple[float, str, int]] = []
+                victims: list[tuple[float, str, StagedState]] = []
                 if free < spec.size_bytes:
                     freed = 0
                     for e in self.host_victim_list(node):
                         if e[0] * cfg.stage_margin >= vpb:
                             break  # what is there is worth keeping
                         victims.append(e)
-                        freed += e[2]
+                        freed += e[2].bytes
                         if free + freed >= spec.size_bytes:
                             break
                     if free + freed < spec.size_bytes:
@@ -579,11 +582,11 @@ class _Planner:
             if best is None:
                 continue
             _key, node, victims = best
-            for evpb, em, eb in victims:
-                self.do_unstage(em, node, eb, "make_room",
+            for evpb, _em, ex in victims:
+                self.do_unstage(ex, "make_room",
                                 f"make room in {node}'s host cache for {m}: lowest value per byte here "
-                                f"({evpb:.3g} vs {vpb:.3g} cold req/s per GiB), {eb / GIB:.1f} GiB",
-                                {"value_per_gib": evpb, "gib": eb / GIB})
+                                f"({evpb:.3g} vs {vpb:.3g} cold req/s per GiB), {ex.bytes / GIB:.1f} GiB",
+                                {"value_per_gib": evpb, "gib": ex.bytes / GIB})
             d = self.idle(m)
             am = self.arrival(m)
             mrl = am.mrl_at(d) if d is not None else math.inf
@@ -733,7 +736,6 @@ class _Planner:
                     continue
                 if any(h in fresh_set for h in hosts):
                     continue  # GPUs joining together (a fleet starting cold) share the hottest, not copy them
-
                 if self.fleet.avail(gid) < spec.size_bytes:
                     continue
                 if self.fleet.spec[gid] + spec.size_bytes > cfg.speculative_share * g.total_bytes:
