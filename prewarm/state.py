@@ -42,6 +42,12 @@ def host_id(node: str) -> str:
     return f"{node}/host"
 
 
+def host_node(target: str) -> str | None:
+    """host_id's inverse: the node whose host cache `target` (an intent's gpu) is, or None for a GPU id."""
+    node = target.removesuffix("/host")
+    return node if node != target else None
+
+
 @dataclass
 class Replica:
     model: str

@@ -82,16 +82,6 @@ def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, fl
     return load, promote
 
 
-def measured_load_seconds(r: redis.Redis, model_ids: list[str]) -> dict[str, float]:
-    return measured_seconds(r, model_ids)[0]
-
-
-def host_node(target: str) -> str | None:
-    """The node whose host cache `target` (an intent's gpu) is, or None for a GPU id."""
-    node = target.removesuffix("/host")
-    return node if node != target and state.host_id(node) == target else None
-
-
 class SnapshotReader:
     def __init__(self, r: redis.Redis, config: PolicyConfig) -> None:
         self.r = r
@@ -257,7 +247,7 @@ class SnapshotReader:
                 continue
             target: str | None = it.gpu
             if it.action in ("stage", "unstage"):
-                target = host_node(it.gpu)  # claimed on host_id(node); the policy speaks of the node
+                target = state.host_node(it.gpu)  # claimed on host_id(node); the policy speaks of the node
             if target is None:
                 continue
             key = model_key(catalog, it.model, it.version)
