@@ -373,16 +373,13 @@ class Prewarm(_Base):
         self.names = sim.trace.models
         self.index = {m: i for i, m in enumerate(self.names)}
         self.gpu_index = {g.id: g.index for g in sim.gpus}
-        if sim.host_on:
-            self.specs = {
-                m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i], promote_seconds=sim.promote_s[i])
-                for i, m in enumerate(self.names)
-            }
-        else:
-            self.specs = {
-                m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i]) for i, m in enumerate(self.names)
-            }
+        self.specs = {
+            m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i],
+                         promote_seconds=sim.promote_s[i] if sim.host_on else None)
+            for i, m in enumerate(self.names)
+        }
         self.node_index = {n.id: n.index for n in sim.nodes}
+        # (host_version, nodes, staged) of the last snapshot: empty while there is no host tier
         self._host: tuple[int, tuple[NodeState, ...], tuple[StagedState, ...]] = (-1, (), ())
         self.rs: dict[tuple[int, int], ReplicaState] = {}
         self.dirty: set[tuple[int, int]] = set()
@@ -427,10 +424,7 @@ class Prewarm(_Base):
             GpuState(g.id, g.node, g.capacity, g.capacity - g.used, joined_at=-math.inf) for g in s.gpus
         )
         waiting = {names[m]: len(s.waiting[m]) for m in s.stalled}
-        if not s.host_on:
-            return Snapshot(self.specs, gpus, tuple(self.rs.values()), self.history,
-                            recent_evictions=self.evicted_at, waiting=waiting, config=self.cfg)
-        if self._host[0] != s.host_version:  # rebuilt only when a host cache changed
+        if s.host_on and self._host[0] != s.host_version:  # rebuilt only when a host cache changed
             nodes = tuple(NodeState(n.id, n.capacity, n.capacity - n.used) for n in s.nodes)
             staged = tuple(
                 StagedState(names[c.model], n.id, c.state, c.bytes, c.since)
