@@ -26,7 +26,6 @@ Rules it keeps (issue 2, items 5 and 8):
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import math
 import os
@@ -626,19 +625,11 @@ class NodeWorker:
         with g.lock:
             models = sorted({x.record.model for k, x in g.replicas.items()
                              if k != key and x.record.state != "failed"})
-        if not models:
-            return False
         try:
-            raw = self.r.mget([keys.intent(m, g.id) for m in models])
+            held = state.held_intents(self.r, [(m, g.id) for m in models])
         except redis.RedisError:
             return False
-        for v in raw:
-            try:
-                if v is not None and json.loads(v).get("action") == "evict":
-                    return True
-            except (ValueError, AttributeError):
-                continue
-        return False
+        return any(it.action == "evict" for it in held)
 
     def _read(self, g: GpuSlot, s: Slot, entry: ModelEntry, builder: Callable[..., torch.nn.Module],
               expected: dict[str, tuple[torch.dtype, tuple[int, ...]]], extra: list[str]) -> torch.nn.Module:

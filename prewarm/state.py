@@ -362,6 +362,10 @@ def release_intent(r: redis.Redis, model: str, gpu: str) -> None:
     r.delete(keys.intent(model, gpu))
 
 
+def _intent(d: dict[str, Any]) -> Intent:
+    return Intent(**{k: v for k, v in d.items() if k in Intent.__dataclass_fields__})
+
+
 def read_intents(r: redis.Redis) -> list[Intent]:
     found = list(r.scan_iter(match=keys.INTENT_PATTERN, count=1000))
     if not found:
@@ -369,6 +373,21 @@ def read_intents(r: redis.Redis) -> list[Intent]:
     out = []
     for raw in r.mget(found):
         if raw:
-            d = json.loads(raw)
-            out.append(Intent(**{k: v for k, v in d.items() if k in Intent.__dataclass_fields__}))
+            out.append(_intent(json.loads(raw)))
+    return out
+
+
+def held_intents(r: redis.Redis, targets: Iterable[tuple[str, str]]) -> list[Intent]:
+    """The intents held for these (model, gpu) pairs, in one round trip; a pair with none, or with an
+    unreadable record, is left out."""
+    targets = list(targets)
+    if not targets:
+        return []
+    out = []
+    for raw in r.mget([keys.intent(m, g) for m, g in targets]):
+        if raw:
+            try:
+                out.append(_intent(json.loads(raw)))
+            except (ValueError, TypeError, AttributeError):
+                continue
     return out

@@ -124,18 +124,8 @@ def _wake_scheduler(entry: ModelEntry) -> None:
 
 def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
     """A preload already dispatched (by anyone) but not yet visible as a replica."""
-    gpus = fleet.alive()
-    if not gpus:
-        return False
-    for raw in ctx().r.mget([keys.intent(entry.id, g.id) for g in gpus]):
-        if raw:
-            try:
-                intent = json.loads(raw)
-            except ValueError:
-                continue
-            if intent.get("action") == "preload" and intent.get("version") == entry.version:
-                return True
-    return False
+    held = state.held_intents(ctx().r, [(entry.id, g.id) for g in fleet.alive()])
+    return any(it.action == "preload" and it.version == entry.version for it in held)
 
 
 def _pending_preload_bytes(fleet: state.Fleet) -> dict[str, int]:
