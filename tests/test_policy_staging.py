@@ -73,6 +73,11 @@ def test_a_stage_that_does_not_fit_is_not_planned() -> None:
                     history({"old": [NOW - 3000 - 600 * i for i in range(5)], "new": [NOW - 1]}),
                     nodes=(NodeState("node-a", 4 * GIB, 4 * GIB),))
     assert [type(a) for a in plan(snap, NOW)] == [Evict, Preload]
+    # a cache big enough in budget but with only 4 GiB free and nothing staged to replace
+    tight = Snapshot(models, (gpu("node-a", used=6 * GIB),), (ready("old", "node-a/cuda:0", 6),),
+                     history({"old": [NOW - 3000 - 600 * i for i in range(5)], "new": [NOW - 1]}),
+                     nodes=(NodeState("node-a", 20 * GIB, 4 * GIB),))
+    assert [type(a) for a in plan(tight, NOW)] == [Evict, Preload]
 
 
 def test_a_staged_model_is_promoted_on_the_node_that_holds_it() -> None:
