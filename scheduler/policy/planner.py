@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from . import arrivals
 from .arrivals import ArrivalModel
+from .traffic import long_rate
 from .types import (
     GIB,
     HOLDING_STATES,
@@ -58,6 +59,26 @@ MAX_STAGE_TRIES = 16  # per tick, best first
 EVICTION_HORIZON_S = 60.0  # how far ahead an eviction's cost is counted when choosing a GPU
 
 
+class _Value:
+    """A model's loss() inputs that hold until its traffic changes (_advance drops the entry) or its
+    idle time enters the next grid cell: the idle-time model's return rate there, the extra
+    requests per active minute, and the long-rate EWMA's parts. `steady_from`: from this time on
+    the long rate is below inv_mrl and stays there (it only decays), so loss() skips it."""
+
+    __slots__ = ("spec", "anchor", "cell", "inv_mrl", "extra", "rate", "load_s", "steady_from")
+
+    def __init__(self, spec: ModelSpec, anchor: float, cell: int, inv_mrl: float, extra: float,
+                 rate: tuple[float, float, float, float], load_s: float) -> None:
+        self.spec = spec
+        self.anchor = anchor
+        self.cell = cell
+        self.inv_mrl = inv_mrl
+        self.extra = extra
+        self.rate = rate
+        self.load_s = load_s
+        self.steady_from = math.inf
+
+
 @dataclass
 class PolicyState:
     """Optional cache carried from one plan() call to the next (the caller keeps it).
@@ -78,8 +99,8 @@ class PolicyState:
     due: dict[str, tuple[float, float]] = field(default_factory=dict)
     recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
     scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
-    loss: dict[str, tuple[tuple[int, float | None, float, int], tuple[float, float]]] = field(
-        default_factory=dict)
+    value: dict[str, _Value] = field(default_factory=dict)  # model -> loss() inputs (see _Value)
+    config: PolicyConfig | None = None  # the config the cached arrival models were built with
     special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap
 
 
@@ -209,7 +230,7 @@ class _Planner:
         self._link_rate: float | None = None
         self.grid_s = snap.config.grid_s
         self.evicted_now: list[str] = []  # models this call evicts: candidates to keep in host memory
-        self.host_victims: dict[str, list[tuple[float, str, int]]] = {}  # node -> staged, by value per byte
+        self.host_victims: dict[str, list[tuple[float, str, StagedState]]] = {}  # node -> staged, by value per byte
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
@@ -260,35 +281,46 @@ class _Planner:
         v = self._loss.get(model)
         if v is not None:
             return v
-        tr = self.tr
-        now = self.now
-        last, ver, rate_long = tr.snapshot_for_value(model, now)
         spec = self.s.models.get(model)
-        if last is None or spec is None:  # never requested, or dropped from the catalog
-            self._loss[model] = 0.0
-            return 0.0
-        g = self.grid_s
-        anchor = (last // g) * g
-        cell = int(max(0.0, now - anchor) // g)
-        # a step function of (histogram version, load time, anchor, grid cell): memoised in the state
-        key = (ver, spec.load_seconds, anchor, cell)
-        hit = self.st.loss.get(model)
-        if hit is None or ver == 0 or hit[0] != key:
-            am = self.arrival(model)
-            extra = max(0.0, tr.stable_requests_per_active_minute(model) - 1.0)
-            hit = (key, (1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra))
-            self.st.loss[model] = hit
-        inv_mrl, extra = hit[1]
-        ld = self.reload_s(spec)  # a reload from host memory is cheaper: a staged model is worth less kept
+        now = self.now
+        e = self.st.value.get(model)
+        if e is None or e.spec is not spec or e.cell != int(max(0.0, now - e.anchor) // self.grid_s):
+            e = self._value_inputs(model, spec)
+            if e is None:  # never requested, or dropped from the catalog
+                self._loss[model] = 0.0
+                return 0.0
         # return rate: the idle-time model's, or the measured recent rate if higher (the
         # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
-        inv_mrl = max(inv_mrl, rate_long)
+        if now >= e.steady_from:
+            rate = e.inv_mrl
+        else:
+            rate = long_rate(*e.rate, now)
+            if rate <= e.inv_mrl:
+                rate = e.inv_mrl
+                e.steady_from = now
+        # a reload from host memory is cheaper: a staged model is worth less kept
+        ld = promote_seconds(e.spec, self.cfg) if model in self.fleet.staged_nodes else e.load_s
         # own cold requests during the (stretched) reload, plus the requests its link time
         # would hold up on loads sharing the link then (judged by those waiting now)
         link = self._link_rate if self._link_rate is not None else self.link_rate()
-        v = inv_mrl * (1.0 + extra * min(ld * self.slowdown, 60.0) / 60.0 + link * ld)
+        v = rate * (1.0 + e.extra * min(ld * self.slowdown, 60.0) / 60.0 + link * ld)
         self._loss[model] = v
         return v
+
+    def _value_inputs(self, model: str, spec: ModelSpec | None) -> _Value | None:
+        got = self.tr.value_inputs(model)
+        if got is None or spec is None:
+            self.st.value.pop(model, None)
+            return None
+        last, _ver, rate = got
+        g = self.grid_s
+        anchor = (last // g) * g
+        am = self.arrival(model)
+        extra = max(0.0, self.tr.stable_requests_per_active_minute(model) - 1.0)
+        e = _Value(spec, anchor, int(max(0.0, self.now - anchor) // g),
+                   1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra, rate, load_seconds(spec, self.cfg))
+        self.st.value[model] = e
+        return e
 
     # ---- fleet helpers -------------------------------------------------------------------
     def evictable(self, r: ReplicaState) -> bool:
@@ -679,7 +711,7 @@ class _Planner:
                 {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
             )
             if not ok:
-                failed_size = spec.size_bytes
+                failed_size = float(spec.size_bytes)
 
     def step_floor(self) -> None:
         for m in self.st.special:
@@ -814,7 +846,7 @@ def _schedule(pl: _Planner, m: str) -> None:
     if last is None:
         return
     st.recent[m] = last
-    a = pl.anchor(m)
+    a = math.floor(last / pl.grid_s) * pl.grid_s  # anchor(), with the arrival already read
     am = pl.arrival(m)
     key = (a, st.arrival[m][0])
     if st.scheduled.get(m) == key:
@@ -831,14 +863,15 @@ def _schedule(pl: _Planner, m: str) -> None:
 def _advance(pl: _Planner) -> None:
     """Bring the state's timeline up to `now` and the traffic's latest changes."""
     st, snap, tr, now = pl.st, pl.s, pl.tr, pl.now
-    fresh = st.traffic_id != id(tr) or st.models_id != id(snap.models) or st.seq < 0
+    new_config = st.config is not snap.config and st.config != snap.config
+    fresh = st.traffic_id != id(tr) or st.models_id != id(snap.models) or st.seq < 0 or new_config
     if fresh:
-        if st.traffic_id != id(tr):
-            # arrival models and losses are keyed by histogram version and load time, so they
-            # survive a new catalog object (a live scheduler may rebuild it every tick)
+        if st.traffic_id != id(tr) or new_config:
+            # arrival models and value inputs are keyed by histogram version and load time (or
+            # spec), so they survive a new catalog object (a live scheduler may rebuild it every tick)
             st.arrival.clear()
-            st.loss.clear()
-        st.traffic_id, st.models_id = id(tr), id(snap.models)
+            st.value.clear()
+        st.traffic_id, st.models_id, st.config = id(tr), id(snap.models), snap.config
         st.hot_heap.clear()
         st.cold_heap.clear()
         st.awake.clear()
@@ -848,14 +881,16 @@ def _advance(pl: _Planner) -> None:
         st.special = tuple(sorted(
             m for m, s in snap.models.items() if s.pinned or s.min_replicas > 0 or s.max_rate_per_replica
         ))
-        changed: list[str] | None = tr.models()
+        changed = tr.models()
     else:
-        changed = tr.changed_since(st.seq)
-        if changed is None:
-            changed = tr.models()
+        since = tr.changed_since(st.seq)
+        changed = tr.models() if since is None else since
     st.seq = tr.seq
-    # a request moves a model's timeline: its hot/cold segments from the old anchor no longer hold
+    # a request moves a model's timeline: its hot/cold segments from the old anchor no longer hold,
+    # nor do its value inputs
+    value = st.value
     for m in changed:
+        value.pop(m, None)
         for segs in (st.awake, st.due):
             seg = segs.get(m)
             if seg is not None and seg[1] != pl.anchor(m):

@@ -25,7 +25,7 @@ def _refresh_points() -> set[int]:
     pts = set(range(1, 17))
     x = 16.0
     while x < 1e9:
-        x = math.ceil(x * 1.125)
+        x = float(math.ceil(x * 1.125))
         pts.add(int(x))
     return pts
 
@@ -115,7 +115,7 @@ class TrafficHistory:
                 m.rate_p *= math.exp(-dt / self.panic_window_s)
                 m.rate_s *= math.exp(-dt / self.short_window_s)
                 m.rate_l *= math.exp(-dt / self.long_window_s)
-                m.rate_t = second
+                m.rate_t = float(second)
             m.rate_p += count / self.panic_window_s
             m.rate_s += count / self.short_window_s
             m.rate_l += count / self.long_window_s
@@ -224,20 +224,14 @@ class TrafficHistory:
             return self.requests_per_active_minute(model)
         return m.stable_rpm
 
-    def snapshot_for_value(self, model: str, now: float) -> tuple[float | None, int, float]:
-        """(last arrival, stable histogram version, rate_long) in one call: the hot path of
-        the policy's value function."""
+    def value_inputs(self, model: str) -> tuple[float, int, tuple[float, float, float, float]] | None:
+        """(last arrival, stable histogram version, (rate_l, rate_t, first second, long_window_s)),
+        or None before the first request: what the policy's value function reads. They change only
+        when the model does (changed_since), and long_rate(*parts, now) is its long rate at any `now`."""
         m = self._m.get(model)
         if m is None or m.last_second is None:
-            return None, 0, 0.0
-        # _rate(m, m.rate_l, long_window_s, now), inlined: this runs for every resident every tick
-        tau = self.long_window_s
-        span = now - m.first_second + 1.0
-        # 1 - e^-40 rounds to 1.0 in a double: skip the exp for models older than 40 windows
-        bias = 1.0 - math.exp(-max(min(10.0, tau), span) / tau) if span < 40.0 * tau else 1.0
-        dt = now - m.rate_t
-        rate = m.rate_l * math.exp(-dt / tau) if dt > 0.0 else m.rate_l
-        return float(m.last_second), m.stable_version, rate / bias
+            return None
+        return float(m.last_second), m.stable_version, (m.rate_l, m.rate_t, float(m.first_second), self.long_window_s)
 
     def stable_version(self, model: str) -> int:
         """Grows each time the stable histogram is refreshed; 0 before the first idle time."""
@@ -251,3 +245,14 @@ class TrafficHistory:
         if m is None or m.stable_version == 0:
             return None
         return m.stable_version, m.stable_hist, m.stable_oob
+
+
+def long_rate(rate_l: float, rate_t: float, first: float, tau: float, now: float) -> float:
+    """rate_long from value_inputs' numbers: the EWMA decayed to `now`, bias-corrected as in _rate.
+    Never grows with `now` (decay and correction both shrink it), which lets callers cache a bound."""
+    span = now - first + 1.0
+    # 1 - e^-40 rounds to 1.0 in a double: skip the exp for models older than 40 windows
+    bias = 1.0 - math.exp(-max(min(10.0, tau), span) / tau) if span < 40.0 * tau else 1.0
+    dt = now - rate_t
+    rate = rate_l * math.exp(-dt / tau) if dt > 0.0 else rate_l
+    return rate / bias
