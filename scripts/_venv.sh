@@ -17,3 +17,6 @@ if [[ ! -x "$VENV/bin/python" || ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
+# The policy's native (mypyc) build for the current sources: compiled when missing (about 15 s),
+# skipped with a note where there is no compiler (the policy then runs as pure Python).
+"$VENV/bin/python" -m scheduler.policy ensure

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scheduler.policy import native
+
 from .engine import Simulation
 from .policies import POLICIES
 from .trace import GIB, Trace, load_azure_minute, load_profile, load_requests, parse_bytes
@@ -81,6 +83,8 @@ def simulate(
                   "fleet_bytes": gpus * gpu_bytes, "host_bytes": host_bytes,
                   "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth},
         "policies": {},
+        # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
+        "policy_build": "native" if native.active() else "python",
     }
     for name in policies:
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
@@ -92,7 +96,8 @@ def simulate(
         res["runtime_s"] = round(time.perf_counter() - t0, 2)
         out["policies"][name] = res
         if progress:
-            print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s", file=sys.stderr)
+            build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
+            print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s{build}", file=sys.stderr)
     oracle = out["policies"].get("oracle")
     for res in out["policies"].values():
         res["oracle_ratio"] = (

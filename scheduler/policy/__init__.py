@@ -36,9 +36,14 @@ The live scheduler, every tick:
 What the policy does is described in `planner`'s docstring; the idle-time model in `arrivals`.
 """
 
-from .planner import PolicyState, load_seconds, plan
-from .traffic import TrafficHistory
-from .types import (
+from . import native
+
+# a native (mypyc) build of the hot modules, when one matches these sources; see native.py
+native.activate(__path__)
+
+from .planner import PolicyState, load_seconds, plan  # noqa: E402
+from .traffic import TrafficHistory  # noqa: E402
+from .types import (  # noqa: E402
     GIB,
     Action,
     Evict,
