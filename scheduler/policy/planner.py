@@ -501,6 +501,12 @@ class _Planner:
         choice = self.place(spec, kind, benefit)
         if choice is None:
             return False
+        self.commit(spec, kind, choice, reason, numbers)
+        return True
+
+    def commit(self, spec: ModelSpec, kind: str, choice: tuple[str, list, float], reason: str,
+               numbers: dict[str, float]) -> None:
+        """Record place()'s choice: its evictions, then the preload."""
         gid, victims, _loss = choice
         for r in victims:
             d = self.idle(r.model)
@@ -521,7 +527,6 @@ class _Planner:
                             f"~{promote_seconds(spec, self.cfg):.1f} s", {**numbers, "from_host": 1.0})
         else:
             self.do_preload(spec, gid, kind, f"{reason} → preload on {gid}", numbers)
-        return True
 
     # ---- the staging tier ----------------------------------------------------------------
     def host_victim_list(self, node: str) -> list[tuple[float, str, StagedState]]:
@@ -699,19 +704,22 @@ class _Planner:
             spec = self.s.models[m]
             if spec.size_bytes >= failed_size:
                 continue
+            choice = self.place(spec, "demand")
+            if choice is None:
+                failed_size = float(spec.size_bytes)
+                continue
+            # the reason is built only for a load that goes ahead
             rs, rl, rising = self.rates(m)
             ld = load_seconds(spec, self.cfg)
             trend = f" rising ×{rs / rl:.1f} vs {_fmt_s(self.cfg.long_window_s)} mean" if rising and rl > 0 else ""
             fc = self.forecast(m, ld)
-            ok = self.load(
-                spec, "demand",
+            self.commit(
+                spec, "demand", choice,
                 f"{self.s.waiting.get(m, 1)} request(s) waiting (last {_fmt_s(self.now - (self.tr.last_arrival(m) or self.now))} ago), "
                 f"no replica; rate {rs:.2f}/s{trend}; "
                 f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
                 {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
             )
-            if not ok:
-                failed_size = float(spec.size_bytes)
 
     def step_floor(self) -> None:
         for m in self.st.special:
@@ -810,18 +818,20 @@ class _Planner:
             if all(n >= cfg.max_speculative_loads_per_gpu for n in self.fleet.loading.values()):
                 break  # every GPU's load bandwidth is taken
             spec = self.s.models[m]
+            choice = self.place(spec, "speculative", -negl)
+            if choice is None:
+                continue
             d = self.idle(m) or 0.0
             am = self.arrival(m)
             ld = load_seconds(spec, cfg)
             p = am.p_at(d)
-            self.load(
-                spec, "speculative",
+            self.commit(
+                spec, "speculative", choice,
                 f"idle {_fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
                 f"P(request within {_fmt_s(ld + cfg.tick_s + 5 + cfg.window_s)})={p:.2f}, next expected in "
                 f"{_fmt_s(am.mrl_at(d))}; {self.cost(m):.1f} cold requests per reload; load {ld:.1f} s",
                 {"idle_s": d, "p_soon": p, "expected_next_s": _num(am.mrl_at(d)),
                  "loss_per_s": -negl, "load_s": ld, "gaps": am.samples},
-                benefit=-negl,
             )
 
 
