@@ -16,6 +16,7 @@ Pure numpy on a few hundred points; cached by the caller per (histogram version,
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +29,9 @@ INF = math.inf
 @dataclass(frozen=True, slots=True)
 class ArrivalModel:
     grid_s: float
-    p: tuple[float, ...]  # at d = k * grid_s
-    mrl: tuple[float, ...]
+    # at d = k * grid_s; flat arrays of doubles, not tuples of float objects (cheaper to make and free)
+    p: array[float]
+    mrl: array[float]
     p_tail: float  # beyond the grid
     mrl_tail: float
     segments: tuple[tuple[float, float, str], ...]  # (start idle, end idle, "hot" | "cold")
@@ -53,25 +55,52 @@ class ArrivalModel:
         return None
 
 
+def _doubles(x: np.ndarray) -> array[float]:
+    out = array("d")
+    out.frombytes(np.ascontiguousarray(x, dtype=np.float64).tobytes())
+    return out
+
+
 def _lomax_survival(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return (beta / (x + beta)) ** alpha
+
+
+class _Grid:
+    """What build() derives from the config alone (the same arrays for every model)."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+        self.span = cfg.hist_bins * cfg.hist_bin_s
+        self.edges = np.arange(cfg.hist_bins + 1, dtype=float) * cfg.hist_bin_s
+        prior_s = _lomax_survival(self.edges, cfg.prior_alpha, cfg.prior_beta_s)
+        self.prior_mass = cfg.prior_weight * (prior_s[:-1] - prior_s[1:])
+        self.prior_oob = float(prior_s[-1])
+        self.grid = np.arange(0.0, self.span, cfg.grid_s)
+        self.grid_closed = np.append(self.grid, self.span)  # the grid and its right end
+
+
+_grid: _Grid | None = None  # one config at a time in practice (the live scheduler's, or a simulation's)
+
+
+def _grid_for(cfg: PolicyConfig) -> _Grid:
+    global _grid
+    g = _grid
+    if g is None or (g.cfg is not cfg and g.cfg != cfg):
+        g = _grid = _Grid(cfg)
+    return g
 
 
 def build(
     hist: tuple[float, ...] | None, oob: float, load_s: float, cfg: PolicyConfig
 ) -> ArrivalModel:
-    bins = cfg.hist_bins
-    bin_s = cfg.hist_bin_s
-    span = bins * bin_s
-    edges = np.arange(bins + 1, dtype=float) * bin_s
-    prior_s = _lomax_survival(edges, cfg.prior_alpha, cfg.prior_beta_s)
-    prior_pmf = prior_s[:-1] - prior_s[1:]
-    prior_oob = float(prior_s[-1])
-    h = np.zeros(bins) if hist is None else np.asarray(hist, dtype=float)
+    gd = _grid_for(cfg)
+    span = gd.span
+    edges = gd.edges
+    h = np.zeros(cfg.hist_bins) if hist is None else np.asarray(hist, dtype=float)
     n = float(h.sum() + oob)
     w0 = cfg.prior_weight
-    pmf = (h + w0 * prior_pmf) / (n + w0)
-    tail_mass = (oob + w0 * prior_oob) / (n + w0)
+    pmf = (h + gd.prior_mass) / (n + w0)
+    tail_mass = (oob + w0 * gd.prior_oob) / (n + w0)
     # Survival at bin edges; linear inside bins (arrivals uniform within a bin).
     s_edges = np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]]) + tail_mass
     tail_mean = cfg.tail_mean_s
@@ -81,15 +110,15 @@ def build(
         beyond = tail_mass * np.exp(-np.maximum(x - span, 0.0) / tail_mean)
         return np.where(x <= span, inside, beyond)
 
-    grid = np.arange(0.0, span, cfg.grid_s)
+    grid = gd.grid
     lead = load_s + cfg.tick_s + 5.0  # start loading this long before the window
-    s_d = surv(grid)
+    s_d = np.interp(grid, edges, s_edges)  # surv(grid): the grid lies inside the histogram's span
     s_ahead = surv(grid + lead + cfg.window_s)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(s_d > 1e-12, (s_d - s_ahead) / s_d, 0.0)
     # Mean residual life: integral of S from d to infinity over S(d). Trapezoids on the grid
     # (S is piecewise linear, grid_s divides bin_s) plus the exponential tail.
-    s_fine = surv(np.append(grid, span))
+    s_fine = np.interp(gd.grid_closed, edges, s_edges)  # surv() at the grid and its end, all inside
     trap = (s_fine[:-1] + s_fine[1:]) * 0.5 * cfg.grid_s
     integral = np.cumsum(trap[::-1])[::-1] + tail_mass * tail_mean
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -123,8 +152,8 @@ def build(
     mrl_tail = tail_mean if tail_mass > 1e-12 else INF
     return ArrivalModel(
         grid_s=cfg.grid_s,
-        p=tuple(p.tolist()),
-        mrl=tuple(mrl.tolist()),
+        p=_doubles(p),
+        mrl=_doubles(mrl),
         p_tail=p_tail,
         mrl_tail=mrl_tail,
         segments=tuple(segments),
