@@ -100,7 +100,7 @@ class WorkerOptions:
                    event_log_max=s.event_log_max,
                    warmup_max_passes=int(e.get("PREWARM_WARMUP_MAX_PASSES") or 10),
                    warmup_max_seconds=float(e.get("PREWARM_WARMUP_MAX_SECONDS") or 5.0),
-                   max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
+                   max_loads_per_gpu=s.max_loads_per_gpu,
                    failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
                    load_threads=int(threads) if threads else None,
                    load_pace_bytes_per_s=float(pace) if pace else None,

@@ -108,6 +108,9 @@ class Settings:
     leader_ttl: float
     event_log_max: int
     speculative_share: float
+    # loads one GPU runs at once: the worker queues more, and the policy sends no more (a load
+    # waits for whichever GPU's link frees first instead of slowing the ones in flight)
+    max_loads_per_gpu: int
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -130,6 +133,7 @@ class Settings:
             leader_ttl=float(e.get("PREWARM_LEADER_TTL") or 10.0),
             event_log_max=int(e.get("PREWARM_EVENT_LOG_MAX") or 5000),
             speculative_share=float(e.get("PREWARM_SPECULATIVE_SHARE") or 0.6),
+            max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
         )
 
     def __post_init__(self) -> None:

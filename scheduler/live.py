@@ -58,7 +58,8 @@ class Scheduler:
         self.ctx = ctx
         self.ident = ident or f"{socket.gethostname()}:{os.getpid()}"
         self.config = config or PolicyConfig(tick_s=ctx.settings.tick_seconds,
-                                             speculative_share=ctx.settings.speculative_share)
+                                             speculative_share=ctx.settings.speculative_share,
+                                             max_loads_per_gpu=ctx.settings.max_loads_per_gpu)
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
         self.policy_state: PolicyState | None = None

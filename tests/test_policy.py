@@ -150,6 +150,36 @@ def test_first_requests_of_a_cold_model_load_it_on_demand_with_numbers() -> None
     assert w.tick(12.5) == []  # loading: no second load
 
 
+def test_demand_loads_wait_for_a_free_load_slot_and_the_most_valuable_goes_first() -> None:
+    """One GPU running max_loads_per_gpu (2) loads: more demand loads are not sent (they would slow
+    the two in flight); when both finish, the two waiting models with the most requests per reload
+    take the slots and the third waits for the next free one."""
+    w = World([spec(m, 1, load_s=20.0) for m in ("a", "b", "busy", "mid", "quiet")], [gpu("n1/cuda:0", 8)])
+    w.traffic.add("a", 0.2)
+    w.traffic.add("b", 0.4)
+    first = w.tick(1.0)
+    assert sorted((a.model, a.kind) for a in first) == [("a", "demand"), ("b", "demand")]
+    placed: dict[float, list[tuple[str, str]]] = {}
+    for k in range(40):  # while they load, three more models are asked for, every second
+        w.traffic.add("busy", 2.0 + k, 30)
+        w.traffic.add("mid", 2.3 + k, 5)
+        w.traffic.add("quiet", 2.6 + k)
+        acts = w.tick(3.0 + k)
+        if acts:
+            placed[3.0 + k] = [(a.model, a.kind) for a in acts]
+    # a and b are ready at 21 s: busy and mid take the two slots, busiest first; quiet waits for
+    # the next free slot (busy's and mid's loads end at 41 s)
+    assert placed == {21.0: [("busy", "demand"), ("mid", "demand")], 41.0: [("quiet", "demand")]}
+
+
+def test_without_the_cap_every_demand_load_starts_at_once() -> None:
+    w = World([spec("a", 1, load_s=20.0), spec("b", 1, load_s=20.0), spec("c", 1, load_s=20.0)],
+              [gpu("n1/cuda:0", 8)], cfg=PolicyConfig(max_loads_per_gpu=0))
+    for i, m in enumerate("abc"):
+        w.traffic.add(m, 0.2 + i / 10)
+    assert sorted(a.model for a in w.tick(1.0)) == ["a", "b", "c"]
+
+
 # ---- learned periodic arrivals ------------------------------------------------------------
 
 def hourly_world() -> tuple[World, dict[int, list[tuple[str, int]]]]:
@@ -319,10 +349,15 @@ def test_gpus_joining_together_share_the_hottest_models_instead_of_copying_them(
     for s in range(0, 100):
         for i in range(8):
             w.traffic.add_bucket(f"m{i}", s, 1 + i)
-    acts = [a for a in w.tick(101.0) if isinstance(a, Preload)]
-    # every model is wanted (demand) and placed once; the hottest are not copied onto the other GPU
-    assert sorted(a.model for a in acts) == [f"m{i}" for i in range(8)]
-    assert {a.gpu for a in acts} == {"a/cuda:0", "b/cuda:0"}
+    first = [a for a in w.tick(101.0) if isinstance(a, Preload)]
+    # every model is wanted (demand): the four most valuable take the two load slots of each GPU,
+    # the rest follow when those loads (4 s) are done; each is placed once, none copied
+    assert sorted(a.model for a in first) == ["m4", "m5", "m6", "m7"]
+    assert sorted(a.gpu for a in first) == ["a/cuda:0", "a/cuda:0", "b/cuda:0", "b/cuda:0"]
+    assert w.tick(103.0) == []
+    then = [a for a in w.tick(105.0) if isinstance(a, Preload)]
+    assert sorted(a.model for a in first + then) == [f"m{i}" for i in range(8)]
+    assert {a.gpu for a in then} == {"a/cuda:0", "b/cuda:0"}
     # a GPU joining this fleet later still receives the hottest models
     w.gpus["c/cuda:0"] = gpu("c/cuda:0", 16, joined_at=250.0)
     late = [a for a in w.tick(251.0) if isinstance(a, Preload) and a.kind == "new_gpu"]

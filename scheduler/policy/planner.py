@@ -3,7 +3,10 @@
 Order of work in one call (each step sees the tentative effect of the previous ones):
 1. release quiet replicas (idle-time model says no request for a long while);
 2. demand: a model with a request in the last demand_window_s and no replica → load it now,
-   evicting the lowest expected value per byte if no GPU has room;
+   evicting the lowest expected value per byte if no GPU has room; every load goes to a GPU with
+   fewer than max_loads_per_gpu loads in flight (loads sharing a link slow each other down, and
+   every request waiting on them with it), so when all are busy it waits for the next tick, where
+   the waiting model with the most requests per reload is placed first;
 3. keep pinned / min_replicas models at their floor;
 4. scale: forecast each capped model's rate one load time ahead, add replicas on other nodes;
 5. a GPU that just joined takes replicas of the hottest models;
@@ -443,6 +446,8 @@ class _Planner:
             if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
                 continue
             if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
+                continue
+            if cfg.max_loads_per_gpu and f.loading[gid] >= cfg.max_loads_per_gpu:
                 continue
             k = f.loading[gid]
             ld = ld_host if g.node in staged_on else ld_storage

@@ -51,6 +51,11 @@ class PolicyConfig:
     release_min_gap_s: float = 600.0  # ... for at least this long
     prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
+    # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
+    # so every request waiting on them waits longer; the worker runs this many at once
+    # (PREWARM_MAX_LOADS_PER_GPU) and queues the rest. A load finds a GPU with a free slot, or
+    # waits in the plan for the next tick, where the most valuable waiting load goes first.
+    max_loads_per_gpu: int = 2
     new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
     new_gpu_hot_models: int = 4
     # Host-memory staging tier (issue 4): a model staged in a node's host cache loads onto that
