@@ -235,6 +235,22 @@ def test_on_demand_preload_prefers_a_node_holding_a_staged_copy(client: FlaskCli
     assert body["preload"]["gpu"] == GPU
 
 
+def test_on_demand_preload_prefers_a_gpu_with_a_free_load_slot(client: FlaskClient, r: redis.Redis) -> None:
+    # GPU has the most free memory but runs two loads (the default PREWARM_MAX_LOADS_PER_GPU): a
+    # third would queue behind them, so the on-demand preload goes to node-b, which runs none.
+    publish_gpu(r, GPU, total_mib=64, replicas=[replica("alpha", GPU, "loading", progress=0.3),
+                                                replica("gamma", GPU, "warming", mib=4)])
+    publish_gpu(r, "node-b/cpu:0", total_mib=32)
+    body = client.get("/hooks/route?model=beta").get_json()
+    assert body["state"] == "cold" and body["preload"]["gpu"] == "node-b/cpu:0"
+    # node-b now has one preload in flight (an intent, not yet a replica) and GPU one load: both have
+    # a free slot, so the most free memory wins again
+    publish_gpu(r, GPU, total_mib=64, replicas=[replica("gamma", GPU, "warming", mib=4)])
+    body = client.get("/hooks/route?model=alpha").get_json()
+    assert body["preload"]["gpu"] == GPU
+    assert len(queued_tasks(r, "gpu.node-b.cpu:0")) == 1 and len(queued_tasks(r, QUEUE)) == 1
+
+
 def test_route_for_a_version(client: FlaskClient, r: redis.Redis) -> None:
     publish_gpu(r, GPU)
     publish_gpu(r, "node-b/cpu:0", total_mib=32)

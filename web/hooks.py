@@ -37,6 +37,7 @@ bp = Blueprint("hooks", __name__, url_prefix="/hooks")
 
 # Routable replica states, best first: a router sends to `ready`; the others say when it will be.
 _ORDER = {"ready": 0, "warming": 1, "loading": 2, "pending": 3}
+_IN_FLIGHT = ("pending", "loading", "warming")  # a load holding or waiting for one of its GPU's load slots
 
 
 @bp.post("/requests")
@@ -128,22 +129,25 @@ def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
     return any(it.action == "preload" and it.version == entry.version for it in held)
 
 
-def _pending_preload_bytes(fleet: state.Fleet) -> dict[str, int]:
-    """Bytes each GPU has promised to preloads dispatched but not yet visible as replicas: its measured
-    free bytes do not show them yet, and counting them keeps two preloads from being sent into one gap."""
+def _pending_preloads(fleet: state.Fleet) -> tuple[dict[str, int], dict[str, int]]:
+    """Per GPU, the bytes promised to preloads dispatched but not yet visible as replicas (its measured
+    free bytes do not show them yet: counting them keeps two preloads from being sent into one gap),
+    and how many loads it has in flight or queued, those preloads included."""
     catalog = ctx().catalog
-    out: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    loads = {g.id: sum(1 for x in g.replicas if x.state in _IN_FLIGHT) for g in fleet.alive()}
     for it in state.read_intents(ctx().r):
         g = fleet.gpu(it.gpu)
         if it.action != "preload" or g is None:
             continue
         if any(x.model == it.model and x.version == it.version for x in g.replicas):
             continue  # already a replica: its bytes are in free_bytes
+        loads[it.gpu] = loads.get(it.gpu, 0) + 1
         try:
-            out[it.gpu] = out.get(it.gpu, 0) + catalog.get(it.model, it.version).size_bytes
+            pending[it.gpu] = pending.get(it.gpu, 0) + catalog.get(it.model, it.version).size_bytes
         except KeyError:
             continue
-    return out
+    return pending, loads
 
 
 def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
@@ -151,7 +155,7 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     # One on-demand preload per cold episode, however many routers ask at once.
     if not c.r.set(keys.cold_claim(entry.key), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
         return {"queued": False, "message": "an on-demand preload is already in flight"}
-    pending = _pending_preload_bytes(fleet)
+    pending, loads = _pending_preloads(fleet)
     fits = [g for g in fleet.alive() if g.free_bytes - pending.get(g.id, 0) >= entry.size_bytes]
     if not fits:
         c.r.delete(keys.cold_claim(entry.key))  # nothing sent: let the next lookup try again
@@ -160,10 +164,13 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
         return {"queued": False, "message": where}
     # Nodes holding a staged copy first: the preload promotes it from host memory instead of reading storage.
     staged = {x.node for x in fleet.staged(entry.id) if x.version == entry.version}
+    slots = c.settings.max_loads_per_gpu
     try:
-        # Then most free first; a GPU busy with another action on this model (e.g. loading its other
-        # version) refuses the intent, so the next one is tried.
-        for gpu in sorted(fits, key=lambda g: (g.node not in staged, -g.free_bytes, g.id)):
+        # Then a GPU with a free load slot (on a full one the preload would queue behind its loads, as
+        # the scheduler would not send it), then most free memory; a GPU busy with another action on
+        # this model (e.g. loading its other version) refuses the intent, so the next one is tried.
+        for gpu in sorted(fits, key=lambda g: (g.node not in staged, 0 < slots <= loads.get(g.id, 0),
+                                               -g.free_bytes, g.id)):
             d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
                                      reason="route lookup found the model cold: on-demand preload",
                                      numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
