@@ -209,6 +209,17 @@ def test_cold_lookups_do_not_send_two_preloads_into_one_gap(client: FlaskClient,
     assert [t["headers"]["argsrepr"] for t in queued_tasks(r, QUEUE)] == ["['gamma', 'v1']"]
 
 
+def test_a_preload_queued_for_a_load_slot_still_counts_against_free_memory(client: FlaskClient,
+                                                                            r: redis.Redis) -> None:
+    publish_gpu(r, GPU, total_mib=5)  # room for gamma (4 MiB) or beta (2 MiB), not both
+    assert client.get("/hooks/route?model=gamma").get_json()["preload"]["queued"] is True
+    # the worker shows gamma as a `pending` placeholder (waiting for a load slot): it owns no memory
+    # yet, so the GPU still measures 5 MiB free, and beta must not be sent into gamma's bytes
+    publish_gpu(r, GPU, total_mib=5, replicas=[replica("gamma", GPU, "pending", mib=0)])
+    second = client.get("/hooks/route?model=beta").get_json()
+    assert second["preload"]["queued"] is False and "free" in second["preload"]["message"]
+
+
 def test_cold_start_closes_when_ready(client: FlaskClient, r: redis.Redis) -> None:
     publish_gpu(r, GPU)
     client.get("/hooks/route?model=alpha")

@@ -140,9 +140,12 @@ def _pending_preloads(fleet: state.Fleet) -> tuple[dict[str, int], dict[str, int
         g = fleet.gpu(it.gpu)
         if it.action != "preload" or g is None:
             continue
-        if any(x.model == it.model and x.version == it.version for x in g.replicas):
-            continue  # already a replica: its bytes are in free_bytes
-        loads[it.gpu] = loads.get(it.gpu, 0) + 1
+        seen = [x for x in g.replicas if x.model == it.model and x.version == it.version]
+        if seen and seen[0].state != "pending":
+            continue  # already a replica: its bytes are in free_bytes and its load is counted
+        if not seen:
+            loads[it.gpu] = loads.get(it.gpu, 0) + 1
+        # (a `pending` placeholder queued for a load slot owns no memory yet: its bytes stay promised)
         try:
             pending[it.gpu] = pending.get(it.gpu, 0) + catalog.get(it.model, it.version).size_bytes
         except KeyError:
