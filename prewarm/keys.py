@@ -58,6 +58,11 @@ def intent(model: str, gpu_id: str) -> str:
 INTENT_PATTERN = PREFIX + "intent:*"
 
 
+# redis-py Lock held by a route hook while it picks a GPU for an on-demand preload and dispatches it:
+# concurrent cold lookups of different models must see each other's intents, not fill one gap twice.
+ON_DEMAND_LOCK = PREFIX + "hooks:on-demand"
+
+
 def cold_claim(model: str) -> str:
     """SET NX with a TTL: the route hook enqueues one on-demand preload per cold model, not one per call."""
     return f"{PREFIX}cold:{model}"

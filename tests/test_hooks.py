@@ -191,6 +191,27 @@ def test_concurrent_cold_lookups_enqueue_one_preload(redis_url: str, catalog: Pa
     assert len(queued_tasks(r, QUEUE)) == 1
 
 
+def test_concurrent_cold_lookups_of_different_models_do_not_fill_one_gap_twice(
+        redis_url: str, catalog: Path, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, total_mib=5)  # room for gamma (4 MiB) or beta (2 MiB), not both
+    app = create_app(make_context(redis_url, catalog))
+    barrier = threading.Barrier(8)
+    answers: list[dict] = []
+
+    def look(model: str) -> None:
+        c = app.test_client()
+        barrier.wait()
+        answers.append(c.get(f"/hooks/route?model={model}").get_json())
+
+    threads = [threading.Thread(target=look, args=("gamma" if i % 2 else "beta",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(queued_tasks(r, QUEUE)) == 1
+    assert sum(1 for a in answers if a.get("preload", {}).get("queued")) == 1
+
+
 def test_cold_with_no_room_says_why_and_sends_nothing(client: FlaskClient, r: redis.Redis) -> None:
     publish_gpu(r, GPU, total_mib=3)  # gamma needs 4 MiB
     body = client.get("/hooks/route?model=gamma").get_json()

@@ -158,6 +158,27 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     # One on-demand preload per cold episode, however many routers ask at once.
     if not c.r.set(keys.cold_claim(entry.key), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
         return {"queued": False, "message": "an on-demand preload is already in flight"}
+    # One placement at a time: each sees the intents of those before it (a few ms each).
+    lock = c.r.lock(keys.ON_DEMAND_LOCK, timeout=5.0, blocking_timeout=2.0)
+    try:
+        got = lock.acquire()
+    except Exception:
+        c.r.delete(keys.cold_claim(entry.key))
+        raise
+    if not got:
+        c.r.delete(keys.cold_claim(entry.key))
+        return {"queued": False, "message": "other on-demand preloads are being placed; the scheduler will place this one"}
+    try:
+        return _place_on_demand(entry, fleet)
+    finally:
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            pass  # held past its timeout (a stalled placement): it has expired already
+
+
+def _place_on_demand(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
+    c = ctx()
     pending, loads = _pending_preloads(fleet)
     fits = [g for g in fleet.alive() if g.free_bytes - pending.get(g.id, 0) >= entry.size_bytes]
     if not fits:
