@@ -38,6 +38,7 @@ from prewarm.context import Context
 from prewarm.dispatch import Dispatched
 from scheduler.leader import Leadership
 from scheduler.policy import Action, Evict, PolicyConfig, PolicyState, Preload, Stage, Unstage, plan
+from scheduler.policy import native as policy_native
 from scheduler.snapshot import SnapshotReader
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,8 @@ class Scheduler:
         sched.add_job(self.safe_tick, "interval", seconds=self.ctx.settings.tick_seconds, max_instances=1,
                       coalesce=True)
         log.info("scheduler %s ticking every %.1f s (leader lock TTL %.0f s), woken at once by cold route "
-                 "lookups", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl)
+                 "lookups; policy %s", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl,
+                 "native build" if policy_native.active() else "pure Python (python -m scheduler.policy build)")
         self.safe_tick()
         self.start_listener()
         try:
