@@ -172,6 +172,23 @@ def test_demand_loads_wait_for_a_free_load_slot_and_the_most_valuable_goes_first
     assert placed == {21.0: [("busy", "demand"), ("mid", "demand")], 41.0: [("quiet", "demand")]}
 
 
+def test_of_two_models_asked_for_alike_the_faster_to_load_takes_the_free_slot() -> None:
+    """Smith's rule: with one slot free, the model with more requests per second of load time goes
+    first (5 s of load before 40 s: fewer requests arrive while both wait and load)."""
+    w = World([spec("a", 1, load_s=20.0), spec("slow", 1, load_s=40.0), spec("fast", 1, load_s=5.0)],
+              [gpu("n1/cuda:0", 8)], cfg=PolicyConfig(max_loads_per_gpu=1))
+    w.traffic.add("a", 0.2)
+    assert [a.model for a in w.tick(1.0)] == ["a"]
+    placed: dict[float, list[str]] = {}
+    for k in range(60):
+        for m in ("slow", "fast"):
+            w.traffic.add(m, 2.0 + k, 3)
+        acts = w.tick(3.0 + k)
+        if acts:
+            placed[3.0 + k] = [a.model for a in acts]
+    assert placed == {21.0: ["fast"], 26.0: ["slow"]}
+
+
 def test_without_the_cap_every_demand_load_starts_at_once() -> None:
     w = World([spec("a", 1, load_s=20.0), spec("b", 1, load_s=20.0), spec("c", 1, load_s=20.0)],
               [gpu("n1/cuda:0", 8)], cfg=PolicyConfig(max_loads_per_gpu=0))

@@ -6,7 +6,7 @@ Order of work in one call (each step sees the tentative effect of the previous o
    evicting the lowest expected value per byte if no GPU has room; every load goes to a GPU with
    fewer than max_loads_per_gpu loads in flight (loads sharing a link slow each other down, and
    every request waiting on them with it), so when all are busy it waits for the next tick, where
-   the waiting model with the most requests per reload is placed first;
+   the waiting model with the most requests per second of load time is placed first;
 3. keep pinned / min_replicas models at their floor;
 4. scale: forecast each capped model's rate one load time ahead, add replicas on other nodes;
 5. a GPU that just joined takes replicas of the hottest models;
@@ -703,7 +703,10 @@ class _Planner:
                 ev = self.s.recent_evictions.get(m)
                 if ev is not None and a + 1.0 <= ev:
                     continue
-            cands.append((-self.cost(m), m))
+            # Smith's rule: most requests per second of load time first, which keeps the requests
+            # arriving while loads wait for a slot and run to a minimum
+            rate = max(self.tr.rate_short(m, self.now), self.tr.stable_requests_per_active_minute(m) / 60.0, 1e-6)
+            cands.append((-rate / load_seconds(spec, self.cfg), m))
         failed_size = math.inf  # placement is monotone in size for demand: skip what cannot fit
         for _c, m in sorted(cands):
             spec = self.s.models[m]
