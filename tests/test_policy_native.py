@@ -92,3 +92,13 @@ def test_pure_python_can_be_forced(tmp_path) -> None:
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(ROOT / "scheduler" / "policy" / "planner.py")
+
+
+def test_the_compiled_modules_type_check(tmp_path) -> None:
+    """mypyc compiles only what mypy accepts: a policy edit that stops type-checking would leave
+    every later run on the slower pure-Python policy (the build just fails with a note)."""
+    paths = [f"scheduler/policy/{m}.py" for m in native.MODULES]
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), *paths],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
