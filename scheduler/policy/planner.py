@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from . import arrivals
 from .arrivals import ArrivalModel
-from .traffic import long_rate
+from .traffic import ewma_rate
 from .types import (
     GIB,
     HOLDING_STATES,
@@ -254,6 +254,11 @@ class _Planner:
         self.st.arrival[model] = (key, am)
         return am
 
+    def request_rate(self, model: str) -> float:
+        """Requests/s now: the short-window rate, or the mean per active minute if higher (a model
+        that comes in bursts is busy while it is asked for)."""
+        return max(self.tr.rate_short(model, self.now), self.tr.stable_requests_per_active_minute(model) / 60.0)
+
     def cost(self, model: str) -> float:
         """Cold requests one reload costs: the first request plus those arriving during the load,
         which takes the load time stretched by the fleet's current link contention."""
@@ -297,7 +302,7 @@ class _Planner:
         if now >= e.steady_from:
             rate = e.inv_mrl
         else:
-            rate = long_rate(*e.rate, now)
+            rate = ewma_rate(*e.rate, now)
             if rate <= e.inv_mrl:
                 rate = e.inv_mrl
                 e.steady_from = now
@@ -315,7 +320,7 @@ class _Planner:
         if got is None or spec is None:
             self.st.value.pop(model, None)
             return None
-        last, _ver, rate = got
+        last, rate = got
         g = self.grid_s
         anchor = (last // g) * g
         am = self.arrival(model)
@@ -422,7 +427,7 @@ class _Planner:
         speculative = kind == "speculative"
         hosting = f.of_model.get(spec.id, [])
         ld_storage = load_seconds(spec, cfg)
-        rate = max(self.tr.rate_short(spec.id, self.now), self.tr.stable_requests_per_active_minute(spec.id) / 60.0)
+        rate = self.request_rate(spec.id)
         nodes_with = {f.gpus[g].node for g in hosting if g in f.gpus}
         # Nodes holding it in host memory: a load there is a promotion, not a storage read.
         staged_on = f.staged_nodes.get(spec.id, ())
@@ -705,7 +710,7 @@ class _Planner:
                     continue
             # Smith's rule: most requests per second of load time first, which keeps the requests
             # arriving while loads wait for a slot and run to a minimum
-            rate = max(self.tr.rate_short(m, self.now), self.tr.stable_requests_per_active_minute(m) / 60.0, 1e-6)
+            rate = max(self.request_rate(m), 1e-6)
             cands.append((-rate / load_seconds(spec, self.cfg), m))
         failed_size = math.inf  # placement is monotone in size for demand: skip what cannot fit
         for _c, m in sorted(cands):

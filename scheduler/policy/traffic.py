@@ -181,10 +181,7 @@ class TrafficHistory:
         return None if m is None or m.last_second is None else float(m.last_second)
 
     def _rate(self, m: _ModelTraffic, raw: float, tau: float, now: float) -> float:
-        # Bias-corrected like Adam's moments: an EWMA started from zero S seconds ago is
-        # low by (1 - e^(-S/tau)). S is at least 10 s so one request is not read as a burst.
-        span = max(min(10.0, tau), now - m.first_second + 1.0)
-        return raw * math.exp(-max(0.0, now - m.rate_t) / tau) / (1.0 - math.exp(-span / tau))
+        return ewma_rate(raw, m.rate_t, float(m.first_second), tau, now)
 
     def rate_panic(self, model: str, now: float) -> float:
         """Requests/s over panic_window_s (Knative's panic window: a tenth of the short one)."""
@@ -224,14 +221,14 @@ class TrafficHistory:
             return self.requests_per_active_minute(model)
         return m.stable_rpm
 
-    def value_inputs(self, model: str) -> tuple[float, int, tuple[float, float, float, float]] | None:
-        """(last arrival, stable histogram version, (rate_l, rate_t, first second, long_window_s)),
-        or None before the first request: what the policy's value function reads. They change only
-        when the model does (changed_since), and long_rate(*parts, now) is its long rate at any `now`."""
+    def value_inputs(self, model: str) -> tuple[float, tuple[float, float, float, float]] | None:
+        """(last arrival, (rate_l, rate_t, first second, long_window_s)), or None before the first
+        request: what the policy's value function reads. They change only when the model does
+        (changed_since), and ewma_rate(*parts, now) is its long rate at any `now`."""
         m = self._m.get(model)
         if m is None or m.last_second is None:
             return None
-        return float(m.last_second), m.stable_version, (m.rate_l, m.rate_t, float(m.first_second), self.long_window_s)
+        return float(m.last_second), (m.rate_l, m.rate_t, float(m.first_second), self.long_window_s)
 
     def stable_version(self, model: str) -> int:
         """Grows each time the stable histogram is refreshed; 0 before the first idle time."""
@@ -247,12 +244,14 @@ class TrafficHistory:
         return m.stable_version, m.stable_hist, m.stable_oob
 
 
-def long_rate(rate_l: float, rate_t: float, first: float, tau: float, now: float) -> float:
-    """rate_long from value_inputs' numbers: the EWMA decayed to `now`, bias-corrected as in _rate.
-    Never grows with `now` (decay and correction both shrink it), which lets callers cache a bound."""
+def ewma_rate(raw: float, rate_t: float, first: float, tau: float, now: float) -> float:
+    """An EWMA of time constant tau (last updated at rate_t, fed since `first`) read at `now`, in
+    requests/s. Bias-corrected like Adam's moments: an EWMA started from zero S seconds ago is low by
+    (1 - e^(-S/tau)); S is at least 10 s so one request is not read as a burst. Never grows with
+    `now` (decay and correction both shrink it), which lets callers cache a bound."""
     span = now - first + 1.0
     # 1 - e^-40 rounds to 1.0 in a double: skip the exp for models older than 40 windows
     bias = 1.0 - math.exp(-max(min(10.0, tau), span) / tau) if span < 40.0 * tau else 1.0
     dt = now - rate_t
-    rate = rate_l * math.exp(-dt / tau) if dt > 0.0 else rate_l
+    rate = raw * math.exp(-dt / tau) if dt > 0.0 else raw
     return rate / bias
