@@ -60,7 +60,7 @@ from prewarm.safetensors_header import SafetensorsError, read_header, weight_fil
 
 log = logging.getLogger("prewarm.worker")
 
-IN_FLIGHT = ("pending", "loading", "warming")
+IN_FLIGHT = state.IN_FLIGHT_STATES
 LOAD_TIMES_KEPT = 50
 TORCH_INPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                       "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}

@@ -22,6 +22,8 @@ import redis
 from prewarm import keys
 
 REPLICA_STATES = ("pending", "loading", "warming", "ready", "evicting", "failed")
+# a load holding one of its GPU's load slots, or queued (`pending`) for one
+IN_FLIGHT_STATES = ("pending", "loading", "warming")
 
 
 def gpu_id(node: str, device: str) -> str:

@@ -37,7 +37,6 @@ bp = Blueprint("hooks", __name__, url_prefix="/hooks")
 
 # Routable replica states, best first: a router sends to `ready`; the others say when it will be.
 _ORDER = {"ready": 0, "warming": 1, "loading": 2, "pending": 3}
-_IN_FLIGHT = ("pending", "loading", "warming")  # a load holding or waiting for one of its GPU's load slots
 
 
 @bp.post("/requests")
@@ -135,7 +134,7 @@ def _pending_preloads(fleet: state.Fleet) -> tuple[dict[str, int], dict[str, int
     and how many loads it has in flight or queued, those preloads included."""
     catalog = ctx().catalog
     pending: dict[str, int] = {}
-    loads = {g.id: sum(1 for x in g.replicas if x.state in _IN_FLIGHT) for g in fleet.alive()}
+    loads = {g.id: sum(1 for x in g.replicas if x.state in state.IN_FLIGHT_STATES) for g in fleet.alive()}
     for it in state.read_intents(ctx().r):
         g = fleet.gpu(it.gpu)
         if it.action != "preload" or g is None:
@@ -155,26 +154,27 @@ def _pending_preloads(fleet: state.Fleet) -> tuple[dict[str, int], dict[str, int
 
 def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     c = ctx()
+    claim = keys.cold_claim(entry.key)
     # One on-demand preload per cold episode, however many routers ask at once.
-    if not c.r.set(keys.cold_claim(entry.key), f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
+    if not c.r.set(claim, f"{time.time():.3f}", nx=True, px=int(c.settings.intent_ttl * 1000)):
         return {"queued": False, "message": "an on-demand preload is already in flight"}
-    # One placement at a time: each sees the intents of those before it (a few ms each).
-    lock = c.r.lock(keys.ON_DEMAND_LOCK, timeout=5.0, blocking_timeout=2.0)
+    answer: dict[str, Any] = {
+        "queued": False, "message": "other on-demand preloads are being placed; the scheduler will place this one"}
     try:
-        got = lock.acquire()
-    except Exception:
-        c.r.delete(keys.cold_claim(entry.key))
-        raise
-    if not got:
-        c.r.delete(keys.cold_claim(entry.key))
-        return {"queued": False, "message": "other on-demand preloads are being placed; the scheduler will place this one"}
-    try:
-        return _place_on_demand(entry, fleet)
+        # One placement at a time: each sees the intents of those before it (a few ms each).
+        lock = c.r.lock(keys.ON_DEMAND_LOCK, timeout=5.0, blocking_timeout=2.0)
+        if lock.acquire():
+            try:
+                answer = _place_on_demand(entry, fleet)
+            finally:
+                try:
+                    lock.release()
+                except redis.exceptions.LockError:
+                    pass  # held past its timeout (a stalled placement): it has expired already
+        return answer
     finally:
-        try:
-            lock.release()
-        except redis.exceptions.LockError:
-            pass  # held past its timeout (a stalled placement): it has expired already
+        if not answer["queued"]:
+            c.r.delete(claim)  # nothing sent (or it failed): let the next lookup try again
 
 
 def _place_on_demand(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
@@ -182,29 +182,23 @@ def _place_on_demand(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     pending, loads = _pending_preloads(fleet)
     fits = [g for g in fleet.alive() if g.free_bytes - pending.get(g.id, 0) >= entry.size_bytes]
     if not fits:
-        c.r.delete(keys.cold_claim(entry.key))  # nothing sent: let the next lookup try again
         where = "no GPU in the fleet" if not fleet.alive() else \
             f"no GPU has {format_bytes(entry.size_bytes)} free; the scheduler will make room"
         return {"queued": False, "message": where}
     # Nodes holding a staged copy first: the preload promotes it from host memory instead of reading storage.
     staged = {x.node for x in fleet.staged(entry.id) if x.version == entry.version}
     slots = c.settings.max_loads_per_gpu
-    try:
-        # Then a GPU with a free load slot (on a full one the preload would queue behind its loads, as
-        # the scheduler would not send it), then most free memory; a GPU busy with another action on
-        # this model (e.g. loading its other version) refuses the intent, so the next one is tried.
-        for gpu in sorted(fits, key=lambda g: (g.node not in staged, 0 < slots <= loads.get(g.id, 0),
-                                               -g.free_bytes, g.id)):
-            d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
-                                     reason="route lookup found the model cold: on-demand preload",
-                                     numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
-                                              "staged": gpu.node in staged})
-            if d.sent:
-                return {"queued": True, "gpu": d.gpu, "message": d.message}
-    except Exception:
-        c.r.delete(keys.cold_claim(entry.key))
-        raise
-    c.r.delete(keys.cold_claim(entry.key))
+    # Then a GPU with a free load slot (on a full one the preload would queue behind its loads, as
+    # the scheduler would not send it), then most free memory; a GPU busy with another action on
+    # this model (e.g. loading its other version) refuses the intent, so the next one is tried.
+    for gpu in sorted(fits, key=lambda g: (g.node not in staged, 0 < slots <= loads.get(g.id, 0),
+                                           -g.free_bytes, g.id)):
+        d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
+                                 reason="route lookup found the model cold: on-demand preload",
+                                 numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
+                                          "staged": gpu.node in staged})
+        if d.sent:
+            return {"queued": True, "gpu": d.gpu, "message": d.message}
     return {"queued": False, "message": d.message}
 
 
