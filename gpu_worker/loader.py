@@ -35,13 +35,18 @@ API::
 
     load_weights(source, device, *, progress=None, threads=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
                  expected=None, staged=None, pool_bytes=DEFAULT_POOL_BYTES, allocator=None,
-                 progress_interval=0.1) -> dict[str, torch.Tensor]
+                 progress_interval=0.1, roots=None) -> dict[str, torch.Tensor]
         # source: a .safetensors path, an index json, a directory holding either, or a list of shard
         #   paths / validated headers. Raises SafetensorsError (bad file, missing shard) or
         #   LoadError (I/O, file changed, allocation failed; WeightMismatchError for ``expected``);
         #   an exception raised by ``progress`` propagates unchanged after the load is torn down.
     expected_from_module(module) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]
-    resolve_headers(source) -> list[SafetensorsHeader]
+    resolve_headers(source, roots=None) -> list[SafetensorsHeader]
+
+``roots`` (the catalog's model roots; the worker always passes them): every file is opened through
+``prewarm.model_roots.open_inside``, when its header is read and again when its bytes are, and the second
+open must find the very file whose header was validated: a file outside the roots, or one swapped (for a
+symlink or another file) after the catalog was read, is refused before any of its bytes is read.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
 from gpu_worker.staging import StagingRing
+from prewarm.model_roots import RefusedFile, open_inside
 from prewarm.safetensors_header import (
     SafetensorsError,
     SafetensorsHeader,
@@ -128,13 +134,13 @@ def expected_from_module(module: torch.nn.Module) -> Expected:
     return {k: (v.dtype, tuple(v.shape)) for k, v in module.state_dict().items()}
 
 
-def resolve_headers(source: Source) -> list[SafetensorsHeader]:
+def resolve_headers(source: Source, roots: Sequence[Path] | None = None) -> list[SafetensorsHeader]:
     """Validated headers for a path (file, index json, directory) or a list of shard paths/headers.
 
     Tensor names must be unique across the files."""
     if isinstance(source, str | os.PathLike):
-        return read_weight_set(source).headers
-    headers = [s if isinstance(s, SafetensorsHeader) else read_header(s) for s in source]
+        return read_weight_set(source, roots).headers
+    headers = [s if isinstance(s, SafetensorsHeader) else read_header(s, roots) for s in source]
     seen: dict[str, Path] = {}
     for h in headers:
         for name in h.tensors:
@@ -303,6 +309,7 @@ def load_weights(
     pool_bytes: int = DEFAULT_POOL_BYTES,
     allocator: Allocator | None = None,
     progress_interval: float = 0.1,
+    roots: Sequence[Path] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Load every tensor of ``source`` onto ``device``; see the module docstring.
 
@@ -311,11 +318,12 @@ def load_weights(
     non-CPU devices). ``pool_bytes`` bounds the staging buffers. ``allocator(name, shape, dtype)``
     replaces ``torch.empty`` on ``device`` for the destinations (the host cache carves them out of
     one pinned arena); it must return contiguous tensors of that shape and dtype on ``device``.
+    ``roots``: the model roots every file must really lie in (checked at each open; see the module doc).
     """
     device = torch.device(device)
     if chunk_bytes < 4096:
         raise ValueError("chunk_bytes must be at least 4096")
-    headers = resolve_headers(source)
+    headers = resolve_headers(source, roots)
     if expected is not None:
         _check_expected(headers, expected)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -353,10 +361,16 @@ def load_weights(
                     ) from None
         for h in headers:
             try:
-                fds.append(os.open(h.path, os.O_RDONLY))
-                size = os.fstat(fds[-1]).st_size
+                fds.append(open_inside(h.path, roots))
+                st = os.fstat(fds[-1])
+            except RefusedFile as exc:
+                raise LoadError(str(exc)) from None
             except OSError as exc:
                 raise LoadError(f"{h.path}: cannot open for reading: {exc.strerror or exc}") from None
+            if h.identity != (0, 0) and (st.st_dev, st.st_ino) != h.identity:
+                raise LoadError(f"{h.path}: is another file now than the one whose header was read (replaced "
+                                "during the load); retry once the file is in place")
+            size = st.st_size
             if size != h.file_size:  # replaced or rewritten since its header was validated
                 raise LoadError(
                     f"{h.path}: file is {size} bytes now, {h.file_size} when its header was read "

@@ -556,7 +556,8 @@ class NodeWorker:
         else:
             source = "storage"
             try:
-                need = sum(read_header(f).data_bytes for f in weight_files(entry.weights))
+                roots = entry.roots  # each file checked against them as it is opened
+                need = sum(read_header(f, roots).data_bytes for f in weight_files(entry.weights, roots))
             except SafetensorsError as exc:
                 raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
         self._check_cancel(g, s)
@@ -665,7 +666,7 @@ class NodeWorker:
         try:
             if tensors is None:
                 tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
-                                       threads=self.options.load_threads,
+                                       threads=self.options.load_threads, roots=entry.roots,
                                        allocator=g.arena.allocate if g.arena is not None else None)
         except Cancelled:
             raise
@@ -948,7 +949,7 @@ class NodeWorker:
 
         try:
             self.host_cache.stage(key, entry.weights, value=value, progress=progress,
-                                  threads=self.options.load_threads, expected=expected)
+                                  threads=self.options.load_threads, expected=expected, roots=entry.roots)
         except HostCacheFull as exc:
             raise DoesNotFit(f"staging {key} on node {self.node}: {exc}") from None
         except (Cancelled, WorkerError):

@@ -21,7 +21,8 @@ Two things live here because both are "model bytes in host memory on their way t
            # pin None: pin when torch.cuda.is_available().
            # value_fn(entry) -> float: the value of keeping a staged entry (default: entry.value,
            #   as given to stage()/set_value()); eviction compares value per byte.
-       cache.stage(key, source, *, value=0.0, progress=None, threads=None, expected=None) -> StagedModel
+       cache.stage(key, source, *, value=0.0, progress=None, threads=None, expected=None,
+                   roots=None) -> StagedModel   # roots: the model roots each file must lie in
            # read the weights (a .safetensors file, an index json, a directory, or a list of shard
            # paths) into host memory; idempotent per key. Makes room by evicting entries whose value
            # per byte is below the new one's; raises HostCacheFull when it cannot.
@@ -52,6 +53,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -377,6 +379,7 @@ class HostCache:
         progress: Progress | None = None,
         threads: int | None = None,
         expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None,
+        roots: Sequence[Path] | None = None,
     ) -> StagedModel:
         from gpu_worker.loader import load_weights, resolve_headers
 
@@ -394,7 +397,7 @@ class HostCache:
                 # Validate (file I/O) without holding the lock, then look again.
                 self._lock.release()
                 try:
-                    headers = resolve_headers(source)
+                    headers = resolve_headers(source, roots)  # roots: checked at every open
                 finally:
                     self._lock.acquire()
             sizes = {name: e.nbytes for h in headers for name, e in h.tensors.items()}
@@ -414,6 +417,7 @@ class HostCache:
                 threads=threads,
                 expected=expected,
                 allocator=arena.allocate,
+                roots=roots,
             )
             entry = StagedModel(
                 key=key,

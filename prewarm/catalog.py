@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prewarm.model_roots import within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
@@ -65,6 +66,9 @@ class ModelEntry:
     min_replicas: int = 0
     max_rate_per_replica: float | None = None
     description: str = ""
+    # The catalog's model roots (resolved): every reader of the weights checks each file against them
+    # when it opens it (prewarm.model_roots), not only here when the catalog is read.
+    roots: tuple[Path, ...] = ()
 
     @property
     def shards(self) -> int:
@@ -158,10 +162,6 @@ def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
     return tuple(out)
 
 
-def _within(path: Path, roots: list[Path]) -> bool:
-    return any(path == r or r in path.parents for r in roots)
-
-
 def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files: bool) -> ModelEntry:
     where = f"models[{i}]"
     if not isinstance(raw, dict):
@@ -183,7 +183,7 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     if not isinstance(weights_raw, str) or not weights_raw:
         raise _fail(where, "weights must be a path to a .safetensors file or a model.safetensors.index.json")
     weights = (base / weights_raw).resolve()
-    if not _within(weights, roots):
+    if not within(weights, roots):
         raise _fail(where, f"weights {weights_raw!r} lie outside the model roots {[str(r) for r in roots]}")
     if not (weights.name.endswith(".safetensors") or weights.name.endswith(".safetensors.index.json")):
         raise _fail(where, f"weights {weights_raw!r} must be .safetensors or .safetensors.index.json "
@@ -194,11 +194,9 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
         if not weights.exists():
             raise _fail(where, f"weights file {weights} does not exist")
         try:
-            files = tuple(weight_files(weights))
-            for f in files:
-                if not _within(f.resolve(), roots):
-                    raise _fail(where, f"shard {f} lies outside the model roots")
-                size += read_header(f).data_bytes
+            files = tuple(weight_files(weights, roots))
+            for f in files:  # each opened inside the roots: a shard symlinked out of them is refused
+                size += read_header(f, roots).data_bytes
         except SafetensorsError as exc:
             raise _fail(where, f"weights: {exc}") from None
     builder = _check_builder(where, raw["builder"])
@@ -218,7 +216,7 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     return ModelEntry(id=model_id, version=version, weights=weights, files=files, builder=builder,
                       builder_args=dict(builder_args), warmup=warmup, size_bytes=size, pinned=pinned,
                       min_replicas=min_replicas, max_rate_per_replica=float(cap) if cap else None,
-                      description=str(raw.get("description", "")))
+                      description=str(raw.get("description", "")), roots=tuple(roots))
 
 
 def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bool = True) -> Catalog:

@@ -10,14 +10,19 @@ tensors' bytes into one another, or allocate a tensor whose size does not match 
 
 Public API:
 
-- :func:`read_header` (path) -> :class:`SafetensorsHeader`
-- :func:`read_index` (``model.safetensors.index.json``) -> ``{tensor name: shard path}``
+- :func:`read_header` (path, roots=None) -> :class:`SafetensorsHeader`
+- :func:`read_index` (``model.safetensors.index.json``, roots=None) -> ``{tensor name: shard path}``
 - :func:`weight_files` (a ``.safetensors`` file, an index json, or a directory holding either)
   -> list of shard paths
 - :func:`read_weight_set` (same inputs) -> :class:`WeightSet` with every shard's header, the index
   checked against the shards (each indexed tensor in its shard, no tensor in two shards)
 - :class:`SafetensorsError` (a ``ValueError``): the message names the file, the tensor or field at
   fault, and what to do about it.
+
+``roots``: the catalog's model roots. Given, every file (each shard, the index) is opened through
+:func:`prewarm.model_roots.open_inside`: one whose real path leads outside them is refused before a byte
+of it is read. Error messages never quote file bytes: a file that is not safetensors at all is called
+that, without the number its first 8 bytes make (that number *is* those bytes, e.g. ``root:x:0``).
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prewarm.model_roots import RefusedFile, open_inside
 
 __all__ = [
     "DTYPE_SIZES",
@@ -72,6 +79,7 @@ MAX_HEADER_BYTES = 100_000_000
 INDEX_FILENAME = "model.safetensors.index.json"
 
 _FIX_FILE = "re-export the weights (e.g. safetensors.torch.save_file) or re-download the file"
+Roots = Sequence[Path] | None
 
 
 class SafetensorsError(ValueError):
@@ -121,6 +129,7 @@ class SafetensorsHeader:
     data_offset: int  # absolute file offset of the data section (8 + header length)
     metadata: dict[str, str]
     tensors: dict[str, TensorEntry]  # in data-section order
+    identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file read: a reader reopening it checks it
 
     @property
     def data_bytes(self) -> int:
@@ -219,39 +228,52 @@ def _parse_entry(path: Path, name: str, raw: object) -> TensorEntry:
     return entry
 
 
-def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+def _open(p: Path, roots: Roots, what: str = "file") -> int:
+    """open_inside, its refusals and a missing file as SafetensorsError naming `p`."""
+    try:
+        return open_inside(p, roots)
+    except RefusedFile as exc:
+        raise SafetensorsError(p, None, str(exc).removeprefix(f"{p}: "), "") from None  # says what to do
+    except FileNotFoundError:
+        raise SafetensorsError(p, None, f"{what} not found", "check the path in the catalog or index") from None
+    except IsADirectoryError:
+        raise SafetensorsError(p, None, "is a directory, expected a .safetensors file", "") from None
+
+
+def read_header(path: str | os.PathLike[str], roots: Roots = None) -> SafetensorsHeader:
     """Read and validate the header of one safetensors file; reads no tensor data.
 
     Raises :class:`SafetensorsError` for anything that would make loading unsafe or wrong, and
-    ``FileNotFoundError`` (re-raised as SafetensorsError) when the file is missing.
+    ``FileNotFoundError`` (re-raised as SafetensorsError) when the file is missing; with ``roots``, also
+    for a file whose real path lies outside them (checked on open, before any byte is read).
     """
     p = Path(path)
+    fd = _open(p, roots)
     try:
-        fd = os.open(p, os.O_RDONLY)
-    except FileNotFoundError:
-        raise SafetensorsError(p, None, "file not found", "check the path in the catalog or index") from None
-    except IsADirectoryError:
-        raise SafetensorsError(p, None, "is a directory, expected a .safetensors file", "") from None
-    try:
-        file_size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        file_size = st.st_size
         if file_size < 8:
             raise SafetensorsError(
                 p, "header length", f"file is {file_size} bytes, too short for the 8-byte header length"
             )
-        prefix = os.pread(fd, 8, 0)
+        try:
+            prefix = os.pread(fd, 8, 0)
+        except IsADirectoryError:
+            raise SafetensorsError(p, None, "is a directory, expected a .safetensors file", "") from None
         (header_len,) = struct.unpack("<Q", prefix)
+        # The length is the file's first 8 bytes: quoting it would quote the file (issue 17).
         if header_len == 0 or header_len > MAX_HEADER_BYTES:
             raise SafetensorsError(
                 p,
                 "header length",
-                f"declared header length {header_len} is outside 1..{MAX_HEADER_BYTES} "
-                "(not a safetensors file, or its first bytes are corrupt)",
+                f"not a safetensors file (its header length is implausible: outside 1..{MAX_HEADER_BYTES} "
+                "bytes), or its first bytes are corrupt",
             )
         if 8 + header_len > file_size:
             raise SafetensorsError(
                 p,
                 "header length",
-                f"declared header length {header_len} runs past the end of the {file_size}-byte file "
+                f"the declared header length runs past the end of the {file_size}-byte file "
                 "(truncated, or not a safetensors file)",
             )
         raw = os.pread(fd, header_len, 8)
@@ -259,10 +281,11 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         os.close(fd)
     if len(raw) != header_len:
         raise SafetensorsError(p, "header", f"short read: got {len(raw)} of {header_len} header bytes")
-    return _parse_header(p, file_size, header_len, raw)
+    return _parse_header(p, file_size, header_len, raw, (st.st_dev, st.st_ino))
 
 
-def _parse_header(p: Path, file_size: int, header_len: int, raw: bytes) -> SafetensorsHeader:
+def _parse_header(p: Path, file_size: int, header_len: int, raw: bytes,
+                  identity: tuple[int, int] = (0, 0)) -> SafetensorsHeader:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -334,22 +357,26 @@ def _parse_header(p: Path, file_size: int, header_len: int, raw: bytes) -> Safet
         data_offset=data_offset,
         metadata=metadata,
         tensors={e.name: e for e in entries},
+        identity=identity,
     )
 
 
-def read_index(index_json_path: str | os.PathLike[str]) -> dict[str, Path]:
+def read_index(index_json_path: str | os.PathLike[str], roots: Roots = None) -> dict[str, Path]:
     """Read a Hugging Face ``model.safetensors.index.json``: ``{tensor name: shard path}``.
 
     Shard paths are resolved relative to the index's directory. Every referenced shard must exist;
-    the error names the first missing one and the tensors that live in it.
+    the error names the first missing one and the tensors that live in it. (Where a shard leads is
+    checked when it is opened: read_header with the same roots.)
     """
     p = Path(index_json_path)
+    fd = _open(p, roots, "index file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SafetensorsError(p, None, "index file not found", "check the weights path in the catalog") from None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            text = f.read().decode("utf-8")
     except UnicodeDecodeError:
         raise SafetensorsError(p, None, "index is not UTF-8 text", "") from None
+    finally:
+        os.close(fd)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -385,13 +412,13 @@ def read_index(index_json_path: str | os.PathLike[str]) -> dict[str, Path]:
     return out
 
 
-def _resolve(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Path] | None]:
+def _resolve(path: str | os.PathLike[str], roots: Roots) -> tuple[Path, dict[str, Path] | None]:
     """The weights source and, for a sharded set, its index."""
     p = Path(path)
     if p.is_dir():
         idx = p / INDEX_FILENAME
         if idx.is_file():
-            return idx, read_index(idx)
+            return idx, read_index(idx, roots)
         singles = sorted(p.glob("*.safetensors"))
         if len(singles) == 1:
             return singles[0], None
@@ -402,7 +429,7 @@ def _resolve(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Path] | None
             "point at one .safetensors file or at the index json",
         )
     if p.name.endswith(".json"):
-        return p, read_index(p)
+        return p, read_index(p, roots)
     return p, None
 
 
@@ -410,10 +437,10 @@ def _unique(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(paths))
 
 
-def weight_files(path: str | os.PathLike[str]) -> list[Path]:
+def weight_files(path: str | os.PathLike[str], roots: Roots = None) -> list[Path]:
     """The shard files of a model: ``[path]`` for one ``.safetensors`` file, the index's shards
     (in first-mention order) for an index json, or either found inside a directory."""
-    source, index = _resolve(path)
+    source, index = _resolve(path, roots)
     if index is None:
         if not source.is_file():
             raise SafetensorsError(source, None, "file not found", "check the weights path in the catalog")
@@ -421,12 +448,12 @@ def weight_files(path: str | os.PathLike[str]) -> list[Path]:
     return _unique(index.values())
 
 
-def read_weight_set(path: str | os.PathLike[str]) -> WeightSet:
+def read_weight_set(path: str | os.PathLike[str], roots: Roots = None) -> WeightSet:
     """Validate every shard's header and, for a sharded set, the index against the shards."""
-    source, index = _resolve(path)
+    source, index = _resolve(path, roots)
     if index is None:
-        return WeightSet(source=source, headers=[read_header(source)])
-    headers = [read_header(f) for f in _unique(index.values())]
+        return WeightSet(source=source, headers=[read_header(source, roots)])
+    headers = [read_header(f, roots) for f in _unique(index.values())]
     by_path = {h.path: h for h in headers}
     seen: dict[str, Path] = {}
     for h in headers:

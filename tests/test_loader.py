@@ -440,6 +440,31 @@ def test_file_changed_after_its_header_was_read(model):
         load_weights([header], CPU)
 
 
+def test_a_file_swapped_after_its_header_was_read_is_refused_at_open(tmp_path):
+    # The catalog (and the header read) saw a whole file inside the roots; by the time the bytes are read
+    # it is another file, or a symlink out of the roots: refused when opened, before a byte is read.
+    root = tmp_path / "models"
+    root.mkdir()
+    roots = [root.resolve()]
+    path = root / "model.safetensors"
+    save_file({"w": torch.ones(64)}, path)
+    header = read_header(path, roots)
+    other = tmp_path / "other.safetensors"
+    save_file({"w": torch.full((64,), 7.0)}, other)  # same size, other bytes
+    os.replace(other, path)
+    with pytest.raises(LoadError, match="is another file now"):
+        load_weights([header], CPU, roots=roots)
+    secret = tmp_path / "passwd"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n" * 4)
+    path.unlink()
+    path.symlink_to(secret)
+    with pytest.raises(LoadError, match="outside the model roots") as info:
+        load_weights([header], CPU, roots=roots)
+    assert "root:x" not in str(info.value)
+    with pytest.raises(SafetensorsError, match="outside the model roots"):
+        load_weights(path, CPU, roots=roots)  # read from the start: refused at the header's open
+
+
 def test_stripes_hand_out_each_chunk_once_in_order_and_share_the_tail():
     s = loader._Stripes(10, 3)
     got = [s.take(0) for _ in range(3)]

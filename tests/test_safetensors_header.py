@@ -120,6 +120,54 @@ def test_not_a_safetensors_file(tmp_path):
         read_header(path)
 
 
+def test_a_file_of_other_bytes_is_named_without_echoing_them(tmp_path):
+    # /etc/passwd's first 8 bytes read as a little-endian length are 3475222254926655346: quoting the
+    # "header length" would quote the file (issue 17) to anyone who reads the event log.
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n" * 4)
+    with pytest.raises(SafetensorsError, match="not a safetensors file") as info:
+        read_header(path)
+    assert str(struct.unpack("<Q", b"root:x:0")[0]) not in str(info.value)
+    # a first u64 that is a plausible length but runs past the end: the length is not quoted either
+    path.write_bytes(struct.pack("<Q", 777_777) + b"x" * 100)
+    with pytest.raises(SafetensorsError, match="runs past the end of the 108-byte file") as info:
+        read_header(path)
+    assert "777777" not in str(info.value)
+
+
+def test_roots_are_checked_when_each_file_is_opened(tmp_path):
+    root = tmp_path / "models"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    index, _, _ = write_sharded(root)
+    roots = [root.resolve()]
+    assert len(read_weight_set(index, roots).files) == 3  # everything inside: fine
+    shard = root / "model-00002-of-00003.safetensors"
+    secret = outside / "passwd"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n" * 4)
+    shard.unlink()
+    shard.symlink_to(secret)  # swapped after the set was read once
+    for read in (lambda: read_weight_set(index, roots), lambda: read_header(shard, roots)):
+        with pytest.raises(SafetensorsError, match="outside the model roots") as info:
+            read()
+        assert shard.name in str(info.value) and "root:x" not in str(info.value)
+    # an index that names a shard by a path leading out of the roots
+    shard.unlink()
+    save_file({"layer1.w": torch.zeros(8, 8), "layer1.b": torch.zeros(8)}, outside / "s.safetensors")
+    text = index.read_text().replace('"model-00002-of-00003.safetensors"', '"../outside/s.safetensors"')
+    index.write_text(text)
+    assert len(read_weight_set(index).files) == 3  # without roots nothing is checked (tools, tests)
+    with pytest.raises(SafetensorsError, match="outside the model roots"):
+        read_weight_set(index, roots)
+    # the index itself, symlinked out of the roots
+    (outside / INDEX_FILENAME).write_text(text)
+    index.unlink()
+    index.symlink_to(outside / INDEX_FILENAME)
+    with pytest.raises(SafetensorsError, match="outside the model roots"):
+        weight_files(index, roots)
+
+
 @pytest.mark.parametrize(
     "raw, match",
     [

@@ -251,6 +251,22 @@ def test_failed_stage_releases_its_reservation(tmp_path):
     assert same(cache.get("b").tensors, tensors)
 
 
+def test_stage_reads_only_inside_the_model_roots(tmp_path):
+    root = tmp_path / "models"
+    root.mkdir()
+    a, tensors = make_model(root, "a", 1 << 16, 1)
+    secret = tmp_path / "passwd"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n" * 4)
+    link = root / "b.safetensors"
+    link.symlink_to(secret)
+    cache = HostCache(1 << 20, pin=False)
+    with pytest.raises(loader.SafetensorsError, match="outside the model roots") as info:
+        cache.stage("b", link, roots=[root.resolve()])
+    assert "root:x" not in str(info.value)
+    assert cache.used_bytes == 0 and "b" not in cache
+    assert same(cache.stage("a", a, roots=[root.resolve()]).tensors, tensors)
+
+
 def test_budget_from_environment(monkeypatch):
     import psutil
 
