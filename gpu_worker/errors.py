@@ -23,6 +23,12 @@ class LoadFailed(WorkerError):
     """Reading, checking or building the weights failed (corrupt file, missing shard, mismatch...)."""
 
 
+class CatalogRefused(UnknownModel, LoadFailed):
+    """The catalog lists the model but this worker refused its entry (weights outside the model roots, a
+    builder that cannot be imported, a broken file...); the message is that entry's problem. Both an
+    unknown model (nothing of it is usable here) and a load failure (its files or builder are at fault)."""
+
+
 class WarmupFailed(WorkerError):
     """The loaded module failed on a declared warmup input."""
 

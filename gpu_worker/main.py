@@ -65,8 +65,9 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     except ImportError:
         pass
     try:
-        worker.catalog()
-        log.info("catalog %s: %d models", settings.catalog, len(worker.catalog().models))
+        cat = worker.catalog()  # logs each refused entry by name
+        log.info("catalog %s: %d models served, %d entries refused", settings.catalog, len(cat.models),
+                 len(cat.problems))
     except Exception as exc:  # noqa: BLE001 - serve anyway: tasks fail with the catalog's reason
         log.error("catalog %s is not usable (%s); preloads will fail until it is fixed", settings.catalog, exc)
 

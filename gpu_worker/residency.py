@@ -45,6 +45,7 @@ from gpu_worker.errors import (
     BadRequest,
     Busy,
     Cancelled,
+    CatalogRefused,
     DoesNotFit,
     LoadFailed,
     NotResident,
@@ -261,7 +262,10 @@ class NodeWorker:
 
     # --- catalog ----------------------------------------------------------------------------------
     def catalog(self) -> Catalog:
-        """The catalog, reloaded when its file changes; a broken edit keeps the last good one."""
+        """The catalog, reloaded when its file changes. Loaded leniently (issue 17): a bad entry (weights
+        outside the model roots, a builder that does not import, a broken file) is refused by name —
+        logged, published with the heartbeat (catalog_problems) — and every other entry is served. A file
+        that cannot be read as a catalog at all keeps the last good one."""
         with self._catalog_lock:
             try:
                 mtime = self.catalog_path.stat().st_mtime
@@ -270,27 +274,37 @@ class NodeWorker:
             if mtime != self._catalog_mtime:
                 self._catalog_mtime = mtime
                 try:
-                    self._catalog = load_catalog(self.catalog_path)
-                    self._catalog_error = None
+                    cat = load_catalog(self.catalog_path, strict=False)
                 except CatalogError as exc:
-                    # One model's broken weights must not take every model down: without the file checks
-                    # the catalog still loads, and a preload of the broken model fails naming its file.
-                    try:
-                        self._catalog = load_catalog(self.catalog_path, check_files=False)
-                        self._catalog_error = None
-                        log.error("catalog %s: %s (serving the other models; that one will fail to load)",
-                                  self.catalog_path, exc)
-                    except CatalogError as exc2:
-                        self._catalog_error = str(exc2)
-                        log.error("catalog %s: %s", self.catalog_path, exc2)
+                    self._catalog_error = str(exc)
+                    log.error("catalog %s: %s", self.catalog_path, exc)
+                else:
+                    self._catalog, self._catalog_error = cat, None
+                    for name, problem in cat.problems.items():
+                        log.error("catalog %s: model %s refused (the other models are served): %s",
+                                  self.catalog_path, name, problem)
             if self._catalog is None:
                 raise UnknownModel(f"this worker has no usable catalog: {self._catalog_error}")
             return self._catalog
+
+    def catalog_problems(self) -> dict[str, str]:
+        """What this worker refused of its catalog as last read: entry name -> problem, and the catalog
+        file's own error under its path (a last good catalog is then in use, or none)."""
+        with self._catalog_lock:
+            problems = dict(self._catalog.problems) if self._catalog is not None else {}
+            if self._catalog_error:
+                problems[str(self.catalog_path)] = self._catalog_error
+        return problems
 
     def entry(self, model: str, version: str | None) -> ModelEntry:
         cat = self.catalog()
         extra = f" (the catalog file has an error, the last good one is in use: {self._catalog_error})" \
             if self._catalog_error else ""
+        refused = cat.problems.get(model)
+        if refused is not None and (model not in cat or version and not any(
+                m.version == version for m in cat.versions(model))):
+            raise CatalogRefused(f"{refused} (this worker refused that catalog entry; it serves the others)"
+                                 f"{extra}")
         if model not in cat:
             raise UnknownModel(f"unknown model {model!r}: not in the catalog {self.catalog_path} this worker "
                                f"serves{extra}")
@@ -378,7 +392,7 @@ class NodeWorker:
             staged += [replace(j.record) for k, j in self._stages.items() if k not in done]
         node = state.Node(node=self.node, budget_bytes=cache.budget_bytes, used_bytes=used,
                           free_bytes=cache.budget_bytes - used, last_heartbeat=time.time(), worker=self.worker_id,
-                          pinned=cache.pinned)
+                          pinned=cache.pinned, catalog_problems=self.catalog_problems())
         return node, staged
 
     def _write_node(self) -> None:

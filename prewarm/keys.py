@@ -38,7 +38,8 @@ NODES = PREFIX + "nodes"
 
 def host_cache(node: str) -> str:
     """Hash: the node's host cache inventory (budget_bytes, used_bytes, free_bytes, pinned, last_heartbeat,
-    worker), written with the heartbeat's TTL like a GPU's inventory."""
+    worker) and catalog_problems (JSON: the catalog entries its worker refused, entry -> problem), written
+    with the heartbeat's TTL like a GPU's inventory."""
     return f"{PREFIX}hostcache:{node}"
 
 

@@ -150,13 +150,17 @@ class Node:
     worker: str = ""
     pinned: bool = False
     staged: list[Staged] = field(default_factory=list)
+    # Catalog entries this node's worker refused (entry name -> problem), published with every heartbeat:
+    # the worker serves the rest, and web shows these in /api/models `catalog_problems`.
+    catalog_problems: dict[str, str] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         return {"node": self.node,
                 "host_cache": {"budget_bytes": self.budget_bytes, "used_bytes": self.used_bytes,
                                "free_bytes": self.free_bytes, "pinned": self.pinned},
                 "staged": [x.public() for x in self.staged],
-                "worker": self.worker, "last_heartbeat": self.last_heartbeat}
+                "worker": self.worker, "last_heartbeat": self.last_heartbeat,
+                "catalog_problems": dict(self.catalog_problems)}
 
     def get(self, model: str, version: str | None = None) -> Staged | None:
         return next((x for x in self.staged if x.model == model and version in (None, x.version)), None)
@@ -245,10 +249,20 @@ def _nodes(names: list[str], raw: list[dict[bytes, bytes]]) -> list[Node]:
             continue  # its worker stopped heartbeating: nothing staged there can be promoted
         n = Node(node=name, budget_bytes=int(info.get("budget_bytes", 0)), used_bytes=int(info.get("used_bytes", 0)),
                  free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=float(info.get("last_heartbeat", 0)),
-                 worker=info.get("worker", ""), pinned=info.get("pinned") == "1")
+                 worker=info.get("worker", ""), pinned=info.get("pinned") == "1",
+                 catalog_problems=_problems(info.get("catalog_problems")))
         n.staged = sorted((Staged.from_json(v) for v in staged.values()), key=lambda x: (x.model, x.version))
         out.append(n)
     return out
+
+
+def _problems(raw: str | None) -> dict[str, str]:
+    """The node record's catalog_problems field (JSON object of strings); anything else reads as none."""
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def read_nodes(r: redis.Redis) -> list[Node]:
@@ -295,7 +309,8 @@ def _clear(r: redis.Redis, target: str, *record_keys: str) -> None:
 def write_node(r: redis.Redis, node: Node, staged: list[Staged], ttl: float) -> None:
     """Announce a node's host cache and its full staged set atomically (like write_heartbeat for a GPU)."""
     info = {"budget_bytes": node.budget_bytes, "used_bytes": node.used_bytes, "free_bytes": node.free_bytes,
-            "last_heartbeat": node.last_heartbeat, "worker": node.worker, "pinned": int(node.pinned)}
+            "last_heartbeat": node.last_heartbeat, "worker": node.worker, "pinned": int(node.pinned),
+            "catalog_problems": json.dumps(node.catalog_problems, sort_keys=True)}
     _announce(r, keys.NODES, node.node, keys.host_cache(node.node), info, keys.staged(node.node),
               {replica_field(x.model, x.version): x.to_json() for x in staged}, ttl)
 

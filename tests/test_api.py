@@ -49,6 +49,19 @@ def test_healthz(client: FlaskClient) -> None:
     assert resp.status_code == 200 and resp.get_json() == {"status": "ok"}
 
 
+def test_models_names_the_catalog_entries_a_worker_refused(client: FlaskClient, r: redis.Redis) -> None:
+    # A worker's node record carries what it refused of its catalog (its own files, its own imports):
+    # web names those beside its own problems, each prefixed with the node.
+    problem = "model 'delta': weights 'x.safetensors' lie outside the model roots ['/srv/models']"
+    state.write_node(r, state.Node(node="node-b", budget_bytes=0, used_bytes=0, free_bytes=0,
+                                   last_heartbeat=time.time(), worker="w1", catalog_problems={"delta": problem}),
+                     [], 30)
+    body = client.get("/api/models").get_json()
+    assert body["catalog_problems"] == {"delta": f"node node-b: {problem}"}
+    nodes = client.get("/api/fleet").get_json()["nodes"]
+    assert [n["catalog_problems"] for n in nodes] == [{"delta": problem}]
+
+
 def test_fleet_shows_memory_split_and_stale_gpus(client: FlaskClient, r: redis.Redis) -> None:
     publish_gpu(r, GPU_A, total_mib=10, replicas=[replica("alpha", GPU_A, "ready", mib=1),
                                                    replica("beta", GPU_A, "loading", mib=2, progress=0.5)])

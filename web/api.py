@@ -157,8 +157,23 @@ def api_models() -> ResponseReturnValue:
         raise ApiError(400, f"window: {raw!r} is not a number of seconds", "window") from None
     if not 1 <= window <= 7 * 24 * 3600:
         raise ApiError(400, "window: must be between 1 s and 7 days", "window")
-    # Catalog entries left out because they are broken (bad weights, bad fields): named, not hidden.
-    return jsonify({"models": models_view(window), "catalog_problems": ctx().catalog.problems})
+    return jsonify({"models": models_view(window), "catalog_problems": catalog_problems()})
+
+
+def catalog_problems() -> dict[str, str]:
+    """Catalog entries left out because they are broken (bad weights, bad fields): named, not hidden.
+    Web's own lenient load, plus what each live worker refused of its catalog (from its node record):
+    a worker may see what web does not (its node's files, its imports). A problem web already names in
+    the same words is not repeated; a worker's own is prefixed with its node."""
+    c = ctx()
+    out = dict(c.catalog.problems)
+    for n in state.read_nodes(c.r):
+        for name, problem in sorted(n.catalog_problems.items()):
+            if out.get(name) == problem:
+                continue
+            mine = f"node {n.node}: {problem}"
+            out[name] = f"{out[name]}; {mine}" if name in out else mine
+    return out
 
 
 @bp.get("/api/events")
