@@ -17,11 +17,13 @@ M = TypeVar("M", bound=BaseModel)
 class ApiError(Exception):
     """A client error with a message naming the field; rendered as JSON `{"error", "field"}`."""
 
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        self.headers = headers or {}  # e.g. Retry-After on a 429
 
 
 def ctx() -> Context:
