@@ -21,7 +21,7 @@ from prewarm import state
 from prewarm.catalog import CatalogError
 from prewarm.context import Context
 from web import api, coldstarts, console, hooks, metrics, openapi, sessions
-from web.util import ApiError, ctx, json_error
+from web.util import ApiError, ctx, enforce_body_limit, json_error
 
 log = logging.getLogger("prewarm.web")
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a full batch of 10,000 events is well under 1 MiB
@@ -51,6 +51,7 @@ def create_app(context: Context | None = None) -> Flask:
             metrics.COLD_STARTS.labels(model_id)
     except (CatalogError, OSError) as exc:
         log.error("catalog cannot be loaded: %s", exc)  # requests that need it will answer 503
+    app.before_request(enforce_body_limit)
     app.register_blueprint(hooks.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(console.bp)
