@@ -91,6 +91,9 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("PREWARM_DATA_DIR") or repo_root() / "var")
 
 
+MIN_SECRET_KEY_CHARS = 32
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str | None
@@ -111,6 +114,12 @@ class Settings:
     # loads one GPU runs at once: the worker queues more, and the policy sends no more (a load
     # waits for whichever GPU's link frees first instead of slowing the ones in flight)
     max_loads_per_gpu: int
+    # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
+    secret_key: str | None = field(default=None, repr=False)
+    # failed admin-token tries (console login or API bearer) allowed per 10-minute window, from one
+    # client address and from all clients together, before the web answers 429
+    login_max_failures: int = 10
+    login_max_failures_global: int = 100
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -134,12 +143,23 @@ class Settings:
             event_log_max=int(e.get("PREWARM_EVENT_LOG_MAX") or 5000),
             speculative_share=float(e.get("PREWARM_SPECULATIVE_SHARE") or 0.6),
             max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
+            secret_key=e.get("PREWARM_SECRET_KEY") or None,
+            login_max_failures=int(e.get("PREWARM_LOGIN_MAX_FAILURES") or 10),
+            login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),
         )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.speculative_share <= 1.0:
             raise ValueError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")
+        if self.secret_key is not None and len(self.secret_key) < MIN_SECRET_KEY_CHARS:
+            raise ValueError(f"PREWARM_SECRET_KEY: {len(self.secret_key)} characters is too short to sign "
+                             f"sessions; use at least {MIN_SECRET_KEY_CHARS} random characters, e.g. the output of "
+                             "python3 -c 'import secrets; print(secrets.token_urlsafe(32))', or unset it")
+        for name, value in (("PREWARM_LOGIN_MAX_FAILURES", self.login_max_failures),
+                            ("PREWARM_LOGIN_MAX_FAILURES_GLOBAL", self.login_max_failures_global)):
+            if value < 1:
+                raise ValueError(f"{name}={value}: write a number of failed logins of at least 1, e.g. 10")
 
     def devices(self) -> list[DeviceSpec]:
         return parse_devices(self.devices_text)

@@ -106,3 +106,23 @@ LEADER_LOCK = PREFIX + "scheduler:leader"  # redis-py Lock held by the planning 
 SCHEDULER_STATUS = PREFIX + "scheduler:status"  # Hash: leader id, last tick, tick seconds, trigger.
 WAKE = PREFIX + "wake"  # Pub/sub channel: the route hook publishes "<model>@<version>" when a lookup opens a
 #                        cold episode; the leader scheduler plans at once instead of at its next tick.
+
+# --- web console sessions and the login throttle (written by web) ---------------------------------------
+# String: the random key that signs console session cookies, created once with SET NX by whichever web
+# process needs it first (so every gunicorn worker signs alike); unused when PREWARM_SECRET_KEY is set.
+SESSION_SECRET = PREFIX + "web:session-secret"
+
+
+def web_session(sid: str) -> str:
+    """String JSON {created, client} with the session's lifetime as TTL: a logged-in console session is
+    live only while this key exists; /logout deletes it."""
+    return f"{PREFIX}session:{sid}"
+
+
+LOGIN_ATTEMPTS_PREFIX = PREFIX + "login-attempts:"
+
+
+def login_attempts(scope: str, window: int) -> str:
+    """Counter of admin-token tries not (yet) succeeded in one throttle window, for one client
+    ("client:<address>") or for all ("all"); expires with its window."""
+    return f"{LOGIN_ATTEMPTS_PREFIX}{scope}:{window}"

@@ -167,6 +167,16 @@ def test_action_bad_input(client: FlaskClient, r: redis.Redis, url: str, body: d
     assert resp.get_json()["field"] == field
 
 
+def test_a_null_action_body_names_the_object_expected(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A)
+    for action in ("preload", "evict"):
+        resp = client.post(f"/api/models/alpha/{action}", data="null", content_type="application/json",
+                           headers=AUTH)
+        assert resp.status_code == 400, resp.get_json()
+        assert resp.get_json()["error"] == 'body: a JSON object {"gpu"?, "version"?, "reason"?} is required'
+    assert not state.read_intents(r)  # nothing dispatched
+
+
 def test_preload_with_no_fleet_is_a_conflict(client: FlaskClient) -> None:
     resp = client.post("/api/models/alpha/preload", headers=AUTH)
     assert resp.status_code == 409 and "no GPU" in resp.get_json()["error"]

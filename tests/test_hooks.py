@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from prewarm import celery_app, events, keys, state, traffic
 from web.app import create_app
 from web.schemas import MAX_BATCH
 
-from .web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
+from .web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, queued_tasks, replica
 
 GPU = "node-a/cpu:0"
 QUEUE = "gpu.node-a.cpu:0"
@@ -80,6 +82,53 @@ def test_malformed_and_missing_json(client: FlaskClient) -> None:
     assert client.post("/hooks/requests").status_code == 400
     resp = client.post("/hooks/requests", data="model=alpha", content_type="application/x-www-form-urlencoded")
     assert resp.status_code == 415 and "Content-Type" in resp.get_json()["error"]
+
+
+@pytest.mark.parametrize("path, names", [("/hooks/requests", ['"model"', '"events"']),
+                                         ("/hooks/rollout", ['"model"', '"version"', '"traffic_fraction"'])])
+def test_a_null_body_names_the_object_expected(client: FlaskClient, r: redis.Redis, path: str,
+                                               names: list[str]) -> None:
+    resp = client.post(path, data="null", content_type="application/json")
+    assert resp.status_code == 400, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error.startswith("body: a JSON object {") and all(n in error for n in names), error
+    assert "malformed" not in error and resp.get_json()["field"] == "body"
+    resp = client.post(path, data="7", content_type="application/json")  # other JSON that is no object
+    assert resp.status_code == 422 and all(n in resp.get_json()["error"] for n in names)
+    assert traffic.totals(r) == {} and not r.exists(keys.ROLLOUTS)
+
+
+def _post_chunked(web: WebProc, path: str, chunks: Iterator[bytes]) -> tuple[int, dict]:
+    """POST with Transfer-Encoding: chunked (no Content-Length), as a streaming client sends."""
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=60)
+    try:
+        conn.request("POST", path, body=chunks, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def _batch_chunks(events: int, per_chunk: int = 4096) -> Iterator[bytes]:
+    """A JSON batch of `events` events, sent in chunks of `per_chunk` events (about 76 KiB)."""
+    yield b'{"events": ['
+    for start in range(0, events, per_chunk):
+        n = min(per_chunk, events - start)
+        yield b",".join([b'{"model": "alpha"}'] * n) + (b"," if start + n < events else b"")
+    yield b"]}"
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(web: WebProc, r: redis.Redis) -> None:
+    status, body = _post_chunked(web, "/hooks/requests", _batch_chunks(3))
+    assert status == 202 and body["accepted"] == 3  # a chunked body within the limit is read whole
+    big = 10 * 1000 * 1000 // len(b'{"model": "alpha"},')  # about 10 MB of events
+    status, body = _post_chunked(web, "/hooks/requests", _batch_chunks(big))
+    assert status == 413 and body["error"] == "body: larger than 8 MiB", body
+    filler = b'{"model": "alpha", "version": "v2", "traffic_fraction": 0.5, "pad": "' + b"x" * 10_000_000 + b'"}'
+    status, body = _post_chunked(web, "/hooks/rollout", iter([filler[i:i + 65536]
+                                                              for i in range(0, len(filler), 65536)]))
+    assert status == 413, body
+    assert traffic.totals(r) == {"alpha": 3} and not r.exists(keys.ROLLOUTS)
 
 
 def test_oversize_batch_is_refused_whole(client: FlaskClient, r: redis.Redis) -> None:

@@ -5,22 +5,29 @@ and no 4xx without a message.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import requests
 import schemathesis
 from flask import Flask
+from flask.json.tag import TaggedJSONSerializer
+from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
+from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from prewarm import events, keys
+from prewarm.config import Settings
 from prewarm.redis_server import EmbeddedRedis, free_port
 from web.app import create_app
 
-from .web_support import make_catalog, make_context, publish_gpu, replica
+from .web_support import WebProc, make_catalog, make_context, publish_gpu, replica
 
 HOOK = "hook-secret-4711"
 ADMIN = "admin-secret-0815"
@@ -38,11 +45,14 @@ def app(redis_url: str, catalog: Path) -> Flask:
 
 
 def _state(r: redis.Redis) -> dict[bytes, object]:
-    """Everything in Redis, to prove a refused request changed nothing."""
+    """Everything in Redis, to prove a refused request changed nothing (but the login throttle's count and
+    the session-signing key, made on first use)."""
     out: dict[bytes, object] = {}
     readers = {b"hash": r.hgetall, b"set": r.smembers, b"string": r.get, b"list": lambda x: r.lrange(x, 0, -1),
                b"stream": r.xlen}
     for k in r.scan_iter(count=1000):
+        if k.startswith(keys.LOGIN_ATTEMPTS_PREFIX.encode()) or k == keys.SESSION_SECRET.encode():
+            continue
         kind = r.type(k)
         out[k] = readers[kind](k) if kind in readers else kind
     return out
@@ -96,6 +106,11 @@ def test_redis_down_is_a_503_in_words(catalog: Path) -> None:
         assert resp.headers["Retry-After"]
     page = client.get("/fleet")
     assert page.status_code == 503 and "Redis is unavailable" in page.get_data(as_text=True)
+    client.set_cookie("prewarm_session", "a-cookie-that-cannot-be-verified-now")
+    for url in ("/login", "/logout", "/actions/alpha/pin", "/api/models/alpha/pin"):  # not "log in" or "bad CSRF"
+        resp = client.post(url, data={"token": ADMIN, "csrf_token": "x"})
+        assert resp.status_code == 503 and "Redis is unavailable" in resp.get_data(as_text=True), url
+    assert client.get("/login").status_code == 200  # the form itself needs no Redis
 
 
 def test_redis_restart_recovers(catalog: Path) -> None:
@@ -135,6 +150,156 @@ def test_openapi_describes_every_api_route(app: Flask) -> None:
     documented = {re.sub(r"\{(\w+)\}", r"<\1>", p) for p in spec["paths"]}
     routes = {rule.rule for rule in app.url_map.iter_rules() if rule.rule.startswith(("/hooks", "/api", "/healthz"))}
     assert routes == documented
+
+
+# --- console sessions and the login throttle, against a real `prewarm web` (2 gunicorn workers) ----------
+COOKIE = "prewarm_session"
+PER_CLIENT, OVERALL = 3, 5  # failed tries of the admin token allowed per client address / from all of them
+
+
+@pytest.fixture
+def secure_web(redis_url: str, catalog: Path, tmp_path: Path) -> Iterator[WebProc]:
+    w = WebProc(redis_url, catalog, tmp_path, workers=2,
+                env={"PREWARM_ADMIN_TOKEN": ADMIN, "PREWARM_HOOK_TOKEN": HOOK,
+                     "PREWARM_LOGIN_MAX_FAILURES": str(PER_CLIENT),
+                     "PREWARM_LOGIN_MAX_FAILURES_GLOBAL": str(OVERALL)})
+    yield w
+    w.stop()
+
+
+class _FromAddress(requests.adapters.HTTPAdapter):
+    """Connect from a chosen loopback address (Linux routes all of 127/8 to lo): another client, as far
+    as the web can tell."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - urllib3's signature
+        kwargs["source_address"] = (self.address, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def _browser(address: str = "127.0.0.1") -> requests.Session:
+    s = requests.Session()
+    s.mount("http://", _FromAddress(address))
+    return s
+
+
+def _page_csrf(s: requests.Session, url: str) -> str:
+    m = re.search(r'name="csrf_token" value="([^"]+)"', s.get(url, timeout=10).text)
+    assert m, f"no CSRF token on {url}"
+    return m.group(1)
+
+
+def _try_login(s: requests.Session, web: WebProc, token: str) -> requests.Response:
+    return s.post(web.url + "/login", data={"token": token, "csrf_token": _page_csrf(s, web.url + "/login"),
+                                            "next": "/fleet"}, allow_redirects=False, timeout=10)
+
+
+def _token_derived_serializer(token: str) -> URLSafeTimedSerializer:
+    """How the session cookie used to be signed: a key derived from the admin token and a constant."""
+    key = hmac.new(token.encode(), b"prewarm console session v1", hashlib.sha256).digest()
+    return URLSafeTimedSerializer(key, salt="cookie-session", serializer=TaggedJSONSerializer(),
+                                  signer_kwargs={"key_derivation": "hmac", "digest_method": hashlib.sha1})
+
+
+def test_a_cookie_saved_before_logout_is_refused_after(secure_web: WebProc, r: redis.Redis) -> None:
+    s = _browser()
+    assert _try_login(s, secure_web, ADMIN).status_code == 302
+    csrf = _page_csrf(s, secure_web.url + "/fleet")
+    saved = s.cookies[COOKIE]
+    assert s.post(secure_web.url + "/api/models/alpha/pin", headers={"X-CSRF-Token": csrf}, timeout=10).status_code == 200
+    assert s.post(secure_web.url + "/logout", data={"csrf_token": csrf}, allow_redirects=False,
+                  timeout=10).status_code == 302
+    replay = requests.Session()  # someone who kept a copy of the cookie (either gunicorn worker may answer)
+    replay.cookies.set(COOKIE, saved)
+    for _ in range(4):
+        resp = replay.post(secure_web.url + "/api/models/alpha/unpin", headers={"X-CSRF-Token": csrf}, timeout=10)
+        assert resp.status_code == 401, resp.text
+        resp = replay.post(secure_web.url + "/actions/alpha/unpin", data={"csrf_token": csrf},
+                           allow_redirects=False, timeout=10)
+        assert resp.status_code == 302 and "/login" in resp.headers["Location"]
+    assert r.sismember(keys.PINNED, "alpha")
+    assert not list(r.scan_iter(keys.web_session("*")))  # the server-side session is gone
+
+
+def test_cookies_are_not_signed_with_a_key_derived_from_the_admin_token(secure_web: WebProc,
+                                                                         r: redis.Redis) -> None:
+    anyone = requests.Session()
+    anyone.get(secure_web.url + "/login", timeout=10)  # hands any visitor a signed cookie (its CSRF token)
+    old = _token_derived_serializer(ADMIN)
+    with pytest.raises(BadSignature):  # so the cookie is no way to test guesses of the token offline
+        old.loads(anyone.cookies[COOKIE])
+    forged = old.dumps({"admin": True, "csrf_token": "forged"})
+    resp = requests.post(secure_web.url + "/api/models/alpha/pin", cookies={COOKIE: forged},
+                         headers={"X-CSRF-Token": "forged"}, timeout=10)
+    assert resp.status_code == 401 and not r.sismember(keys.PINNED, "alpha")
+    assert len(r.get(keys.SESSION_SECRET) or b"") >= 32  # the random key every worker signs with
+
+
+def _copy_session(src: FlaskClient, dst: FlaskClient) -> None:
+    dst.set_cookie(COOKIE, src.get_cookie(COOKIE).value)
+
+
+def test_changing_the_admin_token_ends_every_session(redis_url: str, catalog: Path, r: redis.Redis) -> None:
+    first = create_app(make_context(redis_url, catalog, admin_token=ADMIN)).test_client()
+    html = first.get("/login").get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
+    assert first.post("/login", data={"token": ADMIN, "csrf_token": csrf}).status_code == 302
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', first.get("/fleet").get_data(as_text=True)).group(1)
+    restarted = create_app(make_context(redis_url, catalog, admin_token=ADMIN)).test_client()
+    _copy_session(first, restarted)  # a restart (or another web process) with the same token: still logged in
+    assert restarted.post("/api/models/alpha/pin", headers={"X-CSRF-Token": csrf}).status_code == 200
+    rotated = create_app(make_context(redis_url, catalog, admin_token="a-new-admin-token-4242")).test_client()
+    _copy_session(first, rotated)
+    assert rotated.post("/api/models/alpha/unpin", headers={"X-CSRF-Token": csrf}).status_code == 401
+    assert not list(r.scan_iter(keys.web_session("*")))  # ended for good, not only while the new token holds
+    assert first.post("/api/models/alpha/unpin", headers={"X-CSRF-Token": csrf}).status_code == 401
+    assert r.sismember(keys.PINNED, "alpha")
+
+
+def test_secret_key_from_the_environment(redis_url: str, catalog: Path, r: redis.Redis) -> None:
+    key = "k" * 40
+    ctx = make_context(redis_url, catalog, admin_token=ADMIN)
+    env_ctx = type(ctx)(Settings.from_env({**_env(redis_url, catalog), "PREWARM_SECRET_KEY": key}),
+                        start_redis=False)
+    client = create_app(env_ctx).test_client()
+    client.get("/login")
+    cookie = client.get_cookie(COOKIE).value
+    signed = URLSafeTimedSerializer(key.encode(), salt="cookie-session", serializer=TaggedJSONSerializer(),
+                                    signer_kwargs={"key_derivation": "hmac", "digest_method": hashlib.sha256})
+    assert "csrf_token" in signed.loads(cookie)
+    assert not r.exists(keys.SESSION_SECRET)
+    with pytest.raises(ValueError, match="PREWARM_SECRET_KEY: 5 characters is too short"):
+        Settings.from_env({"PREWARM_SECRET_KEY": "short"})
+
+
+def _env(redis_url: str, catalog: Path) -> dict[str, str]:
+    return {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_NODE": "test-node",
+            "PREWARM_DATA_DIR": str(catalog.parent), "PREWARM_ADMIN_TOKEN": ADMIN}
+
+
+def test_wrong_logins_are_throttled_per_client_and_for_all(secure_web: WebProc, r: redis.Redis) -> None:
+    first = _browser("127.0.0.1")
+    for _ in range(PER_CLIENT):
+        assert _try_login(first, secure_web, "guess").status_code == 401
+    resp = _try_login(first, secure_web, ADMIN)  # even the right token: a right guess must not show
+    assert resp.status_code == 429, resp.text
+    assert "too many failed logins from 127.0.0.1" in resp.text and int(resp.headers["Retry-After"]) > 0
+    api = requests.post(secure_web.url + "/api/models/alpha/pin", headers={"Authorization": f"Bearer {ADMIN}"},
+                        timeout=10)  # the API's bearer token is the same secret: the same throttle
+    assert api.status_code == 429 and api.json()["field"] == "Authorization" and api.headers["Retry-After"]
+    second = _browser("127.0.0.2")  # another client is not locked out by the first one's failures
+    assert _try_login(second, secure_web, ADMIN).status_code == 302
+    for _ in range(OVERALL - PER_CLIENT):
+        assert _try_login(second, secure_web, "guess").status_code == 401
+    resp = _try_login(_browser("127.0.0.3"), secure_web, ADMIN)  # the global limit: many clients guessing
+    assert resp.status_code == 429 and "from all clients together" in resp.text
+    assert not r.sismember(keys.PINNED, "alpha")
+    log = secure_web.log()
+    assert log.count("login throttled") == 2, log  # once per limit passed in this window, not once per try
+    assert ADMIN not in log
 
 
 # --- property-based fuzz ---------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from werkzeug.exceptions import HTTPException
 from prewarm import state
 from prewarm.catalog import CatalogError
 from prewarm.context import Context
-from web import api, auth, coldstarts, console, hooks, metrics, openapi
-from web.util import ApiError, ctx, json_error
+from web import api, coldstarts, console, hooks, metrics, openapi, sessions
+from web.util import ApiError, ctx, enforce_body_limit, json_error
 
 log = logging.getLogger("prewarm.web")
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a full batch of 10,000 events is well under 1 MiB
@@ -36,8 +36,8 @@ def create_app(context: Context | None = None) -> Flask:
     app = Flask(__name__)
     c = context or Context(start_redis=False)
     app.extensions["prewarm"] = c
+    app.session_interface = sessions.RedisKeyedSessions()  # signed with a random key, not the admin token
     app.config.update(
-        SECRET_KEY=auth.secret_key(c.settings.admin_token),
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",  # no cookie on cross-site posts; forms also carry a CSRF token
@@ -51,6 +51,7 @@ def create_app(context: Context | None = None) -> Flask:
             metrics.COLD_STARTS.labels(model_id)
     except (CatalogError, OSError) as exc:
         log.error("catalog cannot be loaded: %s", exc)  # requests that need it will answer 503
+    app.before_request(enforce_body_limit)
     app.register_blueprint(hooks.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(console.bp)
@@ -66,9 +67,11 @@ def create_app(context: Context | None = None) -> Flask:
 
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError) -> ResponseReturnValue:
+        headers = dict(exc.headers)
         if not _wants_json():
-            return render_template("error.html", status=exc.status, message=exc.message), exc.status
-        headers = {"WWW-Authenticate": 'Bearer realm="prewarm"'} if exc.status == 401 else None
+            return render_template("error.html", status=exc.status, message=exc.message), exc.status, headers
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="prewarm"'
         return json_error(exc.status, exc.message, exc.field, headers)
 
     @app.errorhandler(redis.RedisError)

@@ -6,33 +6,27 @@
   With no admin token configured, every action is refused: there is no way to log in.
 - Read-only pages and GET endpoints are open (the console is meant to sit on an operator network; the
   request router also reads /api/models). Nothing secret is shown on them.
+- A console session is a server-side record checked on every request (`web.sessions`): /logout ends it,
+  and changing the admin token ends them all. Tries of the admin token are throttled (`web.throttle`).
 
 Tokens are compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from flask import request, session
+from flask import current_app, g, request, session
 
+from web import sessions, throttle
 from web.util import ApiError, ctx
 
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
-
-
-def secret_key(admin_token: str | None) -> bytes:
-    """The session-signing key: derived from the admin token so every gunicorn worker agrees on it, and
-    rotating the token logs everyone out. Random when there is no token (there is no login then)."""
-    if not admin_token:
-        return secrets.token_bytes(32)
-    return hmac.new(admin_token.encode(), b"prewarm console session v1", hashlib.sha256).digest()
 
 
 def _bearer() -> str | None:
@@ -61,18 +55,45 @@ def require_hook_token(view: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-def login(token: str) -> bool:
-    if not _matches(token, ctx().settings.admin_token):
+def _admin_token_matches(given: str | None, field: str) -> bool:
+    """Compare a try of the admin token, counted by the login throttle (429 when over its limits)."""
+    c = ctx()
+    tried = throttle.attempt(c, request.remote_addr, field)
+    if not _matches(given, c.settings.admin_token):
         return False
-    session.clear()
-    session["admin"] = True
-    session[CSRF_FIELD] = secrets.token_urlsafe(24)
-    session.permanent = True
+    throttle.succeeded(c, tried)
     return True
 
 
+def login(token: str) -> bool:
+    """Check the token and start a new server-side session (a fresh id and CSRF token: no fixation)."""
+    if not ctx().settings.admin_token or not _admin_token_matches(token, "token"):
+        return False
+    lifetime = int(current_app.permanent_session_lifetime.total_seconds())
+    session.clear()
+    session.update(sessions.create(ctx(), lifetime, request.remote_addr))
+    session[CSRF_FIELD] = secrets.token_urlsafe(24)
+    session.permanent = True
+    g.pw_logged_in = True
+    return True
+
+
+def logout() -> None:
+    sessions.revoke(ctx(), session)
+    session.clear()
+    g.pw_logged_in = False
+
+
 def logged_in() -> bool:
-    return bool(session.get("admin")) and bool(ctx().settings.admin_token)
+    """A live console session (checked against Redis once per request; a dead one is dropped from the cookie)."""
+    if "pw_logged_in" not in g:
+        sessions.require_store()
+        live = bool(ctx().settings.admin_token) and "sid" in session and sessions.is_live(ctx(), session)
+        if not live and "sid" in session:
+            for name in ("sid", "fp"):  # logged out elsewhere, or the admin token changed
+                session.pop(name, None)
+        g.pw_logged_in = live
+    return bool(g.pw_logged_in)
 
 
 def csrf_token() -> str:
@@ -84,6 +105,7 @@ def csrf_token() -> str:
 
 
 def check_csrf() -> None:
+    sessions.require_store()  # Redis down: a 503, not "wrong CSRF token"
     given = request.headers.get(CSRF_HEADER) or request.form.get(CSRF_FIELD)
     if not _matches(given, session.get(CSRF_FIELD)):
         raise ApiError(403, f"{CSRF_FIELD}: missing or wrong CSRF token; reload the page", CSRF_FIELD)
@@ -95,7 +117,7 @@ def check_admin() -> str:
     if not admin:
         raise ApiError(403, "actions are disabled: set PREWARM_ADMIN_TOKEN to enable them", "Authorization")
     if _bearer() is not None:
-        if _matches(_bearer(), admin):
+        if _admin_token_matches(_bearer(), "Authorization"):
             return "bearer"
         raise ApiError(401, "Authorization: the bearer token is not the admin token", "Authorization")
     if logged_in():

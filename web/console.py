@@ -12,6 +12,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
+import redis
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from pydantic import ValidationError
@@ -63,7 +64,11 @@ def _pct(part: float, whole: float) -> str:
 
 @bp.app_context_processor
 def _globals() -> dict[str, Any]:
-    return {"logged_in": auth.logged_in(), "csrf_token": auth.csrf_token,
+    try:
+        logged_in = auth.logged_in()
+    except redis.RedisError:  # e.g. rendering the "Redis is unavailable" page itself
+        logged_in = False
+    return {"logged_in": logged_in, "csrf_token": auth.csrf_token,
             "actions_enabled": bool(ctx().settings.admin_token)}
 
 
@@ -134,9 +139,7 @@ def login() -> ResponseReturnValue:
 @bp.post("/logout")
 def logout() -> ResponseReturnValue:
     auth.check_csrf()
-    from flask import session
-
-    session.clear()
+    auth.logout()
     flash("Logged out.", "ok")
     return redirect(url_for("console.fleet"))
 

@@ -28,7 +28,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     words = {400: "malformed request", 401: "missing or wrong credentials", 403: "forbidden (CSRF or actions "
              "disabled)", 404: "unknown model or version", 409: "conflicts with the fleet's state",
              413: "batch or body too large", 415: "not JSON", 422: "invalid field (named in the message)",
-             503: "Redis is unavailable"}
+             429: "too many failed tries of the admin token (see Retry-After)", 503: "Redis is unavailable"}
     return {str(c): _resp(words[c], _ERROR) for c in (*codes, 503)}
 
 
@@ -37,7 +37,7 @@ def _action(summary: str, body: type | None) -> dict[str, Any]:
         "summary": summary, "security": [{"adminToken": []}],
         "parameters": [{"name": "model", "in": "path", "required": True, "schema": _MODEL_ID}],
         "responses": {"200": _resp("done"), "202": _resp("queued on the GPU's queue"),
-                      **_errors(400, 401, 403, 404, 409, 415, 422)},
+                      **_errors(400, 401, 403, 404, 409, 413, 415, 422, 429)},
     }
     if body is not None:
         op["requestBody"] = {"required": False, "content": {"application/json": {
@@ -82,7 +82,7 @@ def spec() -> dict[str, Any]:
             "security": hook_sec,
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Rollout"}}}},
-            "responses": {"202": _resp("stored for the scheduler"), **_errors(400, 401, 415, 422)}}},
+            "responses": {"202": _resp("stored for the scheduler"), **_errors(400, 401, 413, 415, 422)}}},
         "/healthz": {"get": {"summary": "Liveness and Redis reachability", "security": [],
                              "responses": {"200": _resp("ok"), **_errors()}}},
         "/api/fleet": {"get": {"summary": "Every GPU with memory split and replicas; stale GPUs flagged",

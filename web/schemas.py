@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
@@ -23,6 +23,9 @@ class _Strict(BaseModel):
 
 
 class RequestEvent(_Strict):
+    # what /hooks/requests expects, for the answer to a body that is no object (it takes a batch too)
+    body_hint: ClassVar[str] = '{"model", "count"?, "ts"?} or {"events": [...]}'
+
     model: ModelId
     count: Annotated[StrictInt, Field(ge=0, le=1_000_000)] = 1
     ts: float | None = None
@@ -66,6 +69,16 @@ class PreloadBody(_Strict):
 
 class EvictBody(PreloadBody):
     pass
+
+
+def expected_body(model: type[BaseModel]) -> str:
+    """The object a view expects, for error messages: '{"model", "version", "traffic_fraction"}'
+    (optional fields marked with ?), or the model's own `body_hint`."""
+    hint = getattr(model, "body_hint", None)
+    if isinstance(hint, str):
+        return hint
+    names = [f'"{name}"' + ("" if f.is_required() else "?") for name, f in model.model_fields.items()]
+    return "{" + ", ".join(names) + "}"
 
 
 def field_path(loc: tuple[Any, ...]) -> str:

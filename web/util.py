@@ -7,9 +7,10 @@ from typing import Any, TypeVar
 from flask import current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import BadRequest, RequestEntityTooLarge
 
 from prewarm.context import Context
-from web.schemas import describe
+from web.schemas import describe, expected_body
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -17,11 +18,13 @@ M = TypeVar("M", bound=BaseModel)
 class ApiError(Exception):
     """A client error with a message naming the field; rendered as JSON `{"error", "field"}`."""
 
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        self.headers = headers or {}  # e.g. Retry-After on a 429
 
 
 def ctx() -> Context:
@@ -36,24 +39,59 @@ def json_error(status: int, message: str, field: str | None = None,
     return jsonify(body), status, headers or {}
 
 
+DRAIN_FACTOR = 4  # read at most this many limits of an oversize chunked body, so the client sees the 413
+
+
+def enforce_body_limit() -> None:
+    """413 for a chunked body (no Content-Length) larger than MAX_CONTENT_LENGTH.
+
+    werkzeug answers 413 for a Content-Length over the limit, but stops reading a chunked body at the
+    limit without saying so: the view would get it cut short (a JSON batch then reads as "malformed").
+    So such a body is read here, once (cached for get_json and form parsing), and looked past.
+    """
+    limit = request.max_content_length
+    if limit is None or request.content_length is not None \
+            or "chunked" not in request.headers.get("Transfer-Encoding", "").lower():
+        return
+    if len(request.get_data(cache=True)) < limit:
+        return
+    raw = request.input_stream  # the server's own stream, past werkzeug's limit
+    extra = raw.read(1)
+    if not extra:
+        return  # exactly at the limit
+    drained = 0  # the rest is discarded, up to a bound: a client still sending would see a reset instead
+    while extra and drained < DRAIN_FACTOR * limit:
+        extra = raw.read(64 * 1024)
+        drained += len(extra)
+    raise RequestEntityTooLarge()
+
+
 def json_body() -> Any:
-    """The request's JSON, or ApiError 400/415 naming what is wrong with it."""
-    if request.content_length and not request.is_json:
+    """The request's JSON value, or ApiError 415 (not JSON) / 400 (malformed JSON).
+
+    An empty body and a JSON `null` both come back as None: `validate` then answers 400 naming the object
+    it expects (a `null` is well-formed, so "malformed JSON" would send the client looking in the wrong place).
+    """
+    raw = request.get_data(cache=True)  # a chunked body past the limit was answered 413 before the view
+    if not raw:
+        return None
+    if not request.is_json:
         raise ApiError(415, "body: send Content-Type: application/json", "body")
-    if not request.get_data(cache=True):
-        raise ApiError(400, "body: a JSON object is required", "body")
     try:
-        data = request.get_json(silent=True)
-    except RecursionError:  # absurdly deep nesting: not a ValueError, so not caught by `silent`
-        data = None
-    if data is None:
-        raise ApiError(400, "body: malformed JSON", "body")
-    return data
+        return request.get_json()
+    except (BadRequest, RecursionError):  # RecursionError: absurdly deep nesting
+        raise ApiError(400, "body: malformed JSON", "body") from None
+
+
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
 
 
 def validate(model: type[M], data: Any) -> M:
+    if data is None:
+        raise ApiError(400, f"body: a JSON object {expected_body(model)} is required", "body")
     if not isinstance(data, dict):
-        raise ApiError(422, "body: must be a JSON object", "body")
+        raise ApiError(422, f"body: must be a JSON object {expected_body(model)}, not "
+                            f"{_JSON_KINDS.get(type(data), 'that')}", "body")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
