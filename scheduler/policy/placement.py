@@ -1,13 +1,39 @@
-"""Where a load goes: the planner's choice of a GPU and the victims that make room on it."""
+"""Where a load goes. `rank`: the one rule for a GPU that has room now, used by every caller (the
+planner's place(), the route hook's on-demand preload, the operator CLI and API); `place`: the
+planner's choice, which also costs evictions when no idle GPU has room."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 from .types import GIB, ModelSpec, ReplicaState
 from .value import Values, load_seconds, promote_seconds
 
 EVICTION_HORIZON_S = 60.0  # how far ahead an eviction's cost is counted when choosing a GPU
+
+
+@dataclass(frozen=True)
+class Room:
+    """One GPU as a placement sees it."""
+
+    gpu: str
+    node: str
+    free_bytes: int  # what a new load can have: measured free less what loads already sent will take
+    loads: int  # loads in flight or queued on it (sent but unconfirmed ones included)
+
+
+def rank(rooms: Iterable[Room], size: int, staged: Collection[str] = (), exclude: Collection[str] = (),
+         max_loads: int = 0) -> list[Room]:
+    """The GPUs that can take a load of `size` bytes without evicting anything, best first:
+    on a node in `staged` (its host cache holds the model: a promotion, not a storage read), then
+    with a free load slot (fewer than `max_loads` loads; 0: no limit; on a full one the load queues
+    behind the others), then the fewest loads sharing its link, then the tightest fit (the least
+    left over: large gaps stay for large models), then by id. `exclude`: GPU ids not to use."""
+    fits = [r for r in rooms if r.free_bytes >= size and r.gpu not in exclude]
+    fits.sort(key=lambda r: (r.node not in staged, 0 < max_loads <= r.loads, r.loads, r.free_bytes - size, r.gpu))
+    return fits
 
 
 def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
@@ -26,14 +52,14 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> t
     best: tuple | None = None
     order = sorted(f.gpus)
     if not speculative:
-        # an idle GPU with room on a node without this model costs nothing: no need to
-        # cost evictions elsewhere (on a node that has it staged, if there is one)
-        easy = [gid for gid in order if gid not in hosting and f.loading[gid] == 0
-                and f.gpus[gid].node not in nodes_with and f.avail(gid) >= size
-                and (spec.id, gid) not in f.evicting]
-        easy = [gid for gid in easy if f.gpus[gid].node in staged_on] or easy
+        # an idle GPU with room on a node without this model costs nothing (no victims, no link
+        # contention): take rank()'s first, with no need to cost evictions elsewhere
+        # (a GPU hosting the model is on a node in nodes_with)
+        idle = [Room(gid, f.gpus[gid].node, f.avail(gid), 0) for gid in order
+                if f.loading[gid] == 0 and f.gpus[gid].node not in nodes_with]
+        easy = rank(idle, size, staged_on, {gid for gid in order if (spec.id, gid) in f.evicting})
         if easy:
-            order = easy
+            return easy[0].gpu, [], 0.0
     # Cost = victims (>= 0) + link contention, so (node spread, contention) is a lower bound on
     # a GPU's key: visit GPUs in that order and stop once the bound passes the best found.
     bounded = []
