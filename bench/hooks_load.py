@@ -92,8 +92,8 @@ def main() -> int:
     ap.add_argument("--gunicorn-workers", type=int, default=4)
     args = ap.parse_args()
 
+    from gpu_worker.sized_catalog import write_sized_catalog
     from prewarm.redis_server import EmbeddedRedis, free_port
-    from tests.catalogs import write_sized_catalog
 
     tmp = Path(tempfile.mkdtemp(prefix="prewarm-load-"))
     models = [f"m{i:04d}" for i in range(args.models)]

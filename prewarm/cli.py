@@ -16,7 +16,7 @@ import sys
 _REGISTRARS = (
     "prewarm.ops_cli",  # models list, fleet, preload, evict, pin, unpin, events
     "gpu_worker.cli",  # worker, models demo
-    "gpu_worker.bench",  # bench load
+    "bench.load.cli",  # bench load
     "scheduler.cli",  # scheduler
     "web.cli",  # web
     "prewarm.up",  # up, replay

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from prewarm import events, keys, state
+from prewarm import events, keys, rooms, state
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
 
@@ -84,22 +84,6 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def pick_gpu(fleet: state.Fleet, size: int, gpu: str | None) -> state.Gpu:
-    alive = fleet.alive()
-    if gpu:
-        found = next((g for g in alive if g.id == gpu or g.device == gpu), None)
-        if found is None:
-            names = ", ".join(g.id for g in alive) or "none"
-            raise LookupError(f"GPU {gpu!r} is not in the fleet (alive: {names})")
-        return found
-    if not alive:
-        raise LookupError("no GPU in the fleet: start a worker with `prewarm worker`")
-    if size > max(g.total_bytes for g in alive):
-        raise LookupError(f"model needs {format_bytes(size)}, more than any GPU holds "
-                          f"(largest {format_bytes(max(g.total_bytes for g in alive))})")
-    return max(alive, key=lambda g: (g.free_bytes, g.id))
-
-
 def _wait(ctx, model: str, version: str, gpu: str, want: str, timeout: float) -> int:  # noqa: ANN001
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -126,7 +110,8 @@ def cmd_preload(args: argparse.Namespace) -> int:
     ctx = _ctx()
     try:
         entry = ctx.catalog.get(args.model, args.version)
-        gpu = pick_gpu(state.read_fleet(ctx.r), entry.size_bytes, args.gpu)
+        gpu = rooms.pick_gpu(ctx.r, state.read_fleet(ctx.r), ctx.catalog, entry, args.gpu,
+                             ctx.settings.max_loads_per_gpu)
     except (KeyError, LookupError, CatalogError) as exc:
         return _lookup_err(exc)
     d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="operator",

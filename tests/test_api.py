@@ -137,7 +137,7 @@ def test_preload_and_evict_through_the_dispatcher(client: FlaskClient, r: redis.
     assert len(tasks) == 1 and tasks[0]["headers"]["task"] == celery_app.PRELOAD
     again = client.post("/api/models/beta/preload", json={"gpu": GPU_A}, headers=AUTH)
     assert again.status_code == 409 and "in flight" in again.get_json()["error"]
-    # Without a gpu: the one with most free memory.
+    # Without a gpu: the placement rule's choice, GPU_B (GPU_A has beta's preload in flight).
     assert client.post("/api/models/alpha/preload", headers=AUTH).get_json()["gpu"] == GPU_B
     ev = events.read(r, model="beta")[0]
     assert (ev.kind, ev.actor, ev.gpu, ev.reason) == ("preload", "operator", GPU_A, "warm for a demo")
@@ -283,3 +283,15 @@ def test_models_api_has_the_forecast(client: FlaskClient, r: redis.Redis) -> Non
     alpha = next(m for m in client.get("/api/models").get_json()["models"] if m["id"] == "alpha")
     assert len(alpha["sparkline"]["forecast"]) == 10 and alpha["sparkline"]["forecast"][0] > 200
     assert "forecast" in client.get("/models").get_data(as_text=True)
+
+
+def test_a_preload_without_a_gpu_goes_where_the_placement_rule_says(client: FlaskClient, r: redis.Redis) -> None:
+    """The API picks with the route hook's and the planner's rule (prewarm.rooms): a node holding the
+    model staged first, else the tightest fit, not the most free memory."""
+    publish_gpu(r, GPU_A, total_mib=64)
+    publish_gpu(r, GPU_B, total_mib=16)
+    publish_gpu(r, "node-c/cpu:0", total_mib=32)
+    state.write_node(r, state.Node(node="node-c", budget_bytes=8 * MIB, used_bytes=MIB, free_bytes=7 * MIB),
+                     [state.Staged(model="alpha", version="v1", node="node-c", state="staged", bytes=MIB)], ttl=30)
+    assert client.post("/api/models/alpha/preload", headers=AUTH).get_json()["gpu"] == "node-c/cpu:0"
+    assert client.post("/api/models/beta/preload", headers=AUTH).get_json()["gpu"] == GPU_B

@@ -311,7 +311,8 @@ def test_on_demand_preload_prefers_a_node_holding_a_staged_copy(client: FlaskCli
     assert body["state"] == "cold" and body["preload"]["gpu"] == "node-b/cpu:0"
     assert len(queued_tasks(r, "gpu.node-b.cpu:0")) == 1 and queued_tasks(r, QUEUE) == []
     assert events.read(r, model="beta")[0].numbers["staged"] is True
-    # A copy of another version does not count: alpha@v1 goes to the GPU with the most free memory.
+    # A copy of another version does not count: alpha@v1 goes to GPU, whose link is idle (node-b now
+    # has beta's preload in flight).
     body = client.get("/hooks/route?model=alpha").get_json()
     assert body["preload"]["gpu"] == GPU
 
@@ -325,11 +326,12 @@ def test_on_demand_preload_prefers_a_gpu_with_a_free_load_slot(client: FlaskClie
     body = client.get("/hooks/route?model=beta").get_json()
     assert body["state"] == "cold" and body["preload"]["gpu"] == "node-b/cpu:0"
     # node-b now has one preload in flight (an intent, not yet a replica) and GPU one load: both have
-    # a free slot, so the most free memory wins again
+    # a free slot and one load, so the placement rule's tightest fit wins: node-b (30 MiB free once
+    # beta's 2 MiB are counted) over GPU (60 MiB), keeping the large gap for a large model
     publish_gpu(r, GPU, total_mib=64, replicas=[replica("gamma", GPU, "warming", mib=4)])
     body = client.get("/hooks/route?model=alpha").get_json()
-    assert body["preload"]["gpu"] == GPU
-    assert len(queued_tasks(r, "gpu.node-b.cpu:0")) == 1 and len(queued_tasks(r, QUEUE)) == 1
+    assert body["preload"]["gpu"] == "node-b/cpu:0"
+    assert len(queued_tasks(r, "gpu.node-b.cpu:0")) == 2 and queued_tasks(r, QUEUE) == []
 
 
 def test_route_for_a_version(client: FlaskClient, r: redis.Redis) -> None:

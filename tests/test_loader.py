@@ -380,7 +380,7 @@ def test_bench_writes_a_valid_model_and_reports_the_agreed_keys(tmp_path):
     keeps the worker issue's keys (figures are not checked: it reports, it does not assert)."""
     from safetensors.torch import load_file
 
-    from gpu_worker import bench
+    from bench import load as bench
 
     path = tmp_path / "m.safetensors"
     data_bytes = bench.write_model(path, 4 << 20, seed=3)
@@ -399,7 +399,7 @@ def test_bench_writes_a_valid_model_and_reports_the_agreed_keys(tmp_path):
     assert r["prefaulted_ratio_to_raw_read"] == pytest.approx(
         r["loader_prefaulted_gib_s"] / r["raw_read_gib_s"], rel=0.05, abs=0.01)
     assert list(tmp_path.glob("prewarm-bench-*")) == []  # its temp dir is gone
-    assert "loader / raw read" in bench._fmt_report(r) and "pre-faulted / raw read" in bench._fmt_report(r)
+    assert "loader / raw read" in bench.fmt_report(r) and "pre-faulted / raw read" in bench.fmt_report(r)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA guard")
@@ -496,7 +496,7 @@ def test_stripes_hand_out_each_chunk_once_in_order_and_share_the_tail():
 def test_bench_registers_under_prewarm_bench_load():
     import argparse
 
-    from gpu_worker import bench
+    from bench import load as bench
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

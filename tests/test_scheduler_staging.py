@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from gpu_worker.sized_catalog import write_sized_catalog
 from prewarm import events, keys, state
 from prewarm.config import Settings
 from prewarm.context import Context
 from scheduler.live import Scheduler
 from scheduler.policy import Intent, NodeState, PolicyConfig, Stage, StagedState, Unstage
 from scheduler.snapshot import SnapshotReader
-from tests.catalogs import write_sized_catalog
 
 MIB = 1024**2
 GIB = 1024**3

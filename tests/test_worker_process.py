@@ -169,18 +169,18 @@ def _cli(redis_url: str, catalog: Path, *args: str, timeout: float = 120) -> sub
 
 
 def test_operator_cli_against_a_real_worker(r: redis.Redis, redis_url: str, catalog: Path, worker_factory) -> None:
-    w = worker_factory(catalog, devices="cpu:0=64MiB,cpu:1=32MiB")
+    w = worker_factory(catalog, devices="cpu:0=32MiB,cpu:1=64MiB")
     size = size_of(catalog, "tiny-lm-wide")
 
     p = _cli(redis_url, catalog, "preload", "tiny-lm-wide", "--wait", "--timeout", "60")
     assert p.returncode == 0, p.stderr
-    assert "ready on node-a/cpu:0" in p.stdout  # the GPU with the most free memory
+    assert "ready on node-a/cpu:0" in p.stdout  # the placement rule's tightest fit
 
     p = _cli(redis_url, catalog, "fleet", "--json")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     g0 = next(g for g in doc["gpus"] if g["id"] == "node-a/cpu:0")
-    assert g0["used_bytes"] == size and g0["free_bytes"] == 64 * 2**20 - size and g0["total_bytes"] == 64 * 2**20
+    assert g0["used_bytes"] == size and g0["free_bytes"] == 32 * 2**20 - size and g0["total_bytes"] == 32 * 2**20
     (rp,) = g0["replicas"]
     assert rp["model"] == "tiny-lm-wide" and rp["state"] == "ready" and rp["bytes"] == size
     assert rp["load_seconds"] > 0 and rp["warmup_seconds"] > 0 and rp["error"] is None

@@ -23,9 +23,8 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import events, keys, state, traffic
+from prewarm import events, keys, rooms, state, traffic
 from prewarm.catalog import ModelEntry
-from prewarm.ops_cli import pick_gpu
 from web import coldstarts
 from web.auth import require_admin
 from web.metrics import memory_split
@@ -205,7 +204,7 @@ def do_preload(model: str, body: PreloadBody) -> dict[str, Any]:
     entry = _entry(model, body.version)
     fleet = state.read_fleet(c.r)
     try:
-        gpu = pick_gpu(fleet, entry.size_bytes, body.gpu)
+        gpu = rooms.pick_gpu(c.r, fleet, c.catalog, entry, body.gpu, c.settings.max_loads_per_gpu)
     except LookupError as exc:
         raise ApiError(422 if body.gpu else 409, f"gpu: {exc}", "gpu") from None
     if any(x.model == entry.id and x.version == entry.version for x in gpu.replicas):

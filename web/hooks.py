@@ -23,7 +23,7 @@ import redis
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import events, keys, state, traffic
+from prewarm import events, keys, rooms, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
 from web import coldstarts, metrics
@@ -128,30 +128,6 @@ def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
     return any(it.action == "preload" and it.version == entry.version for it in held)
 
 
-def _pending_preloads(fleet: state.Fleet) -> tuple[dict[str, int], dict[str, int]]:
-    """Per GPU, the bytes promised to preloads dispatched but not yet visible as replicas (its measured
-    free bytes do not show them yet: counting them keeps two preloads from being sent into one gap),
-    and how many loads it has in flight or queued, those preloads included."""
-    catalog = ctx().catalog
-    pending: dict[str, int] = {}
-    loads = {g.id: sum(1 for x in g.replicas if x.state in state.IN_FLIGHT_STATES) for g in fleet.alive()}
-    for it in state.read_intents(ctx().r):
-        g = fleet.gpu(it.gpu)
-        if it.action != "preload" or g is None:
-            continue
-        seen = [x for x in g.replicas if x.model == it.model and x.version == it.version]
-        if seen and seen[0].state != "pending":
-            continue  # already a replica: its bytes are in free_bytes and its load is counted
-        if not seen:
-            loads[it.gpu] = loads.get(it.gpu, 0) + 1
-        # (a `pending` placeholder queued for a load slot owns no memory yet: its bytes stay promised)
-        try:
-            pending[it.gpu] = pending.get(it.gpu, 0) + catalog.get(it.model, it.version).size_bytes
-        except KeyError:
-            continue
-    return pending, loads
-
-
 def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     c = ctx()
     claim = keys.cold_claim(entry.key)
@@ -179,20 +155,17 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
 
 def _place_on_demand(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
     c = ctx()
-    pending, loads = _pending_preloads(fleet)
-    fits = [g for g in fleet.alive() if g.free_bytes - pending.get(g.id, 0) >= entry.size_bytes]
-    if not fits:
+    # The placement rule's order (prewarm.rooms.ranked): a node holding a staged copy first (a promotion
+    # from host memory, not a storage read), then a free load slot (on a full GPU the preload would queue
+    # behind its loads), fewer loads, the tightest fit; a GPU busy with another action on this model
+    # (e.g. loading its other version) refuses the intent, so the next one is tried.
+    order = rooms.ranked(c.r, fleet, c.catalog, entry, c.settings.max_loads_per_gpu)
+    if not order:
         where = "no GPU in the fleet" if not fleet.alive() else \
             f"no GPU has {format_bytes(entry.size_bytes)} free; the scheduler will make room"
         return {"queued": False, "message": where}
-    # Nodes holding a staged copy first: the preload promotes it from host memory instead of reading storage.
-    staged = {x.node for x in fleet.staged(entry.id) if x.version == entry.version}
-    slots = c.settings.max_loads_per_gpu
-    # Then a GPU with a free load slot (on a full one the preload would queue behind its loads, as
-    # the scheduler would not send it), then most free memory; a GPU busy with another action on
-    # this model (e.g. loading its other version) refuses the intent, so the next one is tried.
-    for gpu in sorted(fits, key=lambda g: (g.node not in staged, 0 < slots <= loads.get(g.id, 0),
-                                           -g.free_bytes, g.id)):
+    staged = rooms.staged_nodes(fleet, entry)
+    for gpu in order:
         d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
                                  reason="route lookup found the model cold: on-demand preload",
                                  numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,

@@ -1,4 +1,4 @@
-"""Small real catalogs for tests: real safetensors files (tiny tensors) with declared sizes of our choosing.
+"""Small real catalogs for tests and benchmarks: real safetensors files with sizes of our choosing.
 
 The policy and the web only need a catalog's ids and sizes; loading is tested with real models elsewhere.
 A model's size is its safetensors data bytes, so a one-tensor file of N bytes makes a model of N bytes.

@@ -1,0 +1,79 @@
+"""`prewarm bench load` and `python -m bench.load`: parse the options, run, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .report import fmt_report
+from .run import run_bench
+
+
+def _parse_size(text: str) -> int:
+    from prewarm.config import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
+    r = run_bench(
+        args.size,
+        args.runs,
+        threads=args.threads,
+        chunk_bytes=args.chunk,
+        directory=args.dir,
+        cold=not args.no_cold,
+        device=args.device,
+        idle_seconds=args.idle,
+        log=log,
+    )
+    print(json.dumps(r, sort_keys=True) if args.json else fmt_report(r))
+    return 0
+
+
+def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = group.add_parser("load", help="loader throughput vs raw read and safetensors.load_file")
+    p.add_argument("--size", type=_parse_size, default=1 << 30, help="model size, e.g. 1GiB (default)")
+    p.add_argument("--runs", type=int, default=5, help="runs per contender; medians are reported")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--threads", type=int, default=None, help="loader threads (default: the loader's)")
+    p.add_argument("--chunk", type=_parse_size, default=None, help="loader chunk size (default 8MiB)")
+    p.add_argument("--dir", default=None, help="where to write the temporary model (default: $TMPDIR)")
+    p.add_argument("--device", default=None, help="target device (default cuda:0 if present, else cpu)")
+    p.add_argument("--no-cold", action="store_true", help="skip the out-of-page-cache runs")
+    p.add_argument("--idle", type=float, default=3.0,
+                   help="seconds idle before each of the after-idle loads (0: skip them; default 3)")
+    p.set_defaults(func=cmd_bench_load)
+    return p
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench load` (sharing the `bench` group with any other registrar)."""
+    try:
+        from prewarm.cli import subgroup
+
+        group = subgroup(subparsers, "bench", "benchmarks")
+    except ImportError:
+        existing = subparsers.choices.get("bench")
+        if existing is None:
+            existing = subparsers.add_parser("bench", help="benchmarks")
+            existing._prewarm_sub = existing.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+        group = existing._prewarm_sub
+    add_load_parser(group)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.load")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_load_parser(sub)
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+

@@ -1,0 +1,78 @@
+"""Room on the live fleet for one more load: each GPU's free bytes less what preloads already sent will
+take, its loads in flight or queued, and the nodes holding the model staged, read from the fleet and
+the intents in Redis. These are the inputs of the one placement rule (scheduler.policy.placement.rank);
+the route hook's on-demand preload, the operator CLI and the API all choose through `ranked`."""
+
+from __future__ import annotations
+
+import redis
+
+from prewarm import state
+from prewarm.catalog import Catalog, ModelEntry
+from prewarm.config import format_bytes
+from scheduler.policy.placement import Room, rank
+
+# a replica in any state but failed occupies its GPU for this model: no second load of it there
+_HOLDING = tuple(s for s in state.REPLICA_STATES if s != "failed")
+
+
+def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Room]:
+    """Per live GPU: measured free bytes less the bytes promised to preloads dispatched but not yet
+    visible as replicas (free bytes do not show them yet: counting them keeps two preloads from being
+    sent into one gap), and its loads in flight or queued, those preloads included."""
+    alive = fleet.alive()
+    pending = dict.fromkeys((g.id for g in alive), 0)
+    loads = {g.id: sum(1 for x in g.replicas if x.state in state.IN_FLIGHT_STATES) for g in alive}
+    for it in state.read_intents(r):
+        g = fleet.gpu(it.gpu)
+        if it.action != "preload" or g is None or g.id not in loads:
+            continue
+        seen = [x for x in g.replicas if x.model == it.model and x.version == it.version]
+        if seen and seen[0].state != "pending":
+            continue  # already a replica: its bytes are in free_bytes and its load is counted
+        if not seen:
+            loads[g.id] += 1
+        # (a `pending` placeholder queued for a load slot owns no memory yet: its bytes stay promised)
+        try:
+            pending[g.id] += catalog.get(it.model, it.version).size_bytes
+        except KeyError:
+            continue
+    return [Room(g.id, g.node, g.free_bytes - pending[g.id], loads[g.id]) for g in alive]
+
+
+def staged_nodes(fleet: state.Fleet, entry: ModelEntry) -> set[str]:
+    """Nodes whose host cache holds this version ready to promote."""
+    return {x.node for x in fleet.staged(entry.id) if x.version == entry.version}
+
+
+def ranked(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry,
+           max_loads: int) -> list[state.Gpu]:
+    """The live GPUs that have room for `entry` now, best first by the placement rule; a GPU that
+    already holds this version (loading, ready or evicting it) is not one."""
+    busy = {g.id for g in fleet.alive() for x in g.replicas
+            if x.model == entry.id and x.version == entry.version and x.state in _HOLDING}
+    order = rank(read_rooms(r, fleet, catalog), entry.size_bytes, staged_nodes(fleet, entry), busy, max_loads)
+    gpus = {g.id: g for g in fleet.alive()}
+    return [gpus[x.gpu] for x in order]
+
+
+def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry, gpu: str | None,
+             max_loads: int) -> state.Gpu:
+    """The operator's target: the GPU named (id or device), else the placement rule's first; when no
+    GPU has room, the one with the most free memory (the worker makes room there or refuses, saying why).
+    LookupError says what is wrong."""
+    alive = fleet.alive()
+    if gpu:
+        found = next((g for g in alive if g.id == gpu or g.device == gpu), None)
+        if found is None:
+            names = ", ".join(g.id for g in alive) or "none"
+            raise LookupError(f"GPU {gpu!r} is not in the fleet (alive: {names})")
+        return found
+    if not alive:
+        raise LookupError("no GPU in the fleet: start a worker with `prewarm worker`")
+    size = entry.size_bytes
+    if size > max(g.total_bytes for g in alive):
+        raise LookupError(f"model needs {format_bytes(size)}, more than any GPU holds "
+                          f"(largest {format_bytes(max(g.total_bytes for g in alive))})")
+    best = ranked(r, fleet, catalog, entry, max_loads)
+    return best[0] if best else max(alive, key=lambda g: (g.free_bytes, g.id))

@@ -1,0 +1,54 @@
+"""What plan() carries from one call to the next: PolicyState, and the loss() inputs it caches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .arrivals import ArrivalModel
+from .types import ModelSpec, PolicyConfig
+
+
+class ValueInputs:
+    """A model's loss() inputs that hold until its traffic changes (timeline.advance drops the entry)
+    or its idle time enters the next grid cell: the idle-time model's return rate there, the extra
+    requests per active minute, and the long-rate EWMA's parts. `steady_from`: from this time on
+    the long rate is below inv_mrl and stays there (it only decays), so loss() skips it."""
+
+    __slots__ = ("spec", "anchor", "cell", "inv_mrl", "extra", "rate", "load_s", "steady_from")
+
+    def __init__(self, spec: ModelSpec, anchor: float, cell: int, inv_mrl: float, extra: float,
+                 rate: tuple[float, float, float, float], load_s: float) -> None:
+        self.spec = spec
+        self.anchor = anchor
+        self.cell = cell
+        self.inv_mrl = inv_mrl
+        self.extra = extra
+        self.rate = rate
+        self.load_s = load_s
+        self.steady_from = math.inf
+
+
+@dataclass
+class PolicyState:
+    """Optional cache carried from one plan() call to the next (the caller keeps it).
+
+    It holds only things derived from the traffic (per-model arrival models and a timeline of
+    when each model becomes hot or cold), so plan(s, now, state) decides the same as
+    plan(s, now) with a fresh state; it just does not recompute every model on every tick.
+    Use one state per TrafficHistory; a different history or catalog object resets it.
+    """
+
+    traffic_id: int = 0
+    models_id: int = 0
+    seq: int = -1
+    arrival: dict[str, tuple[tuple[int, float], ArrivalModel]] = field(default_factory=dict)
+    hot_heap: list[tuple[float, str, float, float]] = field(default_factory=list)
+    cold_heap: list[tuple[float, str, float, float]] = field(default_factory=list)
+    awake: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (end, arrival)
+    due: dict[str, tuple[float, float]] = field(default_factory=dict)
+    recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
+    scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
+    value: dict[str, ValueInputs] = field(default_factory=dict)  # model -> loss() inputs (see ValueInputs)
+    config: PolicyConfig | None = None  # the config the cached arrival models were built with
+    special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap

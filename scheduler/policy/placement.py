@@ -1,0 +1,125 @@
+"""Where a load goes. `rank`: the one rule for a GPU that has room now, used by every caller (the
+planner's place(), the route hook's on-demand preload, the operator CLI and API); `place`: the
+planner's choice, which also costs evictions when no idle GPU has room."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from .types import GIB, ModelSpec, ReplicaState
+from .value import Values, load_seconds, promote_seconds
+
+EVICTION_HORIZON_S = 60.0  # how far ahead an eviction's cost is counted when choosing a GPU
+
+
+@dataclass(frozen=True)
+class Room:
+    """One GPU as a placement sees it."""
+
+    gpu: str
+    node: str
+    free_bytes: int  # what a new load can have: measured free less what loads already sent will take
+    loads: int  # loads in flight or queued on it (sent but unconfirmed ones included)
+
+
+def rank(rooms: Iterable[Room], size: int, staged: Collection[str] = (), exclude: Collection[str] = (),
+         max_loads: int = 0) -> list[Room]:
+    """The GPUs that can take a load of `size` bytes without evicting anything, best first:
+    on a node in `staged` (its host cache holds the model: a promotion, not a storage read), then
+    with a free load slot (fewer than `max_loads` loads; 0: no limit; on a full one the load queues
+    behind the others), then the fewest loads sharing its link, then the tightest fit (the least
+    left over: large gaps stay for large models), then by id. `exclude`: GPU ids not to use."""
+    fits = [r for r in rooms if r.free_bytes >= size and r.gpu not in exclude]
+    fits.sort(key=lambda r: (r.node not in staged, 0 < max_loads <= r.loads, r.loads, r.free_bytes - size, r.gpu))
+    return fits
+
+
+def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
+    """Choose a GPU (and victims) for one more replica of spec. Returns (gpu, victims, loss)."""
+    f = v.fleet
+    cfg = v.cfg
+    size = spec.size_bytes
+    speculative = kind == "speculative"
+    hosting = f.of_model.get(spec.id, [])
+    ld_storage = load_seconds(spec, cfg)
+    rate = v.request_rate(spec.id)
+    nodes_with = {f.gpus[g].node for g in hosting if g in f.gpus}
+    # Nodes holding it in host memory: a load there is a promotion, not a storage read.
+    staged_on = f.staged_nodes.get(spec.id, ())
+    ld_host = promote_seconds(spec, cfg) if staged_on else ld_storage
+    best: tuple | None = None
+    order = sorted(f.gpus)
+    if not speculative:
+        # an idle GPU with room on a node without this model costs nothing (no victims, no link
+        # contention): take rank()'s first, with no need to cost evictions elsewhere
+        # (a GPU hosting the model is on a node in nodes_with)
+        idle = [Room(gid, f.gpus[gid].node, f.avail(gid), 0) for gid in order
+                if f.loading[gid] == 0 and f.gpus[gid].node not in nodes_with]
+        easy = rank(idle, size, staged_on, {gid for gid in order if (spec.id, gid) in f.evicting})
+        if easy:
+            return easy[0].gpu, [], 0.0
+    # Cost = victims (>= 0) + link contention, so (node spread, contention) is a lower bound on
+    # a GPU's key: visit GPUs in that order and stop once the bound passes the best found.
+    bounded = []
+    for gid in order:
+        g = f.gpus[gid]
+        if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
+            continue
+        if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
+            continue
+        if cfg.max_loads_per_gpu and f.loading[gid] >= cfg.max_loads_per_gpu:
+            continue
+        k = f.loading[gid]
+        ld = ld_host if g.node in staged_on else ld_storage
+        contention = ld * (rate * k + v.loading_rate(gid)) if k else 0.0
+        if staged_on:
+            # where the load time differs by GPU, count our own requests waiting through it
+            contention += rate * ld
+        bounded.append((g.node in nodes_with, contention, gid))
+    bounded.sort()
+    for spread, contention, gid in bounded:
+        if best is not None and (spread, contention) > best[0][:2]:
+            break
+        g = f.gpus[gid]
+        spec_cap = cfg.speculative_share * g.total_bytes
+        free = f.avail(gid)
+        victims: list[ReplicaState] = []
+        loss = 0.0
+        if free < size:
+            freed = 0
+            spec_freed = 0
+            for vpb, _m, r in v.victim_list(gid):
+                if r.model in v.floors and not v.evictable(r):
+                    continue  # its replica count dropped to its floor during this call
+                if speculative and vpb * r.bytes / GIB * cfg.prefetch_margin > benefit:
+                    break  # this victim alone is worth more than the prefetch
+                victims.append(r)
+                freed += r.bytes
+                loss += vpb * r.bytes / GIB
+                if v.is_speculative(r):
+                    spec_freed += r.bytes
+                if free + freed >= size:
+                    break
+            if free + freed < size:
+                continue
+            if speculative and f.spec[gid] - spec_freed + size > spec_cap:
+                continue
+        elif speculative and f.spec[gid] + size > spec_cap:
+            continue
+        # Expected cold requests this choice causes: the victims' next reloads (their loss rate
+        # over the eviction horizon, at most one reload each) plus load-link contention: k
+        # loads in flight make ours ~k× slower (our requests wait through it) and each of
+        # theirs slower by about our load time (theirs wait too).
+        cost = contention + sum(
+            min(v.cost(r.model), v.loss(r.model) * EVICTION_HORIZON_S) for r in victims)
+        key = (spread, cost, f.loading[gid], free - size, gid)
+        if best is None or key < best[0]:
+            best = (key, gid, victims, loss)
+    if best is None:
+        return None
+    if speculative and best[3] * cfg.prefetch_margin > benefit:
+        return None
+    return best[1], best[2], best[3]
+

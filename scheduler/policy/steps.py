@@ -1,0 +1,193 @@
+"""plan()'s steps on GPUs, in the order it runs them: release quiet replicas, demand loads, floors
+(pinned / min_replicas), scale-out of capped models, a new GPU's share of the hottest models, and
+speculative loads of models in a hot segment of their idle-time timeline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .tick import Tick
+from .value import load_seconds
+from .words import fmt_s, num
+
+MAX_SPECULATIVE_TRIES = 24  # per tick, best first: bounds the work of one plan() call
+
+
+def step_release(pl: Tick, due: Iterable[str]) -> None:
+    for m in sorted(due):
+        if m not in pl.s.models:
+            continue
+        d = pl.idle(m)
+        if d is None:
+            continue
+        am = pl.arrival(m)
+        for gid in sorted(pl.fleet.of_model.get(m, [])):
+            r = pl.fleet.on_gpu[gid].get(m)
+            if r is None or not pl.evictable(r):
+                continue
+            p = am.p_at(d)
+            pl.do_evict(
+                r, "quiet",
+                f"quiet: idle {fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
+                f"P(request within the next {fmt_s(pl.cfg.window_s)})={p:.3f} for at least "
+                f"{fmt_s(pl.cfg.release_min_gap_s)}; next request expected in {fmt_s(am.mrl_at(d))}",
+                {"idle_s": d, "p_soon": p, "expected_next_s": num(am.mrl_at(d)), "gaps": am.samples},
+            )
+
+
+def step_demand(pl: Tick, recent: Iterable[str]) -> None:
+    cands = []
+    for m in recent:
+        spec = pl.s.models.get(m)
+        if spec is None or pl.fleet.count(m) > 0:
+            continue
+        a = pl.tr.last_arrival(m)
+        if m not in pl.s.waiting:
+            # a recent request with no replica is unmet demand — unless it came before the
+            # model's last eviction (it was served; reloading now would only undo the eviction)
+            if a is None or pl.now - a > pl.cfg.demand_window_s:
+                continue
+            ev = pl.s.recent_evictions.get(m)
+            if ev is not None and a + 1.0 <= ev:
+                continue
+        # Smith's rule: most requests per second of load time first, which keeps the requests
+        # arriving while loads wait for a slot and run to a minimum
+        rate = max(pl.request_rate(m), 1e-6)
+        cands.append((-rate / load_seconds(spec, pl.cfg), m))
+    failed_size = math.inf  # placement is monotone in size for demand: skip what cannot fit
+    for _c, m in sorted(cands):
+        spec = pl.s.models[m]
+        if spec.size_bytes >= failed_size:
+            continue
+        choice = pl.place(spec, "demand")
+        if choice is None:
+            failed_size = float(spec.size_bytes)
+            continue
+        # the reason is built only for a load that goes ahead
+        rs, rl, rising = pl.rates(m)
+        ld = load_seconds(spec, pl.cfg)
+        trend = f" rising ×{rs / rl:.1f} vs {fmt_s(pl.cfg.long_window_s)} mean" if rising and rl > 0 else ""
+        fc = pl.forecast(m, ld)
+        pl.commit(
+            spec, "demand", choice,
+            f"{pl.s.waiting.get(m, 1)} request(s) waiting (last {fmt_s(pl.now - (pl.tr.last_arrival(m) or pl.now))} ago), "
+            f"no replica; rate {rs:.2f}/s{trend}; "
+            f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
+            {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
+        )
+
+def step_floor(pl: Tick) -> None:
+    for m in pl.st.special:
+        spec = pl.s.models.get(m)
+        if spec is None:
+            continue
+        floor = max(spec.min_replicas, 1 if spec.pinned else 0)
+        while pl.fleet.count(m) < floor:
+            have = pl.fleet.count(m)
+            if not pl.load(spec, "min_replicas",
+                             f"{'pinned, ' if spec.pinned else ''}min_replicas {floor}, has {have}",
+                             {"min_replicas": floor, "replicas": have}):
+                break
+
+def step_scale(pl: Tick) -> None:
+    for m in pl.st.special:
+        spec = pl.s.models.get(m)
+        if spec is None or not spec.max_rate_per_replica or pl.fleet.count(m) == 0:
+            continue
+        ld = load_seconds(spec, pl.cfg)
+        fc = pl.forecast(m, ld + pl.cfg.tick_s)
+        rs, rl, rising = pl.rates(m)
+        # 5 % tolerance: a rate sitting exactly at n × capacity needs n replicas, not n + 1
+        want = max(1, math.ceil(max(fc, rs) / spec.max_rate_per_replica - 0.05))
+        while pl.fleet.count(m) < want:
+            have = pl.fleet.count(m)
+            trend = f" rising ×{rs / rl:.1f} vs {fmt_s(pl.cfg.long_window_s)} mean;" if rising and rl > 0 else ";"
+            if not pl.load(
+                spec, "scale",
+                f"rate {rs:.2f}/s{trend} forecast {fc:.2f}/s in {ld + pl.cfg.tick_s:.0f} s "
+                f"> {have} × {spec.max_rate_per_replica:g}/s per replica; load {ld:.1f} s",
+                {"rate_short": rs, "rate_long": rl, "forecast": fc, "replicas": have,
+                 "want": want, "load_s": ld},
+            ):
+                break
+
+def step_new_gpu(pl: Tick) -> None:
+    cfg = pl.cfg
+    fresh = [g for g in sorted(pl.fleet.gpus)
+             if 0 <= pl.now - pl.fleet.gpus[g].joined_at < cfg.new_gpu_window_s]
+    if not fresh:
+        return
+    hot = sorted(
+        ((-pl.tr.rate_short(m, pl.now), m) for m in pl.tr.models() if m in pl.s.models),
+    )
+    hot = [(r, m) for r, m in hot if r < 0][: cfg.new_gpu_hot_models]
+    fresh_set = set(fresh)
+    for gid in fresh:
+        g = pl.fleet.gpus[gid]
+        for negr, m in hot:
+            spec = pl.s.models[m]
+            hosts = pl.fleet.of_model.get(m, [])
+            if gid in hosts or m in pl.fleet.on_gpu[gid]:
+                continue
+            if any(h in fresh_set for h in hosts):
+                continue  # GPUs joining together (a fleet starting cold) share the hottest, not copy them
+            if pl.fleet.avail(gid) < spec.size_bytes:
+                continue
+            if pl.fleet.spec[gid] + spec.size_bytes > cfg.speculative_share * g.total_bytes:
+                continue
+            pl.do_preload(
+                spec, gid, "new_gpu",
+                f"{gid} joined {fmt_s(pl.now - g.joined_at)} ago; {m} is among the "
+                f"{cfg.new_gpu_hot_models} hottest models at {-negr:.2f}/s → preload on {gid}",
+                {"rate_short": -negr},
+            )
+            pl.fleet.spec[gid] += spec.size_bytes  # unrequested on this GPU: count as speculative
+
+def step_speculative(pl: Tick, awake: dict[str, tuple[float, float]]) -> None:
+    """`awake`: the state's hot segments (model -> (end, anchor)); ended ones are dropped here."""
+    cfg = pl.cfg
+    cands = []
+    now = pl.now
+    models = pl.s.models
+    of_model = pl.fleet.of_model
+    for m in sorted(awake):
+        end, anchor = awake[m]  # (_advance drops an entry whose model's timeline moved)
+        if end <= now:
+            del awake[m]  # the segment ended
+            continue
+        if of_model.get(m):
+            continue
+        spec = models.get(m)
+        if spec is None:
+            continue
+        ev = pl.s.recent_evictions.get(m)
+        if ev is not None and now - ev < cfg.eviction_cooldown_s:
+            continue
+        d = max(0.0, now - anchor)
+        am = pl.arrival(m)
+        if am.segment_at(d) != "hot":
+            continue
+        cands.append((-pl.loss(m), m))
+    cands.sort()
+    for negl, m in cands[:MAX_SPECULATIVE_TRIES]:
+        if all(n >= cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
+            break  # every GPU's load bandwidth is taken
+        spec = pl.s.models[m]
+        choice = pl.place(spec, "speculative", -negl)
+        if choice is None:
+            continue
+        d = pl.idle(m) or 0.0
+        am = pl.arrival(m)
+        ld = load_seconds(spec, cfg)
+        p = am.p_at(d)
+        pl.commit(
+            spec, "speculative", choice,
+            f"idle {fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
+            f"P(request within {fmt_s(ld + cfg.tick_s + 5 + cfg.window_s)})={p:.2f}, next expected in "
+            f"{fmt_s(am.mrl_at(d))}; {pl.cost(m):.1f} cold requests per reload; load {ld:.1f} s",
+            {"idle_s": d, "p_soon": p, "expected_next_s": num(am.mrl_at(d)),
+             "loss_per_s": -negl, "load_s": ld, "gaps": am.samples},
+        )
+
+

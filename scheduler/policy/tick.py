@@ -1,0 +1,74 @@
+"""One plan() call's working state: its Values and tentative Fleet, and the actions chosen so far
+(each recorded with the fleet's tentative change)."""
+
+from __future__ import annotations
+
+import math
+
+from .memo import PolicyState
+from .placement import place
+from .types import GIB, Action, Evict, ModelSpec, Preload, ReplicaState, Snapshot, Stage, StagedState, Unstage
+from .value import Values, promote_seconds
+from .words import fmt_s, num
+
+
+class Tick(Values):
+    def __init__(self, snap: Snapshot, now: float, state: PolicyState) -> None:
+        super().__init__(snap, now, state)
+        self.actions: list[Action] = []
+        self.evicted_now: list[str] = []  # models this call evicts: candidates to keep in host memory
+
+    def do_evict(self, r: ReplicaState, kind: str, reason: str, numbers: dict[str, float]) -> None:
+        self.fleet.evict(r, self.is_speculative(r))
+        self.evicted_now.append(r.model)
+        self.actions.append(Evict(r.model, r.gpu, kind, reason, numbers, r.version))
+
+    def do_preload(self, spec: ModelSpec, gpu: str, kind: str, reason: str, numbers: dict[str, float]) -> None:
+        self.fleet.preload(spec, gpu, kind == "speculative")
+        self._loading_rate[gpu] = self.loading_rate(gpu) + max(self.tr.rate_short(spec.id, self.now), 1e-3)
+        self.actions.append(Preload(spec.id, gpu, kind, reason, numbers, spec.version, spec.size_bytes))
+
+    def place(self, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
+        return place(self, spec, kind, benefit)
+
+    def load(self, spec: ModelSpec, kind: str, reason: str, numbers: dict[str, float],
+             benefit: float = math.inf) -> bool:
+        choice = self.place(spec, kind, benefit)
+        if choice is None:
+            return False
+        self.commit(spec, kind, choice, reason, numbers)
+        return True
+
+    def commit(self, spec: ModelSpec, kind: str, choice: tuple[str, list, float], reason: str,
+               numbers: dict[str, float]) -> None:
+        """Record place()'s choice: its evictions, then the preload."""
+        gid, victims, _loss = choice
+        for r in victims:
+            d = self.idle(r.model)
+            mrl = self.arrival(r.model).mrl_at(d) if d is not None and r.model in self.s.models else math.inf
+            val = self.loss(r.model)
+            self.do_evict(
+                r, "make_room",
+                f"make room on {gid} for {spec.id} ({kind}): lowest value per byte here — "
+                f"idle {fmt_s(d)}, next request expected in {fmt_s(mrl)}, "
+                f"{val:.3g} cold req/s if absent, {r.bytes / GIB:.1f} GiB",
+                {"idle_s": num(d), "expected_next_s": num(mrl), "loss_per_s": val,
+                 "gib": r.bytes / GIB},
+            )
+        node = self.fleet.gpus[gid].node
+        if node in self.fleet.staged_nodes.get(spec.id, ()):
+            self.do_preload(spec, gid, kind,
+                            f"{reason} → preload on {gid}, promoted from {node}'s host cache in "
+                            f"~{promote_seconds(spec, self.cfg):.1f} s", {**numbers, "from_host": 1.0})
+        else:
+            self.do_preload(spec, gid, kind, f"{reason} → preload on {gid}", numbers)
+
+
+    def do_stage(self, spec: ModelSpec, node: str, kind: str, reason: str, numbers: dict[str, float],
+                 value: float) -> None:
+        self.fleet.stage(spec, node)
+        self.actions.append(Stage(spec.id, node, kind, reason, numbers, spec.version, spec.size_bytes, value))
+
+    def do_unstage(self, x: StagedState, kind: str, reason: str, numbers: dict[str, float]) -> None:
+        self.fleet.unstage(x)
+        self.actions.append(Unstage(x.model, x.node, kind, reason, numbers, x.version))

@@ -1,0 +1,222 @@
+"""The numbers plan() decides by: load and promotion times, and the per-call Values (a model's
+expected cold requests if it were absent, the cost of one reload, the order of victims on a GPU,
+the requests waiting on each GPU's load link, rates and forecasts)."""
+
+from __future__ import annotations
+
+import math
+
+from . import arrivals
+from .arrivals import ArrivalModel
+from .fleet import Fleet
+from .memo import PolicyState, ValueInputs
+from .traffic import ewma_rate
+from .types import GIB, ModelSpec, PolicyConfig, ReplicaState, Snapshot
+
+
+def load_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
+    return spec.load_seconds if spec.load_seconds is not None else cfg.default_load_seconds(spec.size_bytes)
+
+
+def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
+    """Load time from a node's host cache: measured, else derived; never more than from storage."""
+    p = spec.promote_seconds if spec.promote_seconds is not None else cfg.default_promote_seconds(spec.size_bytes)
+    return min(p, load_seconds(spec, cfg))
+
+
+class Values:
+    """The numbers one plan() call reads: per model (arrival model, request rate, reload cost,
+    expected cold requests if absent), per GPU (the link's waiting requests) and the eviction order
+    on each GPU (lowest value per byte first). Memoised for the call; the traffic-derived inputs
+    are kept across calls in the PolicyState."""
+
+    def __init__(self, snap: Snapshot, now: float, state: PolicyState) -> None:
+        self.s = snap
+        self.now = now
+        self.cfg = snap.config
+        self.st = state
+        self.tr = snap.traffic
+        self.fleet = Fleet(snap, now)
+        self._loss: dict[str, float] = {}
+        self._loading_rate: dict[str, float] = {}
+        self._link_rate: float | None = None
+        self.grid_s = snap.config.grid_s
+        # loads in flight per GPU stretch every load: 1 + the mean number already loading
+        n = len(self.fleet.gpus)
+        self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
+        self.floors = {m for m in state.special if snap.models[m].pinned or snap.models[m].min_replicas > 0} \
+            if state.models_id == id(snap.models) else {m for m, sp in snap.models.items()
+                                                        if sp.pinned or sp.min_replicas > 0}
+
+    # ---- per-model numbers ---------------------------------------------------------------
+    def arrival(self, model: str) -> ArrivalModel:
+        spec = self.s.models[model]
+        stable = self.tr.stable_histogram(model)
+        key = (0 if stable is None else stable[0], load_seconds(spec, self.cfg))
+        hit = self.st.arrival.get(model)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        am = arrivals.build(None if stable is None else stable[1], 0.0 if stable is None else stable[2],
+                            key[1], self.cfg)
+        self.st.arrival[model] = (key, am)
+        return am
+
+    def request_rate(self, model: str) -> float:
+        """Requests/s now: the short-window rate, or the mean per active minute if higher (a model
+        that comes in bursts is busy while it is asked for)."""
+        return max(self.tr.rate_short(model, self.now), self.tr.stable_requests_per_active_minute(model) / 60.0)
+
+    def cost(self, model: str) -> float:
+        """Cold requests one reload costs: the first request plus those arriving during the load,
+        which takes the load time stretched by the fleet's current link contention."""
+        spec = self.s.models.get(model)
+        if spec is None:
+            return 1.0  # dropped from the catalog: nothing will reload it
+        rpm = self.tr.stable_requests_per_active_minute(model)
+        return 1.0 + max(0.0, rpm - 1.0) * min(self.reload_s(spec) * self.slowdown, 60.0) / 60.0
+
+    def reload_s(self, spec: ModelSpec) -> float:
+        """How long the next load of this model takes: from a node's host cache if it is staged."""
+        if spec.id in self.fleet.staged_nodes:
+            return promote_seconds(spec, self.cfg)
+        return load_seconds(spec, self.cfg)
+
+    def anchor(self, model: str) -> float | None:
+        """Last arrival rounded down to the timeline grid: the idle-time model's origin. Rounding
+        lets a busy model's timeline be rescheduled once per grid step, not on every request."""
+        a = self.tr.last_arrival(model)
+        return None if a is None else math.floor(a / self.cfg.grid_s) * self.cfg.grid_s
+
+    def idle(self, model: str) -> float | None:
+        a = self.anchor(model)
+        return None if a is None else max(0.0, self.now - a)
+
+    def loss(self, model: str) -> float:
+        """Expected cold requests per second if this model were not resident."""
+        v = self._loss.get(model)
+        if v is not None:
+            return v
+        spec = self.s.models.get(model)
+        now = self.now
+        e = self.st.value.get(model)
+        if e is None or e.spec is not spec or e.cell != int(max(0.0, now - e.anchor) // self.grid_s):
+            e = self.value_inputs(model, spec)
+            if e is None:  # never requested, or dropped from the catalog
+                self._loss[model] = 0.0
+                return 0.0
+        # return rate: the idle-time model's, or the measured recent rate if higher (the
+        # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
+        if now >= e.steady_from:
+            rate = e.inv_mrl
+        else:
+            rate = ewma_rate(*e.rate, now)
+            if rate <= e.inv_mrl:
+                rate = e.inv_mrl
+                e.steady_from = now
+        # a reload from host memory is cheaper: a staged model is worth less kept
+        ld = promote_seconds(e.spec, self.cfg) if model in self.fleet.staged_nodes else e.load_s
+        # own cold requests during the (stretched) reload, plus the requests its link time
+        # would hold up on loads sharing the link then (judged by those waiting now)
+        link = self._link_rate if self._link_rate is not None else self.link_rate()
+        v = rate * (1.0 + e.extra * min(ld * self.slowdown, 60.0) / 60.0 + link * ld)
+        self._loss[model] = v
+        return v
+
+    def value_inputs(self, model: str, spec: ModelSpec | None) -> ValueInputs | None:
+        got = self.tr.value_inputs(model)
+        if got is None or spec is None:
+            self.st.value.pop(model, None)
+            return None
+        last, rate = got
+        g = self.grid_s
+        anchor = (last // g) * g
+        am = self.arrival(model)
+        extra = max(0.0, self.tr.stable_requests_per_active_minute(model) - 1.0)
+        e = ValueInputs(spec, anchor, int(max(0.0, self.now - anchor) // g),
+                   1.0 / max(am.mrl_at(max(0.0, self.now - anchor)), 1.0), extra, rate, load_seconds(spec, self.cfg))
+        self.st.value[model] = e
+        return e
+
+    # ---- victims and links  -------------------------------------------------------------------
+    def evictable(self, r: ReplicaState) -> bool:
+        spec = self.s.models.get(r.model)
+        if r.state != "ready" or r.in_flight > 0 or (r.model, r.gpu) in self.fleet.evicting:
+            return False
+        if self.now - r.since < self.cfg.min_residency_s:
+            return False
+        if spec is None:
+            return True  # not in the catalog any more: nothing protects it
+        floor = max(spec.min_replicas, 1 if spec.pinned else 0)
+        return not spec.pinned and self.fleet.count(r.model) > floor
+
+    def victim_list(self, gpu: str) -> list[tuple[float, str, ReplicaState]]:
+        v = self.fleet.victims.get(gpu)
+        if v is None:
+            v = []
+            f = self.fleet
+            models = self.s.models
+            evicting = f.evicting
+            young = self.now - self.cfg.min_residency_s
+            of_model = f.of_model
+            known = self._loss
+            loss = self.loss
+            for m, r in f.on_gpu[gpu].items():
+                # evictable(), inlined: this loop is the policy's hot path
+                if r.state != "ready" or r.in_flight > 0 or r.since > young or (evicting and (m, gpu) in evicting):
+                    continue
+                spec = models.get(m)
+                n = len(of_model.get(m, ()))
+                if spec is not None and (spec.pinned or n <= spec.min_replicas):
+                    continue
+                value = known.get(m)
+                if value is None:
+                    value = loss(m)
+                v.append((value / max(1, n) / max(r.bytes / GIB, 1e-3), m, r))
+            v.sort()  # (value, model) is unique on a GPU: the replica is never compared
+            self.fleet.victims[gpu] = v
+        return v
+
+    def is_speculative(self, r: ReplicaState) -> bool:
+        """Loaded ahead of demand and not asked for since it started loading."""
+        if r.last_request is not None and r.last_request >= r.since:
+            return False
+        a = self.tr.last_arrival(r.model)
+        return a is None or a < r.since
+
+    def link_rate(self) -> float:
+        """Requests per second waiting on loads, per GPU link: what one link-second holds up."""
+        if self._link_rate is None:
+            n = len(self.fleet.gpus)
+            self._link_rate = sum(self.loading_rate(g) for g in sorted(self.fleet.gpus)) / n if n else 0.0
+        return self._link_rate
+
+    def loading_rate(self, gpu: str) -> float:
+        """Sum of request rates of the models loading on a GPU (their requests wait on the link)."""
+        v = self._loading_rate.get(gpu)
+        if v is None:
+            v = sum(max(self.tr.rate_short(m, self.now), 1e-3) for m in self.fleet.loading_models[gpu])
+            self._loading_rate[gpu] = v
+        return v
+
+    def rates(self, m: str) -> tuple[float, float, bool]:
+        rs = self.tr.rate_short(m, self.now)
+        rl = self.tr.rate_long(m, self.now)
+        rising = rs >= self.cfg.rise_floor_per_s and rs > self.cfg.rise_factor * rl
+        return rs, rl, rising
+
+    def forecast(self, m: str, ahead: float) -> float:
+        """Linear trend from the two EWMAs (their centres lag by their time constants)."""
+        rs = self.tr.rate_short(m, self.now)
+        rl = self.tr.rate_long(m, self.now)
+        ls = self.tr.lag(m, self.now, self.cfg.short_window_s)
+        ll = self.tr.lag(m, self.now, self.cfg.long_window_s)
+        # trust a trend only when the windows see different pasts and the rise is clear of noise;
+        # before the long window has history, use the panic window against the short one
+        if ll - ls >= 30.0:
+            slope = (rs - rl) / (ll - ls) if rs > 1.1 * rl else 0.0
+            return max(0.0, rs + slope * (ls + ahead))
+        rp = self.tr.rate_panic(m, self.now)
+        lp = self.tr.lag(m, self.now, self.cfg.panic_window_s)
+        slope = (rp - rs) / (ls - lp) if ls - lp >= 5.0 and rp > 1.1 * rs else 0.0
+        return max(0.0, rp + slope * (lp + ahead))
+

@@ -1,0 +1,39 @@
+"""The one placement rule (scheduler.policy.placement.rank), on hand-made rooms with hand-computed
+orders; every caller (planner, route hook, CLI, API) chooses through it."""
+
+from __future__ import annotations
+
+from scheduler.policy.placement import Room, rank
+
+MIB = 1 << 20
+
+
+def _ids(rooms: list[Room]) -> list[str]:
+    return [r.gpu for r in rooms]
+
+
+def test_tightest_fit_first_among_idle_gpus() -> None:
+    # a 3 MiB model: leftovers 7, 1, 0 and 2 MiB; d (2 MiB free) cannot take it
+    rooms = [Room("a", "n1", 10 * MIB, 0), Room("b", "n1", 4 * MIB, 0), Room("c", "n2", 3 * MIB, 0),
+             Room("d", "n2", 2 * MIB, 0), Room("e", "n3", 5 * MIB, 0)]
+    assert _ids(rank(rooms, 3 * MIB)) == ["c", "b", "e", "a"]
+
+
+def test_a_staged_node_then_a_free_slot_then_fewer_loads_come_before_the_fit() -> None:
+    rooms = [Room("a", "n1", 4 * MIB, 0),   # tightest fit, idle link
+             Room("b", "n2", 60 * MIB, 1),  # the model is staged on n2, one load running
+             Room("c", "n3", 5 * MIB, 2),   # both slots taken (max_loads 2): last
+             Room("d", "n4", 30 * MIB, 1),  # one load running
+             Room("e", "n2", 8 * MIB, 2)]   # staged node, but its slots are taken
+    assert _ids(rank(rooms, 4 * MIB, staged={"n2"}, max_loads=2)) == ["b", "e", "a", "d", "c"]
+    # without a load limit, a full GPU is only later for its number of loads
+    assert _ids(rank(rooms, 4 * MIB, staged={"n2"})) == ["b", "e", "a", "d", "c"]
+    assert _ids(rank(rooms, 4 * MIB, max_loads=2)) == ["a", "d", "b", "c", "e"]
+
+
+def test_exclusions_and_ties() -> None:
+    rooms = [Room("b", "n1", 6 * MIB, 0), Room("a", "n1", 6 * MIB, 0), Room("c", "n2", 6 * MIB, 0)]
+    assert _ids(rank(rooms, MIB)) == ["a", "b", "c"]  # equal in every way: by id
+    assert _ids(rank(rooms, MIB, exclude={"a", "c"})) == ["b"]
+    assert rank(rooms, 7 * MIB) == [] and rank([], MIB) == []
+    assert _ids(rank(rooms, 6 * MIB)) == ["a", "b", "c"]  # an exact fit is a fit
