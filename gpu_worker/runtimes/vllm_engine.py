@@ -140,6 +140,7 @@ class VllmRuntime:
         self.vocab = 2
         self.timings: dict[str, float] = {}  # process_start_seconds, health_seconds (load), warmup_seconds
         self._held = 0
+        self._healthy = False
 
     # --- protocol ---------------------------------------------------------------------------------
     @property
@@ -236,7 +237,8 @@ class VllmRuntime:
         if self.proc is None:
             return 0
         held = max(self._held, self.measure())
-        pgid, port = self.pgid, self.port
+        # The port is checked only once the engine held it (healthy): one that failed to bind never had it.
+        pgid, port = self.pgid, self.port if self._healthy else None
         self._terminate()
         left = group_members(pgid) if pgid is not None else []
         if left:
@@ -247,7 +249,7 @@ class VllmRuntime:
             time.sleep(0.05)
         if port is not None and not port_is_free(port, self.bind_host):
             raise ReleaseFailed(f"{self.spec.where}: port {port} is still taken after the engine stopped")
-        self.proc, self.pgid, self.port, self._held = None, None, None, 0
+        self.proc, self.pgid, self.port, self._held, self._healthy = None, None, None, 0, False
         return held
 
     # --- the process ------------------------------------------------------------------------------
@@ -323,6 +325,7 @@ class VllmRuntime:
                                    f"{self.start_timeout:.0f} s (log: {self.log_path})",
                                    log_tail(self.log_path) if self.log_path else "")
             time.sleep(0.2)
+        self._healthy = True
         self.timings["health_seconds"] = time.perf_counter() - t0
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
