@@ -21,6 +21,7 @@ _REGISTRARS = (
     "web.cli",  # web
     "prewarm.up",  # up, replay
     "simulator.cli",  # simulate
+    "prewarm.engines_cli",  # engines, engines install
 )
 
 

@@ -1,0 +1,119 @@
+"""How a replica is hosted: the `Runtime` protocol, and the spec a worker hands a runtime.
+
+A runtime owns one replica of one model on one device: how its bytes get there, how it is warmed, how a
+request is served, what it really holds, and how it is let go. The worker keeps everything else (the
+replica record and its publication, the device's byte accounting, locks, intents, events), so the
+lifecycle a router sees is the same for every runtime.
+
+Lifecycle (prewarm/state.py's replica states) and the calls behind each step::
+
+    pending   runtime = make(spec); need = runtime.required_bytes()
+              -> cheap checks only (headers, config): bad input fails here, before any byte is
+                 reserved; the worker then reserves `need` on the device (DoesNotFit if it cannot)
+    loading   runtime.load(progress, check_cancel) -> bytes the replica holds, measured
+              -> the worker commits those bytes; `progress(done, total)` drives the published
+                 progress; `check_cancel()` raises Cancelled when an evict arrives meanwhile
+    warming   runtime.warm(check_cancel) -> per-entry figures (passes, stable, latency_ms, first_ms)
+              -> every declared warmup entry runs until its latency is stable (warmup.run_until_stable,
+                 the same rule as the torch path: two passes within tolerance, bounded by passes/time)
+    ready     runtime.serve(request) -> JSON-able answer (the `infer` task), concurrently with others;
+              runtime.endpoint -> where a router sends requests itself (None: only through `infer`)
+              runtime.measure() -> bytes held now (heartbeat figures; an engine's own process tree)
+    evicting  runtime.release() -> bytes freed; afterwards nothing of the replica is left (no tensor
+              referenced, no process, no port), or it raises ReleaseFailed saying what is left
+    failed    any step raises a gpu_worker.errors.WorkerError (LoadFailed / WarmupFailed subclasses
+              from runtimes.errors) whose message is the reason; the worker then calls release()
+              (always safe, idempotent) and publishes `failed` with that reason
+
+Today's torch path maps onto it one to one (gpu_worker/residency.py, NodeWorker._load): required_bytes
+is the sum of the weight headers' data bytes (or the staged copy's), load is `_meta_module` +
+`_read` (the streaming loader into a meta-built module, `load_state_dict(assign=True)`), warm is `_warm`
+over `make_input` shapes, serve is `infer`'s forward pass with `summarize`, measure is `module_bytes`,
+release is dropping the module reference + `device.release` + `reclaim`. A `TorchRuntime` written from
+those functions changes no behaviour.
+
+Runtimes: `transformers` (runtimes.hf.HFRuntime) and `vllm` (runtimes.vllm_engine.VllmRuntime). This
+module imports neither torch nor transformers: Celery clients and `prewarm engines` import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from gpu_worker.runtimes.warmup import WarmupPolicy
+from prewarm.engines import DEFAULT_KV_CACHE_BYTES
+
+Progress = Callable[[int, int], None]
+CheckCancel = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class TokenWarmup:
+    """One declared warmup entry of a token model: a batch of `batch` prompts of `prompt_tokens` tokens."""
+
+    prompt_tokens: int
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.prompt_tokens, int) and self.prompt_tokens > 0):
+            raise ValueError(f"warmup prompt_tokens must be a positive integer, not {self.prompt_tokens!r}")
+        if not (isinstance(self.batch, int) and self.batch > 0):
+            raise ValueError(f"warmup batch must be a positive integer, not {self.batch!r}")
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> TokenWarmup:
+        unknown = set(raw) - {"prompt_tokens", "batch"}
+        if unknown:
+            raise ValueError(f"warmup entry {raw!r}: unknown field(s) {', '.join(sorted(unknown))}; "
+                             "use prompt_tokens and batch")
+        if "prompt_tokens" not in raw:
+            raise ValueError(f"warmup entry {raw!r} needs prompt_tokens")
+        return cls(raw["prompt_tokens"], raw.get("batch", 1))
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What a runtime needs to host one replica; built by the worker from a catalog entry and its GPU."""
+
+    model: str  # catalog id: also the name an engine serves the model under
+    version: str
+    path: Path  # the checkpoint directory (or weights) on this node
+    device: str = "cpu"  # torch device string of the GPU: "cpu", "cuda:0"
+    gpu: str = ""  # the GPU's id (`node/device`), for messages
+    warmup: tuple[TokenWarmup, ...] = (TokenWarmup(16, 1),)
+    policy: WarmupPolicy = field(default_factory=WarmupPolicy)
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES  # engines only: KV cache on top of the weights
+    device_total_bytes: int | None = None  # CUDA engines: the device's memory, for the budget's share
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}@{self.version}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.key} on {self.gpu or self.device}"
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """One replica's host; see the module docstring for when the worker calls each method."""
+
+    name: str
+
+    def required_bytes(self) -> int: ...
+
+    def load(self, progress: Progress | None = None, check_cancel: CheckCancel | None = None) -> int: ...
+
+    def warm(self, check_cancel: CheckCancel | None = None) -> list[dict[str, Any]]: ...
+
+    def serve(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
+    def measure(self) -> int: ...
+
+    def release(self) -> int: ...
+
+    @property
+    def endpoint(self) -> str | None: ...
