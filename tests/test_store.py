@@ -71,6 +71,17 @@ def test_a_replica_of_another_version_leaves_the_cold_start_open(r: redis.Redis)
     assert cold_starts.read_open(r)["alpha"].version == "v2" and counts(r)[COLD].count == 0
 
 
+def test_a_replica_ready_before_the_episode_opened_does_not_end_it(r: redis.Redis) -> None:
+    """The episode a lookup opened after this replica was ready (it read the fleet a moment before) is not
+    this load's: the load is recorded, the episode left for the lookup that sees the replica ready."""
+    seen = time.time()
+    cold_starts.open_episode(r, "alpha", "v1", seen)
+    assert replica_ready(r, ready_replica(since=seen - 0.5)) is None
+    assert "alpha" in cold_starts.read_open(r) and counts(r)[LOAD].count == 1
+    publish_gpu(r, GPU, replicas=[ready_replica(since=seen - 0.5)])
+    assert cold_starts.close_ready(r, state.read_fleet(r), ["alpha"]) == {"alpha": 0.0}
+
+
 def test_the_worker_and_route_lookups_closing_at_once_count_the_cold_start_once(r: redis.Redis) -> None:
     seen = time.time() - 3
     cold_starts.open_episode(r, "alpha", "v1", seen)

@@ -97,25 +97,28 @@ class Closing:
             pipe.hset(keys.LAST_COLD_START, self.model, f"{self.seconds:.3f}")
 
 
-def closing(pipe: Pipeline, model: str, version: str, ready_at: float) -> Closing | None:
+def closing(pipe: Pipeline, model: str, version: str, ready_at: float,
+            seen_at: float | None = None) -> Closing | None:
     """In a transaction watching keys.COLD_STARTS, before its MULTI: how a replica of `version` that turned
-    ready at `ready_at` closes `model`'s episode; None when it does not (none open, another version)."""
+    ready at `ready_at` closes `model`'s episode; None when it does not: none open, another version, or an
+    episode that opened after that replica was ready (or, given `seen_at`, not the episode the caller saw)."""
     raw = pipe.hget(keys.COLD_STARTS, model)
     if raw is None:
         return None
     c = ColdStart.parse(model, raw)
     if c is None:
         return Closing(model, None)
-    if c.version != version:
+    if c.version != version or ready_at < c.seen_at or seen_at not in (None, c.seen_at):
         return None
     if ready_at - c.seen_at > ABANDON_AFTER_S:
         return Closing(model, None)
     return Closing(model, max(0.0, ready_at - c.seen_at))
 
 
-def _close(r: redis.Redis, model: str, version: str, ready_at: float) -> float | None:
+def _close(r: redis.Redis, model: str, version: str, ready_at: float,
+           seen_at: float | None) -> float | None:
     def txn(pipe: Pipeline) -> float | None:
-        c = closing(pipe, model, version, ready_at)
+        c = closing(pipe, model, version, ready_at, seen_at)
         pipe.multi()
         if c is not None:
             c.queue(pipe)
@@ -139,15 +142,15 @@ def close_ready(r: redis.Redis, fleet: state.Fleet, models: list[str] | None = N
     for model, value in raw.items():
         c = ColdStart.parse(model, value)
         if c is None:
-            _close(r, model, "", now)  # unreadable: dropped rather than block future episodes
+            _close(r, model, "", now, None)  # unreadable: dropped rather than block future episodes
             continue
         ready = [x for x in fleet.replicas(model) if x.state == replica_states.READY and x.version == c.version]
         if not ready:
             if now - c.seen_at > ABANDON_AFTER_S:
-                _close(r, model, c.version, now)  # nothing ready within ABANDON_AFTER_S: dropped uncounted
+                _close(r, model, c.version, now, c.seen_at)  # nothing ready within ABANDON_AFTER_S: dropped
             continue
         ready_at = min((x.since for x in ready if x.since >= c.seen_at), default=c.seen_at)
-        seconds = _close(r, model, c.version, ready_at)
+        seconds = _close(r, model, c.version, ready_at, c.seen_at)  # only the episode this fleet read ends
         if seconds is not None:
             closed[model] = seconds
     return closed
