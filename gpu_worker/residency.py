@@ -16,7 +16,8 @@ Rules it keeps (issue 2, items 5 and 8):
   period), and the worker keeps serving.
 - Infer never takes a lock a load holds: a preload in progress does not block inference on ready models.
 - On ready or failed the in-flight intent is released and an event recorded (actor "worker"); measured
-  load+warmup seconds go to keys.load_times(model) for the scheduler.
+  load+warmup seconds, the load/warmup histograms and the close of the model's cold start are recorded
+  at that moment (prewarm.store.ready).
 - The node's host cache (issue 4's staging tier, `gpu_worker.staging.HostCache`): `stage` reads a model's
   weights into host memory (no device memory), `unstage` drops them; a preload of a staged model promotes
   it from there (no storage I/O) and reports `source: "host"`. Staged models are node-level records
@@ -58,11 +59,11 @@ from prewarm import events, keys, state
 from prewarm.catalog import Catalog, CatalogError, ModelEntry, WarmupInput, load_catalog
 from prewarm.config import DeviceSpec, Settings, format_bytes
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
+from prewarm.store.ready import replica_ready
 
 log = logging.getLogger("prewarm.worker")
 
 IN_FLIGHT = state.IN_FLIGHT_STATES
-LOAD_TIMES_KEPT = 50
 TORCH_INPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                       "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 MAX_INFER_ELEMENTS = 1 << 22
@@ -515,13 +516,8 @@ class NodeWorker:
             s.done.set()
         with g.lock:
             rec = replace(s.record)
-        total = (rec.load_seconds or 0.0) + (rec.warmup_seconds or 0.0)
-        times = keys.promote_times(entry.id) if rec.source == "host" else keys.load_times(entry.id)
-        try:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.lpush(times, f"{total:.4f}")
-            pipe.ltrim(times, 0, LOAD_TIMES_KEPT - 1)
-            pipe.execute()
+        try:  # its load time, load/warmup histograms and the close of its cold start, once, now
+            replica_ready(self.r, rec)
         except redis.RedisError as exc:
             log.warning("could not record load time of %s: %s", key, exc)
         self._release_intent(entry.id, g)

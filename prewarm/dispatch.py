@@ -19,7 +19,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from prewarm import celery_app, events, keys, state
+from prewarm import celery_app, events, state
+from prewarm.store import dispatch_counts
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Dispatcher:
             raise
         intent.task_id = result.id
         state.update_intent(self.r, intent)
-        self.r.hincrby(keys.DISPATCH_COUNTS, f"{action}:{kind or 'unspecified'}", 1)  # prewarm_*_total
+        dispatch_counts.count(self.r, action, kind)  # prewarm_*_total
         events.record(self.r, action, actor, model=model, gpu=target, reason=reason,
                       numbers={**(numbers or {}), "kind": kind} if kind else numbers,
                       maxlen=self.event_log_max)

@@ -80,7 +80,7 @@ LAST_REQUEST = PREFIX + "last_request"  # Sorted set model -> Unix seconds of th
 
 # --- catalog overlays set by operators ---------------------------------------------------------------
 PINNED = PREFIX + "pinned"  # Set of model ids pinned by an operator (on top of the catalog's `pinned`).
-ROLLOUTS = PREFIX + "rollouts"  # Hash model -> JSON {version, traffic_fraction, since}.
+ROLLOUTS = PREFIX + "rollouts"  # Hash model -> JSON {version, traffic_fraction, since, from_version}.
 
 # --- measurements -----------------------------------------------------------------------------------
 def load_times(model: str) -> str:
@@ -94,10 +94,17 @@ def promote_times(model: str) -> str:
     return f"{PREFIX}promotetimes:{model}"
 
 
-COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at} of an open cold start (route saw it cold).
+COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at, version} of an open cold start (route
+#                                      saw it cold); prewarm.store.cold_starts reads and writes it.
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
-OBSERVED_LOADS = PREFIX + "observed_loads"  # Hash "<gpu>|<model>@<version>" -> created_at already put in
-#                                            the load/warmup histograms (so each load is observed once).
+
+
+def histogram(name: str) -> str:
+    """Hash of a Redis-backed histogram (prewarm.store.histograms): "<le>" -> events in that bucket (not
+    cumulative), "sum" -> the sum of the observed values. `name` is the metric's name."""
+    return f"{PREFIX}histogram:{name}"
+
+
 DISPATCH_COUNTS = PREFIX + "dispatch_counts"  # Hash "<action>:<kind>" -> actions dispatched (for metrics).
 
 # --- decisions and leadership ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ import time
 from prewarm import events, keys, rooms, state
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
+from prewarm.store import overlays
 
 
 def _ctx():  # noqa: ANN202 - deferred import keeps `prewarm --help` fast
@@ -244,10 +245,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     ctx = _ctx()
     if args.model not in ctx.catalog:
         return _err(f"unknown model {args.model!r}: `prewarm models list` shows the catalog")
-    if args.command == "pin":
-        ctx.r.sadd(keys.PINNED, args.model)
-    else:
-        ctx.r.srem(keys.PINNED, args.model)
+    overlays.set_pinned(ctx.r, args.model, args.command == "pin")
     events.record(ctx.r, args.command, "operator", model=args.model, reason=f"operator {args.command} (CLI)")
     print(f"{args.model} {args.command}ned")
     return 0

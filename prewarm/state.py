@@ -19,11 +19,12 @@ from typing import Any
 
 import redis
 
-from prewarm import keys
+from prewarm import keys, replica_states
 
-REPLICA_STATES = ("pending", "loading", "warming", "ready", "evicting", "failed")
-# a load holding one of its GPU's load slots, or queued (`pending`) for one
-IN_FLIGHT_STATES = ("pending", "loading", "warming")
+# The state names are spelled in replica_states; these are the fleet records' names for them.
+REPLICA_STATES = replica_states.REPLICA_STATES
+IN_FLIGHT_STATES = replica_states.IN_FLIGHT  # a load holding one of its GPU's load slots, or queued for one
+STAGED_STATES = replica_states.STAGED_STATES
 
 
 def gpu_id(node: str, device: str) -> str:
@@ -102,9 +103,6 @@ class Gpu:
         d = asdict(self)
         d["replicas"] = [r.public() for r in self.replicas]
         return d
-
-
-STAGED_STATES = ("staging", "staged")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from prewarm import events, keys, state
+from prewarm import events, keys, metrics_defs, state
 from prewarm.context import Context
 from prewarm.dispatch import Dispatched
 from scheduler.leader import Leadership
@@ -161,13 +161,11 @@ class Scheduler:
         return d
 
     def safe_tick(self, woken_by: Sequence[str] = ()) -> TickResult | None:
-        from web.metrics import SCHEDULER_TICK
-
         with self._tick_lock:
             try:
                 res = self.tick(woken_by=woken_by)
                 if res.leader:
-                    SCHEDULER_TICK.observe(res.seconds)
+                    metrics_defs.in_process(metrics_defs.SCHEDULER_TICK).observe(res.seconds)
                     if res.dispatched or woken_by:
                         log.info("%s: %d actions, %d dispatched in %.3f s",
                                  f"tick woken by {', '.join(woken_by)}" if woken_by else "tick", res.actions,

@@ -21,15 +21,15 @@ as the GPUs, and promotion times come in the load times' pipeline, so the stagin
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
 
 import redis
 
-from prewarm import events, keys, state, traffic
+from prewarm import events, replica_states, state, traffic
 from prewarm.catalog import Catalog, ModelEntry
+from prewarm.store import cold_starts, load_times, overlays
 from scheduler.policy import (
     GpuState,
     Intent,
@@ -58,25 +58,13 @@ def model_key(catalog: Catalog, model_id: str, version: str) -> str:
     return model_id if version == current else f"{model_id}@{version}"
 
 
-MEASURED_KEPT = 20  # the median is over this many most recent measurements
-
-
 def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     """Median of the recent load times from storage and of the promotions from a host cache, per model
-    (a model never measured is absent), in one pipelined round trip."""
-    pipe = r.pipeline(transaction=False)
-    for m in model_ids:
-        pipe.lrange(keys.load_times(m), 0, MEASURED_KEPT - 1)
-        pipe.lrange(keys.promote_times(m), 0, MEASURED_KEPT - 1)
-    raw = pipe.execute()
+    (a model never measured, or with a corrupt entry, is absent), in one pipelined round trip."""
     load: dict[str, float] = {}
     promote: dict[str, float] = {}
-    for i, m in enumerate(model_ids):
-        for out, vals in ((load, raw[2 * i]), (promote, raw[2 * i + 1])):
-            try:
-                nums = [float(x) for x in vals]
-            except ValueError:
-                continue  # a corrupt entry: plan as if unmeasured rather than fail the tick
+    for m, x in load_times.recent(r, model_ids).items():
+        for out, nums in ((load, x.load), (promote, x.promote)):
             if nums:
                 out[m] = statistics.median(nums)
     return load, promote
@@ -172,47 +160,41 @@ class SnapshotReader:
         """Models a router is waiting on: the route hook answered "cold" (an open cold start) and no
         replica of that version is ready yet."""
         out: dict[str, int] = {}
-        for raw_model, raw in self.r.hgetall(keys.COLD_STARTS).items():
-            model = raw_model.decode()
-            try:
-                rec = json.loads(raw)
-                seen_at, version = float(rec["seen_at"]), str(rec["version"])
-            except (ValueError, KeyError, TypeError):
+        for model, c in cold_starts.read_open(self.r, now).items():
+            if model not in catalog or now - c.seen_at > WAITING_MAX_AGE_S:
                 continue
-            if model not in catalog or now - seen_at > WAITING_MAX_AGE_S:
+            if any(x.state == replica_states.READY and x.version == c.version for x in fleet.replicas(model)):
                 continue
-            if any(x.state == "ready" and x.version == version for x in fleet.replicas(model)):
-                continue
-            out[model_key(catalog, model, version)] = 1
+            out[model_key(catalog, model, c.version)] = 1
         return out
 
     def read(self, catalog: Catalog, now: float) -> tuple[Snapshot, state.Fleet]:
-        rollouts = {k.decode(): json.loads(v) for k, v in self.r.hgetall(keys.ROLLOUTS).items()}
+        rollouts = overlays.rollouts(self.r)
         active = {}
         for mid, ro in rollouts.items():
-            if mid in catalog and str(ro.get("version")) != catalog.get(mid).version:
-                active[mid] = (f"{mid}@{ro.get('version')}", float(ro.get("traffic_fraction", 0)))
+            if mid in catalog and ro.version != catalog.get(mid).version:
+                active[mid] = (f"{mid}@{ro.version}", ro.traffic_fraction)
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r)
         ids = catalog.ids()
         load_s, promote_s = measured_seconds(self.r, ids)
-        pinned = {x.decode() for x in self.r.smembers(keys.PINNED)}
+        pinned = overlays.pinned(self.r)
         self.refs = {}
         models: dict[str, ModelSpec] = {}
         for mid in ids:
             models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s)
         replicas_now = {mid: 0 for mid in ids}
         for rep in fleet.replicas():
-            if rep.model in replicas_now and rep.state in ("loading", "warming", "ready", "pending"):
+            if rep.model in replicas_now and rep.state in (*replica_states.IN_FLIGHT, replica_states.READY):
                 replicas_now[rep.model] += 1
         for mid, ro in rollouts.items():
             try:
-                entry = catalog.get(mid, str(ro.get("version")))
+                entry = catalog.get(mid, ro.version)
             except KeyError:
                 continue  # the hook validated it; a catalog edit since then removed it
             if entry.version == catalog.get(mid).version:
                 continue
-            fraction = float(ro.get("traffic_fraction", 0))
+            fraction = ro.traffic_fraction
             # Enough replicas of the new version for its share of the current version's load.
             need = max(1, math.ceil(fraction * max(1, replicas_now.get(mid, 0)))) if fraction > 0 else 0
             key = f"{mid}@{entry.version}"
@@ -220,7 +202,7 @@ class SnapshotReader:
         replicas: list[ReplicaState] = []
         for g in fleet.alive():
             for rep in g.replicas:
-                if rep.state == "failed":
+                if rep.state == replica_states.FAILED:
                     continue  # holds no memory; the worker keeps it only to show the reason
                 key = self._old_version(models, catalog, rep.model, rep.version, load_s, pinned, promote_s)
                 if key is None:

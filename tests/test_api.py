@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from prewarm import celery_app, events, keys, state, traffic
+from prewarm.store import load_times
+from prewarm.store.ready import replica_ready
+from scheduler.snapshot import measured_seconds
 from web.app import create_app
 
 from .web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
@@ -109,6 +113,20 @@ def test_models_have_rates_totals_replicas_and_sparklines(client: FlaskClient, r
     assert sum(a["sparkline"]["counts"]) == 60
     assert models["beta"]["pinned"] is True and models["gamma"]["requests_total"] == 0
     assert client.get("/api/models?window=abc").status_code == 400
+
+
+def test_load_times_shown_are_the_ones_the_scheduler_plans_with(client: FlaskClient, r: redis.Redis) -> None:
+    """One limit, one reader: the console's p95 and sample count cover the same recent loads as the
+    scheduler's median, however many the worker recorded."""
+    for i in range(load_times.KEPT + 5):  # as the worker records them, oldest first: 0 s, 1 s, ...
+        rep = replica("alpha", GPU_A, "ready")
+        rep.load_seconds, rep.warmup_seconds = float(i), 0.0
+        replica_ready(r, rep)
+    a = next(m for m in client.get("/api/models").get_json()["models"] if m["id"] == "alpha")
+    kept = [float(i) for i in range(5, load_times.KEPT + 5)]
+    assert a["load_samples"] == load_times.KEPT == len(kept)
+    assert a["p95_load_s"] == kept[-2]  # the 19th of 20 sorted
+    assert measured_seconds(r, ["alpha"])[0] == {"alpha": statistics.median(kept)}
 
 
 def test_actions_refuse_without_credentials(client: FlaskClient, r: redis.Redis) -> None:

@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ import redis
 from flask.testing import FlaskClient
 
 from prewarm import keys, state
-from web import metrics
+from prewarm.store import cold_starts, dispatch_counts
+from prewarm.store.ready import replica_ready
 from web.app import create_app
 
 from .web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, replica
@@ -91,8 +94,8 @@ def test_host_cache_and_stage_metrics(client: FlaskClient, r: redis.Redis) -> No
     # used counts what staging models have reserved (their whole size), not what they have read so far
     state.write_node(r, state.Node(node="node-a", budget_bytes=8 * MIB, used_bytes=5 * MIB, free_bytes=3 * MIB),
                      staged, ttl=30)
-    r.hincrby(keys.DISPATCH_COUNTS, "stage:speculative", 2)
-    r.hincrby(keys.DISPATCH_COUNTS, "unstage:operator", 1)
+    for action, kind in (("stage", "speculative"), ("stage", "speculative"), ("unstage", "operator")):
+        dispatch_counts.count(r, action, kind)
     text = client.get("/metrics").get_data(as_text=True)
     s = _samples(text)
     assert s['prewarm_host_cache_bytes{kind="staged",node="node-a"}'] == 3 * MIB
@@ -103,28 +106,101 @@ def test_host_cache_and_stage_metrics(client: FlaskClient, r: redis.Redis) -> No
     assert 'prewarm_preloads_total{reason="speculative"}' not in s
 
 
-def test_cold_start_and_load_times_are_observed_once(client: FlaskClient, r: redis.Redis) -> None:
-    def count(name: str) -> float:
-        return _samples(client.get("/metrics").get_data(as_text=True)).get(name, 0.0)
+def _ready(since: float, load: float, warmup: float) -> state.Replica:
+    rep = replica("alpha", GPU, "ready", since=since)
+    rep.load_seconds, rep.warmup_seconds = load, warmup
+    return rep
 
-    cold0, load0 = count("prewarm_cold_start_duration_seconds_count"), count("prewarm_model_load_seconds_count")
+
+def test_cold_start_and_load_times_are_observed_once(client: FlaskClient, r: redis.Redis) -> None:
+    def counts() -> tuple[float, float, float]:
+        s = _samples(client.get("/metrics").get_data(as_text=True))
+        return tuple(s[f"{n}_count"] for n in ("prewarm_cold_start_duration_seconds", "prewarm_model_load_seconds",
+                                                 "prewarm_model_warmup_seconds"))  # type: ignore[return-value]
+
+    assert counts() == (0, 0, 0)  # exported (zeros) before any event
     publish_gpu(r, GPU)
     client.get("/hooks/route?model=alpha")
     seen = json.loads(r.hget(keys.COLD_STARTS, "alpha"))["seen_at"]
-    rep = replica("alpha", GPU, "ready", since=seen + 3.0)
-    rep.load_seconds, rep.warmup_seconds = 2.5, 0.5
+    rep = _ready(seen + 3.0, 2.5, 0.5)
     publish_gpu(r, GPU, replicas=[rep])
-    for _ in range(3):  # repeated scrapes and lookups observe each cold start and load once
+    replica_ready(r, rep)  # what the worker does when the replica turns ready
+    for _ in range(3):  # repeated scrapes and lookups (which may close it too) count each event once
         client.get("/hooks/route?model=alpha")
-        assert count("prewarm_cold_start_duration_seconds_count") == cold0 + 1
-        assert count("prewarm_model_load_seconds_count") == load0 + 1
-    # A reload of the same model on the same GPU is a new load.
-    rep2 = replica("alpha", GPU, "ready")
-    rep2.created_at += 100
-    rep2.load_seconds, rep2.warmup_seconds = 1.0, 0.1
-    publish_gpu(r, GPU, replicas=[rep2])
-    assert count("prewarm_model_load_seconds_count") == load0 + 2
-    assert count("prewarm_model_warmup_seconds_count") >= 2
+        assert counts() == (1, 1, 1)
+    s = _samples(client.get("/metrics").get_data(as_text=True))
+    assert s['prewarm_cold_start_duration_seconds_bucket{le="2.5"}'] == 0
+    assert s['prewarm_cold_start_duration_seconds_bucket{le="5.0"}'] == 1
+    assert s["prewarm_cold_start_duration_seconds_sum"] == pytest.approx(3.0, abs=0.01)
+    assert s["prewarm_model_load_seconds_sum"] == 2.5
+    # A reload of the same model on the same GPU is a new load, and no new cold start.
+    replica_ready(r, _ready(time.time(), 1.0, 0.1))
+    assert counts() == (1, 2, 2)
+
+
+def test_a_cold_start_a_route_lookup_closes_first_is_counted_once(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU)
+    client.get("/hooks/route?model=alpha")
+    seen = json.loads(r.hget(keys.COLD_STARTS, "alpha"))["seen_at"]
+    rep = _ready(seen + 2.0, 1.5, 0.5)
+    publish_gpu(r, GPU, replicas=[rep])
+    assert client.get("/hooks/route?model=alpha").get_json()["state"] == "ready"  # noticed before the worker
+    replica_ready(r, rep)
+    s = _samples(client.get("/metrics").get_data(as_text=True))
+    assert s["prewarm_cold_start_duration_seconds_count"] == 1 and s["prewarm_model_load_seconds_count"] == 1
+    assert s["prewarm_cold_start_duration_seconds_sum"] == pytest.approx(2.0, abs=0.01)
+
+
+def _monitor(url: str, until: bytes, out: list[str], started: threading.Event) -> None:
+    """Collect MONITOR lines until one carries `until` (a marker command the test sends afterwards)."""
+    conn = redis.Redis.from_url(url)
+    with conn.monitor() as m:
+        started.set()
+        for cmd in m.listen():
+            if until.decode() in cmd["command"]:
+                break
+            out.append(cmd["command"])
+    conn.close()
+
+
+def test_a_scrape_sends_no_write_to_redis(redis_url: str, tmp_path: Path, r: redis.Redis) -> None:
+    """Against the real web process: a /metrics scrape at a moment the old scrape wrote (an open cold start
+    whose model has a ready replica, a load nobody observed) sends Redis only read commands; two scrapes
+    show each event once, as recorded where it happened."""
+    web = WebProc(redis_url, make_catalog(tmp_path / "models"), tmp_path, workers=1)
+    try:
+        seen = time.time() - 5
+        cold_starts.open_episode(r, "alpha", "v1", seen)
+        rep = _ready(seen + 4.0, 2.0, 0.5)
+        publish_gpu(r, GPU, replicas=[rep])
+        r.hincrby(keys.DISPATCH_COUNTS, "preload:demand", 1)
+        seen_cmds: list[str] = []
+        started = threading.Event()
+        mon = threading.Thread(target=_monitor, args=(redis_url, b"end-of-scrapes", seen_cmds, started), daemon=True)
+        mon.start()
+        assert started.wait(10)
+        r.echo("start-of-scrapes")  # MONITOR is live once this shows up in it
+        scrapes = [web.get("/metrics") for _ in range(2)]
+        r.echo("end-of-scrapes")
+        mon.join(30)
+        assert not mon.is_alive()
+        assert all(status == 200 for status, _ in scrapes)
+        names = {c.split()[0].upper() for c in seen_cmds if c.split()}
+        assert "HGETALL" in names, seen_cmds  # the scrapes' reads were seen
+        flags = {name.upper(): set(d["flags"]) for name, d in r.command().items()}
+        writes = sorted(n for n in names if {"write", "may_replicate"} & flags.get(n, {"unknown"}))
+        assert writes == [], seen_cmds
+        first, second = (_samples(body.decode()) for _, body in scrapes)
+        for name in ("prewarm_cold_start_duration_seconds_count", "prewarm_model_load_seconds_count"):
+            assert first[name] == second[name] == 0  # nothing recorded it: the scrape does not either
+        replica_ready(r, rep)  # the worker's record of that ready replica, with nobody scraping
+        for _ in range(2):
+            s = _samples(web.get("/metrics")[1].decode())
+            assert s["prewarm_cold_start_duration_seconds_count"] == 1
+            assert s["prewarm_model_load_seconds_count"] == 1 and s["prewarm_model_warmup_seconds_count"] == 1
+    finally:
+        web.stop()
+
 
 
 @needs_promtool
@@ -187,12 +263,40 @@ def test_multiprocess_metrics_under_gunicorn(redis_url: str, tmp_path: Path, r: 
         web.stop()
 
 
-def test_metric_objects_are_importable_without_flask() -> None:
+def test_the_scheduler_records_its_tick_without_importing_web(redis_url: str, tmp_path: Path) -> None:
+    """A scheduler process ticks and observes prewarm_scheduler_tick_seconds with no web module loaded (the
+    definition is in the core); web.metrics itself needs neither Flask nor torch."""
     import sys
 
+    env = {**os.environ, "PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(make_catalog(tmp_path / "m")),
+           "PREWARM_DATA_DIR": str(tmp_path)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    code = ("import sys\n"
+            "from prewarm import metrics_defs\n"
+            "from prewarm.context import Context\n"
+            "from scheduler.live import Scheduler\n"
+            "assert Scheduler(Context(start_redis=False), ident='t').safe_tick().leader\n"
+            "h = metrics_defs.in_process(metrics_defs.SCHEDULER_TICK)\n"
+            "count = next(s.value for m in h.collect() for s in m.samples if s.name.endswith('_count'))\n"
+            "assert count == 1, count\n"
+            "loaded = [m for m in sys.modules if m == 'web' or m.startswith(('web.', 'flask', 'gpu_worker'))]\n"
+            "assert not loaded, loaded\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     code = "import sys, web.metrics; assert 'flask' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
-    assert metrics.SCHEDULER_TICK is not None
+
+
+def test_a_scheduler_tick_shows_in_the_exposition(client: FlaskClient, redis_url: str, tmp_path: Path) -> None:
+    from scheduler.live import Scheduler
+
+    def ticks() -> float:
+        return _samples(client.get("/metrics").get_data(as_text=True))["prewarm_scheduler_tick_seconds_count"]
+
+    before = ticks()
+    res = Scheduler(make_context(redis_url, make_catalog(tmp_path / "sched")), ident="t").safe_tick()
+    assert res is not None and res.leader
+    assert ticks() == before + 1  # the scheduler's observation, through the one shared definition
 
 
 def test_retry_lookups_are_not_counted_twice(client: FlaskClient, r: redis.Redis) -> None:

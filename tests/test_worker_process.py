@@ -14,9 +14,10 @@ import pytest
 import redis
 from celery import Celery
 
-from prewarm import celery_app, events, keys, state
+from prewarm import celery_app, events, keys, metrics_defs, state
 from prewarm.dispatch import Dispatcher
 from prewarm.safetensors_header import read_header
+from prewarm.store import cold_starts, histograms, load_times
 from tests import procs
 from tests.model_files import model_files, reshape_tensor, tiny_catalog
 from tests.procs import REPO, WorkerProc, gpu_gone, wait_for
@@ -100,6 +101,32 @@ def test_preload_infer_evict_through_celery(r: redis.Redis, celery: Celery, cata
     assert [o["state"] for o in outs] == ["ready"] * 3 and sum(not o["noop"] for o in outs) == 1
     assert len(events.read(r, kind="ready", model="tiny-lm-wide")) == 1
     assert gpu(r, target.id).used_bytes == size_of(catalog, "tiny-lm-wide")
+
+
+def test_a_replica_turning_ready_closes_its_cold_start_and_records_its_load_once(
+        r: redis.Redis, celery: Celery, catalog: Path, worker_factory) -> None:
+    """The worker records what the histograms count when the replica turns ready: nobody scrapes /metrics
+    and no route lookup notices it, and each event is still counted, once."""
+    worker_factory(catalog, devices="cpu:0=64MiB")
+    target = gpu(r, "node-a/cpu:0")
+    seen = time.time()
+    assert cold_starts.open_episode(r, "tiny-lm", "v1", seen)  # a route lookup found it cold
+    d = Dispatcher(r, celery).preload("tiny-lm", "v1", target, actor="router", reason="test", kind="demand")
+    out = celery.AsyncResult(d.task_id).get(timeout=60)
+    assert out["state"] == "ready"
+    ready = rep(r, target.id, "tiny-lm")
+    assert ready is not None and ready.state == "ready"
+    c = histograms.read(r, metrics_defs.REDIS_HISTOGRAMS)
+    assert [c[x.name].count for x in metrics_defs.REDIS_HISTOGRAMS] == [1, 1, 1]
+    assert c[metrics_defs.MODEL_LOAD.name].sum == pytest.approx(out["load_seconds"])
+    assert cold_starts.read_open(r) == {}
+    assert cold_starts.last_durations(r)["tiny-lm"] == pytest.approx(ready.since - seen, abs=0.002)
+    assert load_times.recent(r, ["tiny-lm"])["tiny-lm"].load == [
+        pytest.approx(out["load_seconds"] + out["warmup_seconds"], abs=1e-3)]
+    # A repeat preload of the resident replica loads nothing: nothing more is counted.
+    assert celery.send_task(celery_app.PRELOAD, args=["tiny-lm", "v1"], queue=target.queue).get(timeout=30)["noop"]
+    c = histograms.read(r, metrics_defs.REDIS_HISTOGRAMS)
+    assert [c[x.name].count for x in metrics_defs.REDIS_HISTOGRAMS] == [1, 1, 1]
 
 
 def test_infer_runs_while_a_preload_loads_on_the_same_gpu(r: redis.Redis, celery: Celery, catalog: Path,

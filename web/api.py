@@ -23,9 +23,9 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import events, keys, rooms, state, traffic
+from prewarm import events, rooms, state, traffic
 from prewarm.catalog import ModelEntry
-from web import coldstarts
+from prewarm.store import cold_starts, load_times, overlays
 from web.auth import require_admin
 from web.metrics import memory_split
 from web.schemas import EvictBody, PreloadBody
@@ -70,7 +70,7 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
     c = ctx()
     now = time.time() if now is None else now
     fleet = state.read_fleet(c.r)
-    coldstarts.close_cold_starts(c.r, fleet)
+    cold_starts.close_ready(c.r, fleet)
     intents = state.read_intents(c.r)
     share = speculative_share()
     gpus = []
@@ -109,21 +109,16 @@ def models_view(window_s: float = 60.0, now: float | None = None) -> list[dict[s
     catalog = c.catalog
     ids = catalog.ids()
     fleet = state.read_fleet(c.r)
-    coldstarts.close_cold_starts(c.r, fleet)
+    cold_starts.close_ready(c.r, fleet)
     rates = traffic.rates(c.r, window_s, now=now)
     minute_end = traffic.bucket_start(now, traffic.MINUTE) + traffic.MINUTE  # include the current minute
     spark = traffic.read_minutes(c.r, minute_end - SPARK_MINUTES * 60, minute_end)
     totals = traffic.totals(c.r)
     last = traffic.last_requests(c.r)
-    pipe = c.r.pipeline(transaction=False)
-    pipe.smembers(keys.PINNED)
-    for m in ids:
-        pipe.lrange(keys.load_times(m), 0, 99)
-    raw = pipe.execute()
-    pinned = {x.decode() for x in raw[0]}
-    loads = {m: [float(x) for x in raw[1 + i]] for i, m in enumerate(ids)}
-    last_cold = coldstarts.last_durations(c.r)
-    open_cold = coldstarts.open_models(c.r)
+    pinned = overlays.pinned(c.r)
+    loads = {m: x.load for m, x in load_times.recent(c.r, ids).items()}
+    last_cold = cold_starts.last_durations(c.r)
+    open_cold = {m: x.seen_at for m, x in cold_starts.read_open(c.r, now).items()}
     gpus = {g.id: g for g in fleet.gpus}
     out = []
     for m in ids:
@@ -240,10 +235,7 @@ def do_evict(model: str, body: EvictBody) -> dict[str, Any]:
 def do_pin(model: str, pin: bool) -> dict[str, Any]:
     c = ctx()
     entry = _entry(model, None)
-    if pin:
-        c.r.sadd(keys.PINNED, entry.id)
-    else:
-        c.r.srem(keys.PINNED, entry.id)
+    overlays.set_pinned(c.r, entry.id, pin)
     word = "pin" if pin else "unpin"
     events.record(c.r, word, "operator", model=entry.id, reason=f"operator {word} from the console",
                   maxlen=c.settings.event_log_max)

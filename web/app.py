@@ -17,10 +17,9 @@ from flask import Flask, Response, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
-from prewarm import state
 from prewarm.catalog import CatalogError
 from prewarm.context import Context
-from web import api, coldstarts, console, hooks, metrics, openapi, sessions
+from web import api, console, hooks, metrics, openapi, sessions
 from web.util import ApiError, ctx, enforce_body_limit, json_error
 
 log = logging.getLogger("prewarm.web")
@@ -59,10 +58,7 @@ def create_app(context: Context | None = None) -> Flask:
 
     @app.get("/metrics")
     def metrics_view() -> Response:
-        c = ctx()
-        fleet = state.read_fleet(c.r)
-        coldstarts.close_cold_starts(c.r, fleet)  # a cold start ends even when no lookup notices it
-        coldstarts.observe_loads(c.r, fleet)
+        # Read only: cold starts are closed and loads recorded where they happen (the worker's ready).
         return Response(metrics.exposition(ctx().r), mimetype="text/plain; version=0.0.4; charset=utf-8")
 
     @app.errorhandler(ApiError)

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -23,9 +22,10 @@ import redis
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import events, keys, rooms, state, traffic
+from prewarm import events, keys, replica_states, rooms, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
+from prewarm.store import cold_starts, overlays
 from web import coldstarts, metrics
 from web.auth import require_hook_token
 from web.schemas import MAX_BATCH, RequestBatch, RequestEvent, Rollout
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 bp = Blueprint("hooks", __name__, url_prefix="/hooks")
 
 # Routable replica states, best first: a router sends to `ready`; the others say when it will be.
-_ORDER = {"ready": 0, "warming": 1, "loading": 2, "pending": 3}
+_ORDER = {name: i for i, name in enumerate(replica_states.ROUTABLE)}
 
 
 @bp.post("/requests")
@@ -94,9 +94,9 @@ def route_hook() -> ResponseReturnValue:
     found.sort(key=lambda p: (_ORDER[p[0].state], p[0].in_flight, -p[0].progress, p[1].id))
     body: dict[str, Any] = {"model": entry.id, "version": entry.version,
                             "replicas": [replica_view(rep, g) for rep, g in found]}
-    if found and found[0][0].state == "ready":
+    if found and found[0][0].state == replica_states.READY:
         body["state"] = "ready"
-        coldstarts.close_cold_starts(c.r, fleet, [entry.id])
+        cold_starts.close_ready(c.r, fleet, [entry.id])
     elif found or _preload_in_flight(entry, fleet):
         body["state"] = "loading"
         coldstarts.open_cold_start(c.r, entry.id, entry.version)
@@ -188,16 +188,16 @@ def rollout_hook() -> ResponseReturnValue:
         raise ApiError(422, f"version: {body.model}@{body.version} is not in the catalog; add it first",
                        "version") from None
     current = catalog.get(body.model)
-    rec = {"version": body.version, "traffic_fraction": body.traffic_fraction, "since": time.time(),
-           "from_version": current.version}
+    rollout = overlays.Rollout(version=body.version, traffic_fraction=body.traffic_fraction, since=time.time(),
+                               from_version=current.version)
     r = ctx().r
     pipe = r.pipeline(transaction=True)
-    pipe.hset(keys.ROLLOUTS, body.model, json.dumps(rec))
+    overlays.announce(pipe, body.model, rollout)
     events.record(pipe, "rollout", "router", model=body.model,
                   reason=f"rollout announced: {body.model}@{body.version} to take "
                          f"{body.traffic_fraction:.0%} of traffic from {current.version}",
                   numbers={"version": body.version, "traffic_fraction": body.traffic_fraction},
                   maxlen=ctx().settings.event_log_max)
     pipe.execute()
-    return jsonify({"model": body.model, **rec}), 202
+    return jsonify({"model": body.model, **rollout.public()}), 202
 

@@ -1,17 +1,16 @@
-"""Prometheus metrics of prewarm (names and units: docs/metrics.md).
+"""Prometheus metrics of prewarm as the web exposes them (names and units: docs/metrics.md).
 
-This module imports only prometheus_client and prewarm's torch-free core, so the scheduler and the GPU
-worker can import the metric objects they observe (`SCHEDULER_TICK`, `MODEL_LOAD`, `MODEL_WARMUP`) from
-here and expose them on their own port with `prometheus_client.start_http_server`.
-
-Two kinds of metric:
-- In-process counters and histograms (route lookups, cold starts, load times...). Under gunicorn,
+Metric definitions other processes share live in prewarm/metrics_defs.py (the scheduler observes its tick
+there without importing web). Two kinds of metric:
+- In-process counters (route lookups, cold starts) and the scheduler's tick histogram. Under gunicorn,
   PROMETHEUS_MULTIPROC_DIR must be set before prometheus_client is imported (`prewarm web` does it);
   `/metrics` then sums every worker process's files.
 - Values that live in Redis, read at scrape time by `RedisCollector`: request totals per model (exact
-  across processes and restarts), preloads/evictions per reason (counted by every dispatcher), and GPU
-  memory split into ready / loading / free. Reading Redis at scrape time means no process has to keep
-  a gauge in sync, and multiprocess mode needs no gauge aggregation.
+  across processes and restarts), preloads/evictions per reason (counted by every dispatcher), GPU
+  memory split into ready / loading / free, and the histograms of events observed where they happen
+  (cold-start duration, model load and warmup: the worker records them when a replica turns ready).
+  Reading Redis at scrape time means no process has to keep a gauge in sync, and multiprocess mode needs
+  no aggregation. A scrape only reads: whoever scrapes, and how often, changes no figure.
 """
 
 from __future__ import annotations
@@ -20,28 +19,20 @@ import os
 from collections.abc import Iterator
 
 import redis
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from prewarm import keys, state, traffic
-
-# Cold starts run from seconds (a small model from page cache) to minutes (a large one from storage).
-_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+from prewarm import metrics_defs, replica_states, state, traffic
+from prewarm.store import dispatch_counts, histograms
 
 ROUTE_LOOKUPS = Counter("prewarm_route_lookups", "Route hook lookups by what the router was told: "
                         "ready (a warm hit), loading or cold", ["result"])
 COLD_STARTS = Counter("prewarm_cold_starts", "Cold starts: a route lookup found no ready replica of "
                       "the model (counted once per episode, until a replica is ready)", ["model"])
-COLD_START_DURATION = Histogram("prewarm_cold_start_duration_seconds", "Time from a route lookup seeing "
-                                "a model cold to a replica of it being ready", buckets=_LOAD_BUCKETS)
-MODEL_LOAD = Histogram("prewarm_model_load_seconds", "Time to read a model's weights onto its device",
-                       buckets=_LOAD_BUCKETS)
-MODEL_WARMUP = Histogram("prewarm_model_warmup_seconds", "Time to run a model's warmup inputs after "
-                         "loading", buckets=_LOAD_BUCKETS)
-SCHEDULER_TICK = Histogram("prewarm_scheduler_tick_seconds", "Duration of one scheduler tick: snapshot, "
-                           "plan and dispatch", buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                                                         2.5, 5.0))
+# Made here at import, so every gunicorn worker's file shows it (zeros) before a scheduler observes any.
+SCHEDULER_TICK = metrics_defs.in_process(metrics_defs.SCHEDULER_TICK)
 for _result in ("ready", "loading", "cold"):
     ROUTE_LOOKUPS.labels(_result)  # export zeros so the hit-rate ratio exists before the first lookup
 
@@ -68,12 +59,17 @@ class RedisCollector(Collector):
         unstages = CounterMetricFamily("prewarm_unstages", "Unstages from a node's host cache dispatched, by "
                                        "reason", labels=["reason"])
         families = {"preload": preloads, "evict": evictions, "stage": stages, "unstage": unstages}
-        for field, n in sorted(self.r.hgetall(keys.DISPATCH_COUNTS).items()):
-            action, _, reason = field.decode().partition(":")
+        for (action, reason), n in dispatch_counts.read(self.r).items():
             family = families.get(action)
             if family is not None:
-                family.add_metric([reason or "unspecified"], int(n))
+                family.add_metric([reason], n)
         yield from families.values()
+
+        counts = histograms.read(self.r, metrics_defs.REDIS_HISTOGRAMS)
+        for d in metrics_defs.REDIS_HISTOGRAMS:
+            h = counts[d.name]
+            yield HistogramMetricFamily(d.name, d.help, buckets=[(floatToGoString(b), n) for b, n in h.buckets],
+                                        sum_value=h.sum)
 
         memory = GaugeMetricFamily("prewarm_gpu_memory_bytes", "GPU memory by use: held by ready "
                                    "replicas, by replicas still loading, and free (worker-measured)",
@@ -102,8 +98,8 @@ class RedisCollector(Collector):
 
 def memory_split(g: state.Gpu) -> dict[str, int]:
     """Bytes held by ready replicas, by replicas on their way (pending/loading/warming) or leaving, free."""
-    ready = sum(x.bytes for x in g.replicas if x.state == "ready")
-    loading = sum(x.bytes for x in g.replicas if x.state in ("pending", "loading", "warming", "evicting"))
+    ready = sum(x.bytes for x in g.replicas if x.state == replica_states.READY)
+    loading = sum(x.bytes for x in g.replicas if x.state in (*replica_states.IN_FLIGHT, replica_states.EVICTING))
     return {"ready": ready, "loading": loading, "free": g.free_bytes}
 
 
@@ -115,8 +111,7 @@ def exposition(r: redis.Redis) -> bytes:
 
         multiprocess.MultiProcessCollector(registry)
     else:
-        for collector in (ROUTE_LOOKUPS, COLD_STARTS, COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP,
-                          SCHEDULER_TICK):
+        for collector in (ROUTE_LOOKUPS, COLD_STARTS, SCHEDULER_TICK):
             registry.register(collector)
     registry.register(RedisCollector(r))
     return generate_latest(registry)

@@ -33,6 +33,8 @@ MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "tick",
 # the compiled modules are typed against types.py: a change there needs a new build too
 SOURCES = (*MODULES, "types")
 PACKAGE = "scheduler.policy"
+# Core modules the policy imports (dependency-free): they are type-checked with the build and hashed into it.
+CORE = (HERE.parent.parent / "prewarm" / "replica_states.py",)
 
 _active: Path | None = None  # the build in use, once activate() succeeded
 
@@ -42,6 +44,9 @@ def source_hash() -> str:
     for name in SOURCES:
         h.update(name.encode())
         h.update((HERE / f"{name}.py").read_bytes())
+    for path in CORE:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
     return f"{h.hexdigest()[:16]}-{sys.implementation.cache_tag}"
 
 
@@ -107,6 +112,10 @@ def build(force: bool = False) -> Path:
         (src / "scheduler" / "__init__.py").write_text("")
         for f in HERE.glob("*.py"):
             shutil.copy2(f, src / "scheduler" / "policy" / f.name)
+        (src / "prewarm").mkdir()
+        (src / "prewarm" / "__init__.py").write_text("")
+        for f in CORE:
+            shutil.copy2(f, src / "prewarm" / f.name)
         paths = [f"scheduler/policy/{m}.py" for m in MODULES]
         proc = subprocess.run([sys.executable, "-m", "mypyc", *paths], cwd=src,
                               capture_output=True, text=True)

@@ -10,12 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# The state names are spelled once, in a dependency-free core module (the policy stays pure).
+from prewarm.replica_states import HOLDING, IN_FLIGHT
+from prewarm.replica_states import ReplicaStateName as ReplicaStateName
+
 GIB = 1 << 30
 
-ReplicaStateName = Literal["pending", "loading", "warming", "ready", "evicting", "failed"]
-LOADING_STATES: frozenset[str] = frozenset({"pending", "loading", "warming"})
+LOADING_STATES: frozenset[str] = frozenset(IN_FLIGHT)
 # States that hold (or are about to hold) device memory.
-HOLDING_STATES: frozenset[str] = frozenset({"pending", "loading", "warming", "ready", "evicting"})
+HOLDING_STATES: frozenset[str] = frozenset(HOLDING)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,57 @@
+"""Metric definitions more than one process shares (names, help, buckets: docs/metrics.md).
+
+Plain data, so the worker and the store import them without prometheus_client: the histograms of events
+that happen in the worker (a model turning ready) are kept in Redis by prewarm.store.histograms and
+exposed by the web's RedisCollector under these names. A process that observes one of them in its own
+memory (the scheduler's tick) makes its prometheus_client object with `in_process`, created once per
+process whoever asks (the web registers the same object for its exposition).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
+
+
+@dataclass(frozen=True)
+class HistogramDef:
+    name: str
+    help: str
+    buckets: tuple[float, ...]  # upper bounds, ascending, without +Inf (every histogram has that one too)
+
+    def bucket_of(self, value: float) -> float:
+        """The bound of the bucket a value is counted in: the first bound >= value (Prometheus's `le`)."""
+        return next((b for b in self.buckets if value <= b), math.inf)
+
+    def bounds(self) -> tuple[float, ...]:
+        return (*self.buckets, math.inf)
+
+
+# Cold starts run from seconds (a small model from page cache) to minutes (a large one from storage).
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+# Kept in Redis (observed where the event happens, exposed by every web process alike).
+COLD_START_DURATION = HistogramDef("prewarm_cold_start_duration_seconds", "Time from a route lookup seeing a "
+                                   "model cold to a replica of it being ready", LOAD_BUCKETS)
+MODEL_LOAD = HistogramDef("prewarm_model_load_seconds", "Time to read a model's weights onto its device",
+                          LOAD_BUCKETS)
+MODEL_WARMUP = HistogramDef("prewarm_model_warmup_seconds", "Time to run a model's warmup inputs after loading",
+                            LOAD_BUCKETS)
+REDIS_HISTOGRAMS = (COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP)
+
+# Observed in the scheduler's process (its own port, or the multiprocess folder `prewarm up` shares).
+SCHEDULER_TICK = HistogramDef("prewarm_scheduler_tick_seconds", "Duration of one scheduler tick: snapshot, "
+                              "plan and dispatch", (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+
+
+@functools.cache
+def in_process(d: HistogramDef) -> Histogram:
+    """The prometheus_client histogram for `d` in this process (made on first use, registered once)."""
+    from prometheus_client import Histogram
+
+    return Histogram(d.name, d.help, buckets=d.buckets)

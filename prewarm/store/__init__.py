@@ -1,0 +1,14 @@
+"""The store: every record's read and write, beside keys.py (which spells the keys).
+
+Web, scheduler, worker and CLI call these; none of them parses or writes one of these records by hand.
+One module per record family:
+
+    cold_starts      open cold-start episodes (route hook) and their closing (the replica's ready)
+    ready            what a replica turning ready records, at that moment, in one transaction
+    load_times       measured load and promotion seconds (worker writes, scheduler and API read)
+    histograms       Redis-backed Prometheus histograms (observed in any process, exposed by web)
+    overlays         operator pins and rollouts
+    dispatch_counts  actions dispatched, per action and kind
+
+The fleet's records (GPUs, replicas, host caches, intents) have their store in prewarm/state.py.
+"""
