@@ -1,9 +1,10 @@
-"""The operator CLI says what really happened (issue 17, findings 5 and 7), run as a real process against
+"""The operator CLI says what really happened (issue 17, findings 5, 7 and 8), run as a real process against
 a real worker and Redis:
 
 - an evict of a model that is still loading cancels the load, and says so; a refused action exits non-zero
   naming the action that was refused and the one in flight;
-- `preload --wait` reports this attempt's outcome, not an earlier attempt's `failed` record.
+- `preload --wait` reports this attempt's outcome, not an earlier attempt's `failed` record;
+- Redis down, or refusing the password: one readable line naming the URL (never the password), no traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from celery import Celery
 
 from prewarm import celery_app, events, keys, state
 from prewarm.dispatch import Dispatcher
+from prewarm.redis_server import EmbeddedRedis, free_port
 from tests import procs
 from tests.model_files import model_files, reshape_tensor, tiny_catalog
 from tests.procs import wait_for
@@ -104,3 +106,31 @@ def test_preload_wait_reports_this_attempt_not_an_earlier_failure(r: redis.Redis
     assert "tiny-lm@v1 ready on node-a/cpu:0" in p.stdout
     assert rep(r, "node-a/cpu:0", "tiny-lm").state == "ready"
     assert celery.AsyncResult(busy.task_id).get(timeout=60)["state"] == "ready"
+
+
+def _one_line(p) -> str:  # noqa: ANN001
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr and p.stdout == "", p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args", [("fleet",), ("preload", "tiny-mlp"), ("events",)])
+def test_cli_with_redis_down_says_so_in_one_line(catalog: Path, args: tuple[str, ...]) -> None:
+    port = free_port()  # nothing listens there
+    line = _one_line(_cli(f"redis://:hunter2@127.0.0.1:{port}/0", catalog, *args, timeout=120))
+    assert line.startswith(f"prewarm: cannot reach Redis at redis://:***@127.0.0.1:{port}/0 (")
+    assert "check PREWARM_REDIS_URL" in line and "hunter2" not in line
+
+
+def test_cli_with_a_wrong_password_says_so_in_one_line(catalog: Path) -> None:
+    port = free_port()
+    with EmbeddedRedis(port=port, extra_args=["--requirepass", "right-one"],
+                       client_url=f"redis://:right-one@127.0.0.1:{port}/0"):
+        for url in (f"redis://:wrong-one@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
+            line = _one_line(_cli(url, catalog, "fleet"))
+            assert line.startswith("prewarm: Redis at redis://") and "refused the login" in line, line
+            assert "check the password" in line and "wrong-one" not in line and "right-one" not in line
+        ok = _cli(f"redis://:right-one@127.0.0.1:{port}/0", catalog, "fleet", "--json")
+        assert ok.returncode == 0, ok.stderr
