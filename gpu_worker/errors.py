@@ -48,3 +48,8 @@ class BadRequest(WorkerError):
 class Busy(WorkerError):
     """The GPU already runs as many loads as it may (or this very load): the task is retried shortly,
     so a queue of preloads never ties up the threads that inference needs."""
+
+
+class Stale(WorkerError):
+    """The task was delivered after its intent expired or was superseded (e.g. redelivered by the broker an
+    hour after a worker died): dropped without acting, recorded as a `stale` event."""

@@ -427,10 +427,12 @@ class NodeWorker:
         except redis.RedisError as exc:
             log.warning("could not record event %s %s: %s", kind, model, exc)
 
-    def _release_intent(self, model: str, g: GpuSlot | str) -> None:
+    def _release_intent(self, model: str, g: GpuSlot | str, intent_id: str) -> None:
+        """Release this task's own intent (`intent_id`; "": a task sent without one releases only an intent
+        claimed without one): an evict that took over a preload's intent keeps it when that load ends."""
         target = g if isinstance(g, str) else g.id
         try:
-            state.release_intent(self.r, model, target)
+            state.release_intent(self.r, model, target, intent_id)
         except redis.RedisError as exc:
             log.warning("could not release intent %s on %s: %s", model, target, exc)
 
@@ -443,7 +445,8 @@ class NodeWorker:
 
     # --- preload ----------------------------------------------------------------------------------
     def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
-                kind: str = "", defer: bool = False, task_id: str | None = None) -> dict[str, Any]:
+                kind: str = "", defer: bool = False, task_id: str | None = None,
+                intent_id: str = "") -> dict[str, Any]:
         """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py).
 
         With `defer`, raise Busy instead of waiting: when this model is already loading here (its outcome
@@ -451,12 +454,13 @@ class NodeWorker:
         `pending` until a load slot frees), or when the model is being staged in this node's host cache (it
         is promoted from there once staged, rather than read from storage twice). The Celery task retries
         then, so waiting preloads sit in the queue rather than on the threads inference needs. `task_id`
-        lets an evict cancel a waiting preload.
+        lets an evict cancel a waiting preload; `intent_id` (the dispatch's intent) is the intent this preload
+        releases when it ends, and lets an evict that superseded it cancel it before it starts.
         """
         try:
             entry = self.entry(model, version)
         except UnknownModel as exc:
-            self._fail_unknown(g, model, version, str(exc))
+            self._fail_unknown(g, model, version, str(exc), intent_id)
             raise
         key = entry.key
         now = time.time()
@@ -464,7 +468,7 @@ class NodeWorker:
         with self._stage_lock:
             staging = key in self._stages
         with g.lock:
-            if task_id and task_id in g.cancelled_tasks:
+            if (task_id and task_id in g.cancelled_tasks) or (intent_id and intent_id in g.cancelled_tasks):
                 raise Cancelled(f"preload of {key} on {g.id} was cancelled by an evict while it waited")
             s = g.replicas.get(key)
             busy = defer and (staging or g.active_loads() >= self.options.max_loads_per_gpu)
@@ -498,7 +502,7 @@ class NodeWorker:
         if not owner:
             if waiting:
                 s.done.wait()  # the first preload's outcome is this one's
-            self._release_intent(entry.id, g)
+            self._release_intent(entry.id, g, intent_id)
             with g.lock:
                 rec = replace(s.record)
             if rec.state != "ready":
@@ -508,10 +512,10 @@ class NodeWorker:
         try:
             self._load(g, s, entry)
         except WorkerError as exc:
-            return self._failed(g, s, entry, exc)
+            return self._failed(g, s, entry, exc, intent_id)
         except Exception as exc:  # noqa: BLE001 - anything else still fails the replica cleanly
             return self._failed(g, s, entry, LoadFailed(f"preload of {key} on {g.id} failed: "
-                                                         f"{type(exc).__name__}: {exc}"))
+                                                         f"{type(exc).__name__}: {exc}"), intent_id)
         finally:
             s.done.set()
         with g.lock:
@@ -520,7 +524,7 @@ class NodeWorker:
             replica_ready(self.r, rec)
         except redis.RedisError as exc:
             log.warning("could not record load time of %s: %s", key, exc)
-        self._release_intent(entry.id, g)
+        self._release_intent(entry.id, g, intent_id)
         self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)}, from {rec.source})",
                     {"version": entry.version, "bytes": rec.bytes, "load_seconds": rec.load_seconds,
                      "warmup_seconds": rec.warmup_seconds, "kind": kind, "source": rec.source})
@@ -769,7 +773,7 @@ class NodeWorker:
                         "latency_ms": round(lat[-1] * 1000, 3), "first_ms": round(lat[0] * 1000, 3)})
         return out
 
-    def _failed(self, g: GpuSlot, s: Slot, entry: ModelEntry, exc: WorkerError) -> dict[str, Any]:
+    def _failed(self, g: GpuSlot, s: Slot, entry: ModelEntry, exc: WorkerError, intent_id: str) -> dict[str, Any]:
         msg = str(exc)
         cancelled = isinstance(exc, Cancelled)
         with g.lock:
@@ -787,12 +791,12 @@ class NodeWorker:
             self._drop_published(g, entry.id, entry.version)
         else:
             self.publish(g, s)
-        self._release_intent(entry.id, g)
+        self._release_intent(entry.id, g, intent_id)
         self._event("failed", entry.id, g, msg, {"version": entry.version, "cancelled": cancelled})
         log.warning("preload of %s on %s failed: %s", entry.key, g.id, msg)
         raise exc
 
-    def _fail_unknown(self, g: GpuSlot, model: str, version: str | None, msg: str) -> None:
+    def _fail_unknown(self, g: GpuSlot, model: str, version: str | None, msg: str, intent_id: str) -> None:
         v = version or "?"
         rec = state.Replica(model=model, version=v, gpu=g.id, state="failed", error=msg, since=time.time(),
                             created_at=time.time())
@@ -803,14 +807,18 @@ class NodeWorker:
             if key not in g.replicas or g.replicas[key].record.state == "failed":
                 g.replicas[key] = s
         self.publish(g, s)
-        self._release_intent(model, g)
+        self._release_intent(model, g, intent_id)
         self._event("failed", model, g, msg, {"version": v})
 
     # --- evict ------------------------------------------------------------------------------------
     def evict(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
-              cancel_timeout: float = 120.0) -> dict[str, Any]:
-        """Drop every replica of `model` (of `version` when given) on `g`; idempotent."""
+              cancel_timeout: float = 120.0, intent_id: str = "", supersedes: str = "") -> dict[str, Any]:
+        """Drop every replica of `model` (of `version` when given) on `g`; idempotent. A load of it in
+        progress is cancelled. `supersedes`: the intent id of the preload this evict took over; a preload
+        task carrying it that has not started yet is cancelled when it does."""
         with g.lock:
+            if supersedes:
+                g.cancelled_tasks[supersedes] = time.time()
             targets = [(k, s) for k, s in g.replicas.items()
                        if s.record.model == model and (not version or s.record.version == version)]
             now = time.time()
@@ -840,7 +848,7 @@ class NodeWorker:
             self._drop_published(g, s.record.model, s.record.version)
         if targets:
             g.device.reclaim()
-        self._release_intent(model, g)
+        self._release_intent(model, g, intent_id)
         inv = g.device.inventory()
         if targets:
             self._event("evicted", model, g, reason or "evicted",
@@ -850,7 +858,7 @@ class NodeWorker:
 
     # --- host cache: stage / unstage ----------------------------------------------------------------
     def stage(self, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
-              value: float = 0.0) -> dict[str, Any]:
+              value: float = 0.0, intent_id: str = "") -> dict[str, Any]:
         """Read `model`'s weights into the node's host cache (no device memory); idempotent.
 
         `value` is the keep-value the cache's value-per-byte eviction compares (a re-stage keeps the larger).
@@ -860,7 +868,7 @@ class NodeWorker:
         try:
             entry = self.entry(model, version)
         except UnknownModel as exc:
-            self._release_intent(model, target)
+            self._release_intent(model, target, intent_id)
             self._node_event("failed", model, str(exc), {"version": version, "action": "stage"})
             raise
         key = entry.key
@@ -873,7 +881,7 @@ class NodeWorker:
             self._node_event("unstaged", entry.id, "staged copy is older than its weight files (changed since "
                              "staged); staging again", {"version": entry.version})
         if self.host_cache.get(key) is not None:
-            return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[])
+            return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[], intent_id=intent_id)
         with self._stage_lock:
             job = self._stages.get(key)
             owner = job is None
@@ -887,9 +895,9 @@ class NodeWorker:
         if not owner:
             job.done.wait()  # a stage of it is running: its outcome is this one's
             if self.host_cache.get(key) is None:
-                self._release_intent(entry.id, target)
+                self._release_intent(entry.id, target, intent_id)
                 raise LoadFailed(job.error or f"staging {key} on node {self.node} did not complete")
-            return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[])
+            return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[], intent_id=intent_id)
         error: WorkerError | None = None
         before = {e.key for e in self.host_cache.entries()}
         try:
@@ -911,7 +919,7 @@ class NodeWorker:
             error.__traceback__ = error.__context__ = error.__cause__ = None
             trim_host_memory()
             self._write_node()
-            self._release_intent(entry.id, target)
+            self._release_intent(entry.id, target, intent_id)
             self._node_event("failed", entry.id, str(error), {"version": entry.version, "action": "stage",
                                                               "cancelled": isinstance(error, Cancelled)})
             log.warning("stage of %s on %s failed: %s", key, self.node, error)
@@ -924,7 +932,7 @@ class NodeWorker:
         for k in evicted:
             m, _, v = k.rpartition("@")
             self._node_event("unstaged", m, f"value-per-byte eviction to stage {key}", {"version": v})
-        return self._staged_result(entry, key, reason, kind, value, noop=False, evicted=evicted)
+        return self._staged_result(entry, key, reason, kind, value, noop=False, evicted=evicted, intent_id=intent_id)
 
     def _stage(self, job: StageJob, entry: ModelEntry, value: float) -> None:
         key = entry.key
@@ -971,12 +979,12 @@ class NodeWorker:
         # An unstage that came as the read finished waits for us (job.done) and then drops it: no race here.
 
     def _staged_result(self, entry: ModelEntry, key: str, reason: str, kind: str, value: float, *, noop: bool,
-                       evicted: list[str]) -> dict[str, Any]:
+                       evicted: list[str], intent_id: str) -> dict[str, Any]:
         e = self.host_cache.get(key)
         if e is not None and noop:
             self.host_cache.set_value(key, max(e.value, float(value)))
         target = state.host_id(self.node)
-        self._release_intent(entry.id, target)
+        self._release_intent(entry.id, target, intent_id)
         if e is None:  # evicted in the meantime by another stage: report it honestly
             raise LoadFailed(f"staging {key} on node {self.node}: evicted from the host cache before the "
                              "stage could report it")
@@ -992,7 +1000,7 @@ class NodeWorker:
                 "noop": noop, "evicted": evicted, "host_cache": self._cache_figures()}
 
     def unstage(self, model: str, version: str | None = None, *, reason: str = "",
-                cancel_timeout: float = 120.0) -> dict[str, Any]:
+                cancel_timeout: float = 120.0, intent_id: str = "") -> dict[str, Any]:
         """Drop `model` (every version unless `version`) from the node's host cache; cancels a stage of it
         in progress; idempotent. Device replicas are not touched."""
 
@@ -1015,7 +1023,7 @@ class NodeWorker:
         if targets or jobs:
             trim_host_memory()
         self._write_node()
-        self._release_intent(model, state.host_id(self.node))
+        self._release_intent(model, state.host_id(self.node), intent_id)
         versions = sorted(k.rpartition("@")[2] for k in targets)
         if targets:
             self._node_event("unstaged", model, reason or "unstaged", {"versions": versions, "bytes_freed": freed})
@@ -1092,6 +1100,17 @@ class NodeWorker:
     def replicas(self, g: GpuSlot) -> list[state.Replica]:
         with g.lock:
             return [replace(s.record) for s in g.replicas.values()]
+
+    def forget_queued(self, g: GpuSlot, task_id: str) -> None:
+        """Drop the `pending` placeholder a preload task queued for a load slot, when that task is dropped
+        (stale) and no other task waits on it: it must not linger as a load that will never come."""
+        with g.lock:
+            found = [(k, s) for k, s in g.replicas.items() if s.queued and s.task_ids == {task_id}]
+            for k, s in found:
+                del g.replicas[k]
+                s.done.set()
+        for _, s in found:
+            self._drop_published(g, s.record.model, s.record.version)
 
     def cancel_loads(self, reason: str) -> int:
         """Ask every load in progress to stop (each fails with Cancelled, releasing its intent); returns how

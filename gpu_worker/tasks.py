@@ -20,6 +20,11 @@ from. Shapes:
 
 A preload's result also carries "source": "host" (promoted from the node's host cache) or "storage".
 
+Every task also takes `intent_id=""` and `deadline=None`: its intent's id and deadline, sent by the
+dispatcher (`state.Intent.task_kwargs`); evict also `supersedes=""`, the id of the preload intent it took
+over. A task delivered after its intent expired or was superseded is dropped as stale (gpu_worker.intents:
+a `stale` event, errors.Stale, nothing else); one without an intent id always runs.
+
 A preload that finds its GPU at `max_loads_per_gpu` loads (or its own model already loading) goes back to
 the queue for RETRY_BUSY_SECONDS instead of holding a thread (the replica shows `pending` meanwhile); the
 result is the same once it runs. An evict of the model cancels such waiting preloads.
@@ -30,10 +35,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from celery import Celery, Task
 
+from gpu_worker import intents
 from gpu_worker.errors import Busy, WorkerError
 from gpu_worker.residency import GpuSlot, NodeWorker
+from prewarm import state
 from prewarm.celery_app import EVICT, INFER, PRELOAD, STAGE, UNSTAGE
 
 RETRY_BUSY_SECONDS = 0.5
@@ -44,23 +52,54 @@ def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
     return worker.gpu_for(gpu, info.get("routing_key"))
 
 
+def _check(worker: NodeWorker, action: str, model: str, version: str | None, target: str, intent_id: str,
+           deadline: float | None) -> None:
+    """Raise errors.Stale (after recording it) when the task's intent expired or was superseded."""
+    why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
+    if why:
+        raise intents.drop(worker.r, action, model, version, target, why, intent_id,
+                           maxlen=worker.options.event_log_max)
+
+
+def _keep_alive(worker: NodeWorker, model: str, target: str, intent_id: str, deadline: float | None) -> float | None:
+    """A preload this worker holds queued keeps its intent alive (so it is not stale when its turn comes);
+    the deadline its retry carries."""
+    if not intent_id:
+        return deadline
+    try:
+        return state.extend_intent(worker.r, model, target, intent_id) or deadline
+    except redis.RedisError:
+        return deadline
+
+
 def register(app: Celery, worker: NodeWorker) -> None:
     # Retrying is the sender's call (it sees the reason); redelivery after a worker crash is acks_late's.
     # `throws`: a WorkerError is a reported outcome (logged in one line by us), not a crash with a traceback.
     @app.task(name=PRELOAD, bind=True, max_retries=None, throws=(WorkerError,))
     def preload(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
-                gpu: str | None = None) -> dict[str, Any]:
+                gpu: str | None = None, intent_id: str = "", deadline: float | None = None) -> dict[str, Any]:
+        g = _gpu(worker, self, gpu)
         try:
-            return worker.preload(_gpu(worker, self, gpu), model, version, reason=reason, kind=kind, defer=True,
-                                  task_id=self.request.id)
+            _check(worker, "preload", model, version, g.id, intent_id, deadline)
+        except WorkerError:
+            worker.forget_queued(g, self.request.id)  # its `pending` placeholder, if it queued one
+            raise
+        try:
+            return worker.preload(g, model, version, reason=reason, kind=kind, defer=True,
+                                  task_id=self.request.id, intent_id=intent_id)
         except Busy:
             # Back to the queue for a moment: a thread waiting on another load could be serving infer.
-            raise self.retry(countdown=RETRY_BUSY_SECONDS) from None
+            deadline = _keep_alive(worker, model, g.id, intent_id, deadline)
+            raise self.retry(countdown=RETRY_BUSY_SECONDS,
+                             kwargs={**(self.request.kwargs or {}), "deadline": deadline}) from None
 
     @app.task(name=EVICT, bind=True, throws=(WorkerError,))
     def evict(self: Task, model: str, *, version: str | None = None, reason: str = "",
-              gpu: str | None = None) -> dict[str, Any]:
-        return worker.evict(_gpu(worker, self, gpu), model, version, reason=reason)
+              gpu: str | None = None, intent_id: str = "", deadline: float | None = None,
+              supersedes: str = "") -> dict[str, Any]:
+        g = _gpu(worker, self, gpu)
+        _check(worker, "evict", model, version, g.id, intent_id, deadline)
+        return worker.evict(g, model, version, reason=reason, intent_id=intent_id, supersedes=supersedes)
 
     @app.task(name=INFER, bind=True, throws=(WorkerError,))
     def infer(self: Task, model: str, inputs: Any = None, *, version: str | None = None, gpu: str | None = None,
@@ -70,12 +109,15 @@ def register(app: Celery, worker: NodeWorker) -> None:
     # The host cache is the node's: `gpu` (or the queue) only has to be one of this worker's GPUs.
     @app.task(name=STAGE, bind=True, throws=(WorkerError,))
     def stage(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
-              gpu: str | None = None, value: float = 0.0) -> dict[str, Any]:
+              gpu: str | None = None, value: float = 0.0, intent_id: str = "",
+              deadline: float | None = None) -> dict[str, Any]:
         _gpu(worker, self, gpu)
-        return worker.stage(model, version, reason=reason, kind=kind, value=value)
+        _check(worker, "stage", model, version, state.host_id(worker.node), intent_id, deadline)
+        return worker.stage(model, version, reason=reason, kind=kind, value=value, intent_id=intent_id)
 
     @app.task(name=UNSTAGE, bind=True, throws=(WorkerError,))
     def unstage(self: Task, model: str, *, version: str | None = None, reason: str = "",
-                gpu: str | None = None) -> dict[str, Any]:
+                gpu: str | None = None, intent_id: str = "", deadline: float | None = None) -> dict[str, Any]:
         _gpu(worker, self, gpu)
-        return worker.unstage(model, version, reason=reason)
+        _check(worker, "unstage", model, version, state.host_id(worker.node), intent_id, deadline)
+        return worker.unstage(model, version, reason=reason, intent_id=intent_id)

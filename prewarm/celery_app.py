@@ -1,7 +1,8 @@
 """The Celery application shared by every process, and the task names.
 
 Web, scheduler and CLI send tasks *by name* to a GPU's queue, so they never import the worker (or torch).
-Delivery is at-least-once (`acks_late`): the worker's tasks are idempotent.
+Delivery is at-least-once (`acks_late`): the worker's tasks are idempotent, and one redelivered after its
+intent expired or was superseded is dropped as stale (gpu_worker/intents.py).
 """
 
 from __future__ import annotations

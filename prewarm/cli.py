@@ -51,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from prewarm.runtime import redis_failure
+
+        line = redis_failure(exc)  # Redis down or the password refused: one line, not a traceback
+        if line is None:
+            raise
+        print(f"prewarm: {line}", file=sys.stderr)
+        return 2
 
 
 def subgroup(sub: argparse._SubParsersAction, name: str, help_text: str) -> argparse._SubParsersAction:

@@ -8,11 +8,19 @@ never confirms expires by itself and the model can be planned again.
 
 Stage/unstage act on a node's host cache, not a GPU: their intent is claimed per (model, host_id(node))
 (`node-a/host`), and the task goes to the queue of any live GPU of that node (the `gpu` given).
+
+Every task carries its intent's id and deadline (`Intent.task_kwargs`): a task the broker redelivers after
+its intent expired or was superseded (a worker killed mid-task, an hour later) is dropped by the worker as
+stale. An evict supersedes a preload of the same model version in flight on that GPU (its intent is taken
+over, and the evict task names it in `supersedes`): the worker cancels that load, or drops the preload's
+task when it arrives. Any other action already in flight refuses the new one, and the answer says which.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +37,18 @@ class Dispatched:
     task_id: str
     gpu: str
     message: str
+    intent_id: str = ""  # the intent this dispatch claimed ("" when refused)
+    # Refused: the intent in flight that refused it. Sent: the intent it superseded (an evict taking over a
+    # preload), else None.
+    held: state.Intent | None = None
+
+    @property
+    def superseded(self) -> bool:
+        return self.sent and self.held is not None
+
+
+def _describe(it: state.Intent) -> str:
+    return f"{it.action} of {it.model}@{it.version} ({it.actor}: {it.reason})"
 
 
 class Dispatcher:
@@ -41,27 +61,43 @@ class Dispatcher:
 
     def _send(self, action: str, task: str, model: str, version: str, gpu: state.Gpu, actor: str,
               reason: str, numbers: dict[str, Any] | None, kind: str, args: list[Any],
-              kwargs: dict[str, Any], *, target: str | None = None) -> Dispatched:
+              kwargs: dict[str, Any], *, target: str | None = None, supersedes: Collection[str] = ()) -> Dispatched:
         # target: what the intent and event are about (the GPU, or host_id(node) for the host cache).
         target = target or gpu.id
         now = time.time()
+        # The task id is chosen here, so the intent is complete when claimed (never rewritten after the send,
+        # which could overwrite an intent that superseded it meanwhile).
         intent = state.Intent(action=action, model=model, version=version, gpu=target, actor=actor,
-                              reason=reason, created_at=now, expires_at=now + self.intent_ttl, kind=kind)
-        if not state.claim_intent(self.r, intent):
-            return Dispatched(False, "", target, f"{action} of {model} on {target} is already in flight")
+                              reason=reason, created_at=now, expires_at=now + self.intent_ttl, kind=kind,
+                              id=uuid.uuid4().hex, task_id=str(uuid.uuid4()))
+        if supersedes:
+            claimed, held = state.claim_intent_over(self.r, intent, supersedes)
+        else:
+            claimed, held = state.claim_intent(self.r, intent), None
+            if not claimed:
+                held = state.held_intent(self.r, model, target)
+        if not claimed:
+            what = _describe(held) if held is not None else "another action on it"
+            return Dispatched(False, "", target, f"{action} of {model}@{version} on {target} refused: {what} is "
+                                                 "in flight there; try again once it has ended", held=held)
+        kwargs = {**kwargs, **intent.task_kwargs()}
+        if held is not None:
+            kwargs["supersedes"] = held.id  # the worker cancels that preload's load, or its waiting task
         try:
-            result = self.celery.send_task(task, args=args, kwargs=kwargs, queue=gpu.queue)
+            result = self.celery.send_task(task, args=args, kwargs=kwargs, queue=gpu.queue, task_id=intent.task_id)
         except Exception:
-            state.release_intent(self.r, model, target)  # nothing was sent: leave no claim behind
+            state.release_intent(self.r, model, target, intent.id)  # nothing was sent: leave no claim behind
             raise
-        intent.task_id = result.id
-        state.update_intent(self.r, intent)
         dispatch_counts.count(self.r, action, kind)  # prewarm_*_total
-        events.record(self.r, action, actor, model=model, gpu=target, reason=reason,
-                      numbers={**(numbers or {}), "kind": kind} if kind else numbers,
+        numbers = {**(numbers or {}), "kind": kind} if kind else numbers
+        if held is not None:
+            numbers = {**(numbers or {}), "supersedes": held.action, "supersedes_actor": held.actor}
+        events.record(self.r, action, actor, model=model, gpu=target, reason=reason, numbers=numbers,
                       maxlen=self.event_log_max)
         via = f" (via {gpu.queue})" if target != gpu.id else ""
-        return Dispatched(True, result.id, target, f"{action} of {model} queued on {target}{via}")
+        cancels = f"; it cancels the {_describe(held)} in flight" if held is not None else ""
+        return Dispatched(True, result.id, target, f"{action} of {model} queued on {target}{via}{cancels}",
+                          intent_id=intent.id, held=held)
 
     def preload(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
                 numbers: dict[str, Any] | None = None, kind: str = "demand") -> Dispatched:
@@ -70,8 +106,9 @@ class Dispatcher:
 
     def evict(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
               numbers: dict[str, Any] | None = None, kind: str = "") -> Dispatched:
+        """Evict `model@version` from `gpu`; a preload of that version in flight there is cancelled."""
         return self._send("evict", celery_app.EVICT, model, version, gpu, actor, reason, numbers, kind,
-                          [model], {"version": version, "reason": reason})
+                          [model], {"version": version, "reason": reason}, supersedes=("preload",))
 
     def stage(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
               numbers: dict[str, Any] | None = None, kind: str = "", value: float = 0.0) -> Dispatched:

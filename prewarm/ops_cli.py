@@ -9,11 +9,15 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from prewarm import events, keys, rooms, state
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
 from prewarm.store import overlays
+
+if TYPE_CHECKING:
+    pass
 
 
 def _ctx():  # noqa: ANN202 - deferred import keeps `prewarm --help` fast
@@ -85,26 +89,17 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait(ctx, model: str, version: str, gpu: str, want: str, timeout: float) -> int:  # noqa: ANN001
+def _wait_gone(ctx, model: str, version: str, gpu: str, timeout: float) -> int:  # noqa: ANN001
     deadline = time.time() + timeout
     while time.time() < deadline:
-        fleet = state.read_fleet(ctx.r)
-        g = fleet.gpu(gpu)
+        g = state.read_fleet(ctx.r).gpu(gpu)
         if g is None or not g.alive:
             return _err(f"GPU {gpu} left the fleet while waiting")
-        rep = next((x for x in g.replicas if x.model == model and x.version == version), None)
-        if want == "ready" and rep is not None:
-            if rep.state == "ready":
-                print(f"{model}@{version} ready on {gpu}: {format_bytes(rep.bytes)}, load "
-                      f"{rep.load_seconds:.2f} s, warmup {rep.warmup_seconds:.2f} s")
-                return 0
-            if rep.state == "failed":
-                return _err(f"preload of {model} on {gpu} failed: {rep.error}")
-        if want == "gone" and rep is None:
+        if not any(x.model == model and x.version == version for x in g.replicas):
             print(f"{model}@{version} evicted from {gpu}")
             return 0
         time.sleep(0.2)
-    return _err(f"timed out after {timeout:.0f} s waiting for {model} to be {want} on {gpu}")
+    return _err(f"timed out after {timeout:.0f} s waiting for {model} to be gone from {gpu}")
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
@@ -117,8 +112,20 @@ def cmd_preload(args: argparse.Namespace) -> int:
         return _lookup_err(exc)
     d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="operator",
                                reason=args.reason or "operator preload from the CLI", kind="operator")
+    if not d.sent:
+        return _err(d.message)
     print(d.message)
-    return _wait(ctx, entry.id, entry.version, gpu.id, "ready", args.timeout) if args.wait else 0
+    if not args.wait:
+        return 0
+    # This attempt's own outcome (its task), never an older attempt's `failed` record still listed.
+    out, error = _task_outcome(ctx, d, args.timeout, gpu=gpu.id)
+    if error is not None:
+        return _err(f"preload of {entry.key} on {gpu.id} failed: {error}")
+    assert out is not None
+    already = " (already resident)" if out.get("noop") else ""
+    print(f"{entry.key} ready on {gpu.id}{already}: {format_bytes(out['bytes'])}, load "
+          f"{out['load_seconds'] or 0:.2f} s, warmup {out['warmup_seconds'] or 0:.2f} s")
+    return 0
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
@@ -128,8 +135,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
     except (KeyError, CatalogError) as exc:
         return _lookup_err(exc)
     fleet = state.read_fleet(ctx.r)
-    targets = [g for g in fleet.alive() if (args.gpu in (None, g.id, g.device))
-               and any(x.model == entry.id and x.version == entry.version for x in g.replicas)]
+    targets = rooms.evict_targets(ctx.r, [g for g in fleet.alive() if args.gpu in (None, g.id, g.device)],
+                            entry.id, entry.version)
     if not targets:
         where = f" on {args.gpu}" if args.gpu else ""
         print(f"{entry.id} is not resident{where}: nothing to evict")
@@ -138,9 +145,12 @@ def cmd_evict(args: argparse.Namespace) -> int:
     for g in targets:
         d = ctx.dispatcher.evict(entry.id, entry.version, g, actor="operator",
                                  reason=args.reason or "operator evict from the CLI")
+        if not d.sent:
+            rc = _err(d.message)
+            continue
         print(d.message)
         if args.wait:
-            rc = rc or _wait(ctx, entry.id, entry.version, g.id, "gone", args.timeout)
+            rc = _wait_gone(ctx, entry.id, entry.version, g.id, args.timeout) or rc
     return rc
 
 
@@ -166,12 +176,21 @@ def pick_node_gpu(fleet: state.Fleet, node: str | None, size: int) -> state.Gpu:
     return gpu
 
 
-def _task_outcome(ctx, d, timeout: float) -> tuple[dict | None, str | None]:  # noqa: ANN001
-    """Wait for a dispatched task's result: (result, None), or (None, the worker's reason)."""
-    try:
-        return ctx.celery.AsyncResult(d.task_id).get(timeout=timeout, propagate=True), None
-    except Exception as exc:  # noqa: BLE001 - a WorkerError rebuilt by Celery, or a timeout
-        return None, str(exc) or type(exc).__name__
+def _task_outcome(ctx, d, timeout: float, *, gpu: str | None = None) -> tuple[dict | None, str | None]:  # noqa: ANN001
+    """Wait for a dispatched task's result: (result, None), or (None, the worker's reason). With `gpu`, stop
+    waiting when that GPU leaves the fleet (its worker died: no result will come)."""
+    res = ctx.celery.AsyncResult(d.task_id)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if res.ready():
+            if res.successful():
+                return res.result, None
+            exc = res.result
+            return None, str(exc) or type(exc).__name__
+        if gpu is not None and not ((g := state.read_fleet(ctx.r).gpu(gpu)) and g.alive):
+            return None, f"GPU {gpu} left the fleet while waiting"
+        time.sleep(0.2)
+    return None, f"no outcome within {timeout:.0f} s (`prewarm fleet` shows where it stands)"
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -183,6 +202,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
         return _lookup_err(exc)
     d = ctx.dispatcher.stage(entry.id, entry.version, gpu, actor="operator",
                              reason=args.reason or "operator stage from the CLI", kind="operator", value=args.value)
+    if not d.sent and not (args.wait and d.held is not None and d.held.action == "stage"
+                           and d.held.version == entry.version):
+        return _err(d.message)
     print(d.message)
     if not args.wait:
         return 0
@@ -195,7 +217,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
         print(f"{entry.key} staged on {gpu.node}: {format_bytes(out['bytes'])} in {out['stage_seconds']:.2f} s"
               f"{evicted}; host cache free {format_bytes(out['host_cache']['free_bytes'])}")
         return 0
-    # Another stage of it is in flight: watch the node's records instead.
+    # The same stage is in flight already: watch the node's records instead.
     deadline = time.time() + args.timeout
     while time.time() < deadline:
         n = state.read_fleet(ctx.r).node(gpu.node)
@@ -230,8 +252,11 @@ def cmd_unstage(args: argparse.Namespace) -> int:
             continue
         d = ctx.dispatcher.unstage(entry.id, entry.version, gpu, actor="operator",
                                    reason=args.reason or "operator unstage from the CLI")
+        if not d.sent:
+            rc = _err(d.message)
+            continue
         print(d.message)
-        if args.wait and d.sent:
+        if args.wait:
             out, error = _task_outcome(ctx, d, args.timeout)
             if error is not None:
                 rc = _err(f"unstage of {entry.key} on {node} failed: {error}")

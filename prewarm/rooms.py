@@ -76,3 +76,12 @@ def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelE
                           f"(largest {format_bytes(max(g.total_bytes for g in alive))})")
     best = ranked(r, fleet, catalog, entry, max_loads)
     return best[0] if best else max(alive, key=lambda g: (g.free_bytes, g.id))
+
+
+def evict_targets(r: redis.Redis, gpus: list[state.Gpu], model: str, version: str) -> list[state.Gpu]:
+    """The GPUs (of `gpus`) an evict of model@version acts on: those with a replica of it in any state, and
+    those with a preload of it dispatched but not yet visible as a replica (the evict cancels that)."""
+    held = state.held_intents(r, [(model, g.id) for g in gpus])
+    preloading = {it.gpu for it in held if it.action == "preload" and it.version == version}
+    return [g for g in gpus if g.id in preloading
+            or any(x.model == model and x.version == version for x in g.replicas)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -16,6 +17,7 @@ from prewarm.redis_server import EmbeddedRedis
 
 _owned: EmbeddedRedis | None = None
 _owned_file: Path | None = None
+_resolved: str | None = None  # the URL redis_url() last answered: named when that Redis fails us
 
 
 def _url_file(settings: Settings) -> Path:
@@ -31,6 +33,12 @@ def _responds(url: str) -> bool:
 
 def redis_url(settings: Settings, *, start: bool = True) -> str:
     """The Redis URL this process should use, starting an embedded Redis if none is configured."""
+    global _resolved
+    _resolved = _redis_url(settings, start=start)
+    return _resolved
+
+
+def _redis_url(settings: Settings, *, start: bool) -> str:
     global _owned, _owned_file
     if settings.redis_url:
         return settings.redis_url
@@ -63,3 +71,35 @@ def stop_owned() -> None:
 
 def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5)
+
+
+def redacted(url: str) -> str:
+    """`url` with its password (if any) replaced by ***: fit for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}{port}"))
+
+
+def redis_failure(exc: BaseException) -> str | None:
+    """One line an operator can act on when `exc` is Redis failing this process (down, unreachable, the
+    password refused), naming the URL without its password; None for any other error."""
+    from kombu.exceptions import OperationalError  # Celery's wrapper when the broker cannot be reached
+
+    if not isinstance(exc, redis.RedisError | OperationalError):
+        return None
+    url = _resolved or "(PREWARM_REDIS_URL)"
+    detail = str(exc) or type(exc).__name__
+    password = urlsplit(url).password
+    if password:
+        detail = detail.replace(password, "***")
+    url = redacted(url)
+    if isinstance(exc, redis.AuthenticationError):
+        return f"Redis at {url} refused the login ({detail}); check the password (and user) in PREWARM_REDIS_URL"
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OperationalError):
+        return (f"cannot reach Redis at {url} ({detail}); check PREWARM_REDIS_URL and that Redis is running "
+                "and reachable there")
+    return f"Redis at {url} failed: {type(exc).__name__}: {detail}"

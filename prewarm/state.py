@@ -357,9 +357,17 @@ class Intent:
     expires_at: float
     task_id: str = ""
     kind: str = ""
+    # Which dispatch this is: the task carries it (task_kwargs), so a worker can tell its own intent from
+    # a later one for the same (model, gpu). "": claimed without one (by hand, or before ids existed).
+    id: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """What every dispatched task carries of its intent: the worker drops a task delivered after its
+        intent expired or was superseded (a redelivery long after a worker died) as stale."""
+        return {"intent_id": self.id, "deadline": self.expires_at}
 
 
 def claim_intent(r: redis.Redis, intent: Intent) -> bool:
@@ -368,13 +376,77 @@ def claim_intent(r: redis.Redis, intent: Intent) -> bool:
     return bool(r.set(keys.intent(intent.model, intent.gpu), intent.to_json(), nx=True, px=ttl_ms))
 
 
-def update_intent(r: redis.Redis, intent: Intent) -> None:
-    ttl_ms = max(1, int((intent.expires_at - time.time()) * 1000))
-    r.set(keys.intent(intent.model, intent.gpu), intent.to_json(), xx=True, px=ttl_ms)
+# The compare-and-set steps run as Lua so each is atomic: the held record is read and changed in one step.
+_CLAIM_OVER = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  local ok, h = pcall(cjson.decode, held)
+  if not (ok and type(h) == 'table' and h['version'] == ARGV[3]
+          and string.find(ARGV[4], ',' .. tostring(h['action']) .. ',', 1, true)) then
+    return {0, held}
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, held or ''}
+"""
+_RELEASE_MINE = """
+local held = redis.call('GET', KEYS[1])
+if not held then return 0 end
+local ok, h = pcall(cjson.decode, held)
+if ok and type(h) == 'table' and (type(h['id']) == 'string' and h['id'] or '') == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+_EXTEND_MINE = """
+local held = redis.call('GET', KEYS[1])
+if not held then return false end
+local ok, h = pcall(cjson.decode, held)
+if not (ok and type(h) == 'table' and (type(h['id']) == 'string' and h['id'] or '') == ARGV[1]) then
+  return false
+end
+local span = tonumber(h['expires_at']) - tonumber(h['created_at'])
+h['expires_at'] = tonumber(ARGV[2]) + span
+redis.call('SET', KEYS[1], cjson.encode(h), 'PX', math.max(1, math.floor(span * 1000)))
+return tostring(h['expires_at'])
+"""
 
 
-def release_intent(r: redis.Redis, model: str, gpu: str) -> None:
-    r.delete(keys.intent(model, gpu))
+def claim_intent_over(r: redis.Redis, intent: Intent, supersedes: Iterable[str]) -> tuple[bool, Intent | None]:
+    """claim_intent, except that an intent already held for the same version whose action is one of
+    `supersedes` is replaced (an evict takes over the preload in flight: the worker then cancels that load,
+    and drops its task as stale if it has not started). Returns (claimed, the intent held before: the one
+    replaced, or the one that refused this claim; None when there was none or it cannot be read)."""
+    ttl_ms = max(1, int((intent.expires_at - intent.created_at) * 1000))
+    claimed, held = r.eval(_CLAIM_OVER, 1, keys.intent(intent.model, intent.gpu), intent.to_json(), ttl_ms,
+                           intent.version, "," + ",".join(supersedes) + ",")
+    return bool(claimed), _parse_intent(held) if held else None
+
+
+def release_intent(r: redis.Redis, model: str, gpu: str, intent_id: str) -> bool:
+    """Release (model, gpu)'s intent if it is the one with `intent_id` ("": one claimed without an id);
+    an intent that has since replaced it (an evict taking over a preload) is left alone."""
+    return bool(r.eval(_RELEASE_MINE, 1, keys.intent(model, gpu), intent_id))
+
+
+def extend_intent(r: redis.Redis, model: str, gpu: str, intent_id: str, now: float | None = None) -> float | None:
+    """Push the deadline of (model, gpu)'s intent `intent_id` out by its original span (a worker keeps a
+    preload it holds queued alive this way); its new deadline, or None when that intent is no longer held."""
+    out = r.eval(_EXTEND_MINE, 1, keys.intent(model, gpu), intent_id, repr(time.time() if now is None else now))
+    return float(out) if out else None
+
+
+def held_intent(r: redis.Redis, model: str, gpu: str) -> Intent | None:
+    """The intent held for (model, gpu), or None (none, or an unreadable record)."""
+    raw = r.get(keys.intent(model, gpu))
+    return _parse_intent(raw) if raw else None
+
+
+def _parse_intent(raw: str | bytes) -> Intent | None:
+    try:
+        return _intent(json.loads(raw))
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _intent(d: dict[str, Any]) -> Intent:

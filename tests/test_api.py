@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import statistics
 import time
@@ -167,6 +169,47 @@ def test_preload_and_evict_through_the_dispatcher(client: FlaskClient, r: redis.
     names = sorted(t["headers"]["task"] for t in queued_tasks(r, "gpu.node-b.cpu:0"))
     assert names == [celery_app.EVICT, celery_app.PRELOAD]
     assert events.read(r, model="gamma", actor="operator")[0].kind == "evict"
+
+
+def _kwargs(task: dict) -> dict:
+    return json.loads(base64.b64decode(task["body"]))[1]  # Celery's message body: [args, kwargs, embed]
+
+
+def test_evict_of_a_loading_model_cancels_its_preload_and_a_refusal_is_409(client: FlaskClient,
+                                                                          r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, total_mib=16)
+    q = "gpu.node-a.cpu:0"
+    # 1. A preload dispatched, not yet a replica: the evict takes over its intent and cancels it.
+    assert client.post("/api/models/beta/preload", json={"gpu": GPU_A}, headers=AUTH).status_code == 202
+    preload = json.loads(r.get(keys.intent("beta", GPU_A)))
+    resp = client.post("/api/models/beta/evict", json={"gpu": GPU_A}, headers=AUTH)
+    assert resp.status_code == 202, resp.get_json()
+    (ev,) = resp.get_json()["evictions"]
+    assert ev["queued"] is True and ev["cancels"] == "preload"
+    assert "cancels the preload of beta@v1 (operator: operator preload from the console)" in ev["message"]
+    evict = json.loads(r.get(keys.intent("beta", GPU_A)))
+    assert evict["action"] == "evict" and evict["id"] != preload["id"]
+    preload_task, evict_task = queued_tasks(r, q)[::-1]  # LPUSHed: newest first
+    assert evict_task["headers"]["task"] == celery_app.EVICT and _kwargs(evict_task)["supersedes"] == preload["id"]
+    assert _kwargs(preload_task)["intent_id"] == preload["id"], "every task carries its intent's id"
+    # 2. Refused while that evict is in flight: a 409 naming the refused action and the one in flight.
+    pre = client.post("/api/models/beta/preload", json={"gpu": GPU_A}, headers=AUTH)
+    assert pre.status_code == 409 and "preload of beta@v1 on node-a/cpu:0 refused: evict of beta@v1" in \
+        pre.get_json()["error"]
+    publish_gpu(r, GPU_A, total_mib=16, replicas=[replica("beta", GPU_A, "ready", mib=2)])
+    again = client.post("/api/models/beta/evict", json={"gpu": GPU_A}, headers=AUTH)
+    assert again.status_code == 409
+    assert again.get_json()["error"] == ("evict of beta@v1 on node-a/cpu:0 refused: evict of beta@v1 (operator: "
+                                         "operator evict from the console) is in flight there; try again once it "
+                                         "has ended")
+    # 3. A loading replica (its preload intent held): the evict is sent and cancels it.
+    publish_gpu(r, GPU_A, total_mib=16, replicas=[replica("alpha", GPU_A, "loading", mib=2, progress=0.3)])
+    now = time.time()
+    assert state.claim_intent(r, state.Intent("preload", "alpha", "v1", GPU_A, "scheduler", "rising", now, now + 60,
+                                              id="p1"))
+    resp = client.post("/api/models/alpha/evict", headers=AUTH)
+    assert resp.status_code == 202 and resp.get_json()["evictions"][0]["cancels"] == "preload"
+    assert _kwargs(queued_tasks(r, q)[0])["supersedes"] == "p1"
 
 
 @pytest.mark.parametrize("url, body, status, field", [

@@ -170,10 +170,11 @@ def test_a_stage_goes_to_a_gpu_queue_of_its_node_once(ctx: Context) -> None:
     assert d is not None and d.sent and d.gpu == state.host_id("node-a")
     # The node's first alive GPU (sorted by id) carries it; no other queue sees it.
     stages = [t for t in queued_tasks(ctx.r, a0.queue) if t["task"] == "prewarm.stage"]
-    assert [task_call(t) for t in stages] == [
-        (["hot", "v1"], {"reason": "likely within the hour", "kind": "likely", "value": 0.75})]
-    assert queued_tasks(ctx.r, a1.queue) == [] and queued_tasks(ctx.r, b0.queue) == []
     intent = json.loads(ctx.r.get(keys.intent("hot", state.host_id("node-a"))))
+    assert [task_call(t) for t in stages] == [
+        (["hot", "v1"], {"reason": "likely within the hour", "kind": "likely", "value": 0.75,
+                         "intent_id": intent["id"], "deadline": intent["expires_at"]})]  # its intent, to check
+    assert queued_tasks(ctx.r, a1.queue) == [] and queued_tasks(ctx.r, b0.queue) == []
     assert intent["action"] == "stage" and intent["actor"] == "scheduler" and intent["task_id"] == stages[0]["id"]
     # Recorded once, by the dispatcher, with who and why.
     ev = [e for e in events.read(ctx.r, kind="stage") if e.model == "hot"]
@@ -197,8 +198,10 @@ def test_an_unstage_goes_to_a_gpu_queue_of_its_node(ctx: Context) -> None:
                                version="v2"), alive(ctx), now)
     assert d is not None and d.sent
     unstages = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.unstage"]
-    assert [task_call(t) for t in unstages] == [(["chat"], {"version": "v2", "reason": "no traffic for an hour"})]
-    assert ctx.r.exists(keys.intent("chat", state.host_id("node-a")))
+    intent = json.loads(ctx.r.get(keys.intent("chat", state.host_id("node-a"))))
+    assert [task_call(t) for t in unstages] == [(["chat"], {"version": "v2", "reason": "no traffic for an hour",
+                                                           "intent_id": intent["id"],
+                                                           "deadline": intent["expires_at"]})]
     assert [e.gpu for e in events.read(ctx.r, kind="unstage") if e.model == "chat"] == ["node-a/host"]
     # An unstage is no eviction from a GPU: it starts no reload cooldown.
     assert sched.reader is not None and "chat@v2" not in sched.reader.recent_evictions

@@ -6,7 +6,8 @@
                                        min_replicas, cold starts, p95 load time, sparkline (last hour)
     GET  /api/events[?model&gpu&actor&kind&limit]   the decision log, newest first
     POST /api/models/<id>/preload      {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 / 422
-    POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409
+    POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 refused
+                                       (an evict of a loading or pending replica cancels its load)
     POST /api/models/<id>/pin | unpin  -> 200
 
 Actions go through the one dispatch path (`prewarm.dispatch.Dispatcher`, actor "operator") and land in
@@ -218,8 +219,7 @@ def do_evict(model: str, body: EvictBody) -> dict[str, Any]:
     fleet = state.read_fleet(c.r)
     if body.gpu and fleet.gpu(body.gpu) is None:
         raise ApiError(422, f"gpu: GPU {body.gpu!r} is not in the fleet", "gpu")
-    targets = [g for g in fleet.alive() if body.gpu in (None, g.id)
-               and any(x.model == entry.id and x.version == entry.version for x in g.replicas)]
+    targets = rooms.evict_targets(c.r, [g for g in fleet.alive() if body.gpu in (None, g.id)], entry.id, entry.version)
     if not targets:
         where = f" on {body.gpu}" if body.gpu else ""
         raise ApiError(409, f"{entry.key} is not resident{where}: nothing to evict", "model")
@@ -227,9 +227,13 @@ def do_evict(model: str, body: EvictBody) -> dict[str, Any]:
     for g in targets:
         d = c.dispatcher.evict(entry.id, entry.version, g, actor="operator", kind="operator",
                                reason=body.reason or "operator evict from the console")
-        sent.append({"gpu": g.id, "queued": d.sent, "task_id": d.task_id, "message": d.message})
-    return {"model": entry.id, "version": entry.version, "evictions": sent,
-            "message": "; ".join(s["message"] for s in sent)}
+        sent.append({"gpu": g.id, "queued": d.sent, "task_id": d.task_id, "message": d.message,
+                     "cancels": d.held.action if d.superseded and d.held else None})
+    message = "; ".join(s["message"] for s in sent)
+    if not all(s["queued"] for s in sent):
+        # Refused (another action on it in flight): say so with a non-2xx, naming what was and was not sent.
+        raise ApiError(409, message, "model")
+    return {"model": entry.id, "version": entry.version, "evictions": sent, "message": message}
 
 
 def do_pin(model: str, pin: bool) -> dict[str, Any]:
