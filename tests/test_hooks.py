@@ -445,3 +445,20 @@ def test_a_catalog_change_is_seen_after_the_recheck_interval(redis_url: str, tmp
     # ... after it, the new entry is served.
     assert client.post("/hooks/requests", json={"model": "delta"}).status_code == 202
     assert traffic.totals(r) == {"alpha": 1, "delta": 1}
+
+
+def test_unknown_ids_leave_no_trace_and_known_ones_only_expiring_buckets(client: FlaskClient,
+                                                                          r: redis.Redis) -> None:
+    # The store must not grow with the number of distinct ids a router sends: unknown ones write nothing.
+    for i in range(50):
+        resp = client.post("/hooks/requests", json={"events": [{"model": f"stray-{i}-{j}"} for j in range(20)]})
+        assert resp.status_code == 422 and resp.get_json()["field"] == "events[0].model"
+    assert r.dbsize() == 0
+    assert client.post("/hooks/requests", json={"events": [{"model": "alpha"}, {"model": "beta", "count": 2}]}
+                       ).status_code == 202
+    # Known ids: every bucket expires by itself; only the two per-model records (bounded by the catalog) stay.
+    stored = {k.decode(): r.ttl(k) for k in r.scan_iter(match=keys.PREFIX + "*")}
+    lasting = sorted(k for k, ttl in stored.items() if ttl < 0)
+    assert lasting == sorted([keys.LAST_REQUEST, keys.REQUESTS_TOTAL]), stored
+    assert all(0 < ttl <= traffic.MINUTE_TTL_S + 60 for k, ttl in stored.items() if k not in lasting)
+    assert set(r.hkeys(keys.REQUESTS_TOTAL)) == {b"alpha", b"beta"}
