@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -397,3 +398,69 @@ def test_absurd_numbers_are_422_not_500(client: FlaskClient, r: redis.Redis) -> 
         resp = client.post("/hooks/requests", data=raw, content_type="application/json")
         assert resp.status_code == 422, resp.get_json()
     assert traffic.totals(r) == {}
+
+
+@pytest.mark.parametrize("event", [
+    {"model": "alpha"}, {"model": "alpha", "count": 0}, {"model": "alpha", "count": 1_000_000, "ts": time.time()},
+    {"model": "alpha", "ts": int(time.time()) - 60}, {"model": "alpha", "ts": None},
+    {"model": ""}, {"model": "a" * 129}, {"model": "-x"}, {"model": 7}, {"model": "alpha", "count": 1_000_001},
+    {"model": "alpha", "count": 2.0}, {"model": "alpha", "count": False}, {"model": "alpha", "ts": True},
+    {"model": "alpha", "ts": 10**400}, {"model": "alpha", "ts": float("nan")}, {"model": "alpha", "ts": "1"},
+    {"model": "alpha", "ts": time.time() - 9 * 86400}, {"model": "alpha", "extra": 1}, {"count": 1}, "alpha", None,
+])
+def test_the_fast_batch_validator_agrees_with_the_published_schema(event: object) -> None:
+    # The hook validates batches with REQUEST_BATCH (plain dicts, 5x faster); openapi.json publishes
+    # RequestBatch. Both must accept the same events and name the same field with the same words.
+    from pydantic import ValidationError
+
+    from web.schemas import REQUEST_BATCH, RequestBatch, describe
+
+    body = {"events": [{"model": "beta"}, event]}
+    try:
+        published = [e.model_dump() for e in RequestBatch.model_validate(body).events]
+    except ValidationError as exc:
+        published = describe(exc)
+    try:
+        fast = [{"count": 1, "ts": None, **e} for e in REQUEST_BATCH.validate_python(body)["events"]]
+    except ValidationError as exc:
+        fast = describe(exc)
+    if not isinstance(event, dict):  # the one difference: pydantic adds "or instance of RequestEvent"
+        assert fast == ("events[1]", "events[1]: Input should be a valid dictionary")
+        assert published[0] == "events[1]" and published[1].startswith(fast[1])
+    else:
+        assert fast == published
+
+
+def test_a_catalog_change_is_seen_after_the_recheck_interval(redis_url: str, tmp_path: Path, r: redis.Redis,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from prewarm import context
+
+    monkeypatch.setattr(context, "CATALOG_RECHECK_S", 3600.0)
+    path = make_catalog(tmp_path / "models", {"alpha": 1})
+    client = create_app(make_context(redis_url, path)).test_client()
+    assert client.post("/hooks/requests", json={"model": "alpha"}).status_code == 202
+    make_catalog(tmp_path / "models", {"alpha": 1, "delta": 1})
+    os.utime(path, (time.time() + 5, time.time() + 5))  # a new mtime even on a coarse-grained filesystem
+    # Within the interval the file is not looked at again (no stat per request) ...
+    assert client.post("/hooks/requests", json={"model": "delta"}).status_code == 422
+    monkeypatch.setattr(context, "CATALOG_RECHECK_S", 0.0)
+    # ... after it, the new entry is served.
+    assert client.post("/hooks/requests", json={"model": "delta"}).status_code == 202
+    assert traffic.totals(r) == {"alpha": 1, "delta": 1}
+
+
+def test_unknown_ids_leave_no_trace_and_known_ones_only_expiring_buckets(client: FlaskClient,
+                                                                          r: redis.Redis) -> None:
+    # The store must not grow with the number of distinct ids a router sends: unknown ones write nothing.
+    for i in range(50):
+        resp = client.post("/hooks/requests", json={"events": [{"model": f"stray-{i}-{j}"} for j in range(20)]})
+        assert resp.status_code == 422 and resp.get_json()["field"] == "events[0].model"
+    assert r.dbsize() == 0
+    assert client.post("/hooks/requests", json={"events": [{"model": "alpha"}, {"model": "beta", "count": 2}]}
+                       ).status_code == 202
+    # Known ids: every bucket expires by itself; only the two per-model records (bounded by the catalog) stay.
+    stored = {k.decode(): r.ttl(k) for k in r.scan_iter(match=keys.PREFIX + "*")}
+    lasting = sorted(k for k, ttl in stored.items() if ttl < 0)
+    assert lasting == sorted([keys.LAST_REQUEST, keys.REQUESTS_TOTAL]), stored
+    assert all(0 < ttl <= traffic.MINUTE_TTL_S + 60 for k, ttl in stored.items() if k not in lasting)
+    assert set(r.hkeys(keys.REQUESTS_TOTAL)) == {b"alpha", b"beta"}

@@ -114,3 +114,24 @@ def test_model_filter_and_many_models(r: redis.Redis) -> None:
 def test_window_too_long_is_refused(r: redis.Redis) -> None:
     with pytest.raises(ValueError, match="too long"):
         traffic.read_seconds(r, 0, NOW)
+
+
+def _calls(r: redis.Redis) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): v["calls"] for name, v in r.info("commandstats").items()}
+
+
+def test_a_batch_is_one_redis_command(r: redis.Redis) -> None:
+    # The hook's cost was mostly redis-py packing a HINCRBY per model and bucket into a MULTI/EXEC and
+    # parsing every reply: a batch is now one EVALSHA of the record script, whatever it holds.
+    traffic.record(r, [("warm-up", 1, None)], now=NOW)  # loads the script (EVALSHA, then SCRIPT LOAD once)
+    r.config_resetstat()
+    events = [(f"m{i % 300}", 1 + i % 3, NOW - (i % 90)) for i in range(2000)]
+    assert traffic.record(r, events, now=NOW) == sum(n for _, n, _ in events)
+    calls = _calls(r)
+    assert calls.get("evalsha") == 1 and "multi" not in calls and "exec" not in calls, calls
+    # ... and it wrote what the MULTI/EXEC did: every count, in both resolutions, with their expiry.
+    assert traffic.totals(r, ["m7"]) == {"m7": sum(n for m, n, _ in events if m == "m7")}
+    minute = traffic.read_minutes(r, NOW - 180, NOW + 60)
+    assert sum(minute.total(f"m{i}") for i in range(300)) == sum(n for _, n, _ in events)
+    sec_key = keys.traffic_bucket(1, int(NOW) - 89)
+    assert expires_at(r, sec_key) == pytest.approx(int(NOW) - 89 + 1 + traffic.SECOND_TTL_S, abs=2)

@@ -81,7 +81,7 @@ class WebProc:
     """A real `prewarm web` (gunicorn) on a free loopback port, for tests that need HTTP."""
 
     def __init__(self, redis_url: str, catalog: Path, work: Path, *, workers: int = 2,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, port: int | None = None) -> None:
         import os
         import subprocess
         import sys
@@ -89,7 +89,7 @@ class WebProc:
         from prewarm.redis_server import free_port
 
         repo = Path(__file__).resolve().parent.parent
-        self.port = free_port()
+        self.port = port or free_port()  # a given port: e.g. one a client was pointed at before web was up
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = work / f"web-{self.port}.log"
         self.multiproc_dir = work / f"prom-{self.port}"

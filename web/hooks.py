@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
+from pydantic import ValidationError
 
 from prewarm import events, keys, replica_states, rooms, state, traffic
 from prewarm.catalog import ModelEntry
@@ -28,7 +29,7 @@ from prewarm.config import format_bytes
 from prewarm.store import cold_starts, overlays
 from web import coldstarts, metrics
 from web.auth import require_hook_token
-from web.schemas import MAX_BATCH, RequestBatch, RequestEvent, Rollout
+from web.schemas import MAX_BATCH, REQUEST_BATCH, RequestEvent, Rollout, describe
 from web.util import ApiError, ctx, json_body, validate
 
 log = logging.getLogger(__name__)
@@ -47,17 +48,24 @@ def requests_hook() -> ResponseReturnValue:
         if isinstance(data["events"], list) and len(data["events"]) > MAX_BATCH:
             raise ApiError(413, f"events: a batch holds at most {MAX_BATCH} events, "
                                 f"got {len(data['events'])}", "events")
-        evs = validate(RequestBatch, data).events
+        try:
+            batch = REQUEST_BATCH.validate_python(data)["events"]
+        except ValidationError as exc:
+            field, message = describe(exc)
+            raise ApiError(422, message, field) from None
+        evs = [(ev["model"], ev.get("count", 1), ev.get("ts")) for ev in batch]
         prefix = "events[{}]."
     else:
-        evs = [validate(RequestEvent, data)]
+        one = validate(RequestEvent, data)
+        evs = [(one.model, one.count, one.ts)]
         prefix = ""
     catalog = ctx().catalog
-    for i, ev in enumerate(evs):
-        if ev.model not in catalog:
-            field = prefix.format(i) + "model"
-            raise ApiError(422, f"{field}: unknown model {ev.model!r}", field)
-    recorded = traffic.record(ctx().r, [(ev.model, ev.count, ev.ts) for ev in evs])
+    unknown = {m for m, _, _ in evs if m not in catalog}  # each distinct id looked up once
+    if unknown:
+        i = next(i for i, (m, _, _) in enumerate(evs) if m in unknown)
+        field = prefix.format(i) + "model"
+        raise ApiError(422, f"{field}: unknown model {evs[i][0]!r}", field)
+    recorded = traffic.record(ctx().r, evs)
     return jsonify({"accepted": len(evs), "requests": recorded}), 202
 
 
