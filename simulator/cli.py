@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.policy import native
+from scheduler.policy import PolicyConfig
 
-from .engine import Simulation
 from .policies import POLICIES
-from .trace import GIB, Trace, load_azure_minute, load_profile, load_requests, parse_bytes
+from .run import simulate
+from .trace import GIB, Trace, load_azure_minute, load_requests, parse_bytes
 
 
 def register(subparsers: Any) -> None:
@@ -26,6 +25,9 @@ def register(subparsers: Any) -> None:
     )
     add_arguments(p)
     p.set_defaults(func=run_cli)
+    from .sweep import register as register_sweep  # `prewarm simulate-sweep` (issue 12)
+
+    register_sweep(subparsers)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host-memory staging cache per node (8 GPUs a node), e.g. 256GiB; 0 = no staging tier")
     p.add_argument("--stage-bandwidth", default="2GiB",
                    help="storage → host cache bandwidth per node, bytes/s (e.g. 2GiB); stages on a node share it")
+    p.add_argument("--load-slots", type=int, default=PolicyConfig().max_loads_per_gpu,
+                   help="loads one GPU runs at once, for every policy; more queue FIFO with their memory "
+                   "reserved, as the worker's pending replicas (default %(default)s, the worker's "
+                   "PREWARM_MAX_LOADS_PER_GPU; 0 = every load at once, the old model, for reference)")
     p.add_argument("--promote-bandwidth", default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
@@ -58,52 +64,6 @@ def parse_rate(s: str) -> float:
 
 def load_trace(path: str, fmt: str, seed: int) -> Trace:
     return load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
-
-
-def simulate(
-    trace: Trace,
-    profile: str | None,
-    policies: list[str],
-    gpus: int = 8,
-    gpu_bytes: int = 80 * GIB,
-    contention: str = "shared",
-    progress: bool = False,
-    host_bytes: int = 0,
-    stage_bandwidth: float = 2.0 * GIB,
-    promote_bandwidth: float | None = None,
-) -> dict:
-    sizes, loads = load_profile(profile, trace.models)
-    out: dict[str, Any] = {
-        "trace": {
-            "source": trace.source, "format": trace.fmt, "models": len(trace.models),
-            "requests": trace.requests, "span_s": trace.span_s,
-            "model_bytes": int(sizes.sum()), "profile": profile,
-        },
-        "fleet": {"gpus": gpus, "gpu_bytes": gpu_bytes, "contention": contention,
-                  "fleet_bytes": gpus * gpu_bytes, "host_bytes": host_bytes,
-                  "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth},
-        "policies": {},
-        # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
-        "policy_build": "native" if native.active() else "python",
-    }
-    for name in policies:
-        sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
-                         stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth)
-        pol = POLICIES[name]()
-        t0 = time.perf_counter()
-        sim.run(pol)
-        res = sim.results()
-        res["runtime_s"] = round(time.perf_counter() - t0, 2)
-        out["policies"][name] = res
-        if progress:
-            build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
-            print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s{build}", file=sys.stderr)
-    oracle = out["policies"].get("oracle")
-    for res in out["policies"].values():
-        res["oracle_ratio"] = (
-            res["cold_starts"] / oracle["cold_starts"] if oracle and oracle["cold_starts"] else None
-        )
-    return out
 
 
 def table(out: dict) -> str:
@@ -146,7 +106,8 @@ def plot(out: dict, path: str) -> None:
     ax.set_xlabel("GPU memory-time held (GiB·h)")
     ax.set_ylabel("cold-start share of requests (%)")
     ax.set_title(f"{Path(out['trace']['source']).parent.name or out['trace']['source']}: "
-                 f"{fl['gpus']} GPUs × {fl['gpu_bytes'] / GIB:.0f} GiB, {fl['contention']} load bandwidth",
+                 f"{fl['gpus']} GPUs × {fl['gpu_bytes'] / GIB:.0f} GiB, {fl['contention']} load bandwidth, "
+                 f"{fl.get('load_slots') or 'unlimited'} load slots",
                  fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -172,11 +133,16 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.gpus < 1 or gpu_bytes <= 0:
         print("simulate: --gpus and --gpu-memory must be positive", file=sys.stderr)
         return 2
+    if args.load_slots < 0:
+        print("simulate: --load-slots must be 0 (no limit) or a positive number of loads per GPU",
+              file=sys.stderr)
+        return 2
     if stage_bw <= 0 or (promote_bw is not None and promote_bw <= 0):
         print("simulate: --stage-bandwidth and --promote-bandwidth must be positive", file=sys.stderr)
         return 2
     out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
-                   host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw)
+                   host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
+                   load_slots=args.load_slots)
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

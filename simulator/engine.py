@@ -9,6 +9,13 @@ Fleet model (issue 6):
   Requests take no GPU time (the question is residency, not throughput).
 - Eviction is instant and only of ready replicas.
 
+Load slots (issue 12; `load_slots`, default 2 = the worker's PREWARM_MAX_LOADS_PER_GPU): the engine
+models the worker, not the policy, so every policy's loads go through them. A GPU runs at most
+`load_slots` loads at once (those share its link as above); a load sent to a GPU whose slots are
+busy reserves its memory at once (the worker's `pending` replica) and waits FIFO for a slot; its
+load time starts when it gets one. `load_slots=0`: every load starts at once (the model before
+issue 12, kept for reference).
+
 Host-memory staging tier (issue 4; off unless `host_bytes` > 0): each node has a cache of
 `host_bytes` in host memory. A stage (storage → host) occupies the model's size in its node's cache
 from the moment it starts and takes size / `stage_bandwidth` alone; k stages running at once on
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,7 +51,7 @@ class Replica:
     gpu: int
     bytes: int
     since: float  # load start
-    state: str = "loading"  # "loading" | "ready"
+    state: str = "loading"  # "pending" (queued for a load slot) | "loading" | "ready"
     ready_at: float = math.nan
     last_request: float | None = None
     remaining: float = 0.0  # seconds of load work left at full speed
@@ -106,7 +114,8 @@ class Gpu:
     capacity: int
     used: int = 0
     residents: dict[int, Replica] = field(default_factory=dict)
-    link: Link = field(default_factory=Link)  # its loads in flight
+    link: Link = field(default_factory=Link)  # its loads holding a load slot
+    queue: deque[Replica] = field(default_factory=deque)  # loads waiting for a slot (FIFO)
     ni: int = 0  # index of its node in Simulation.nodes
 
 
@@ -134,6 +143,8 @@ class Policy(Protocol):
 
     def on_ready(self, t: float, r: Replica) -> None: ...
 
+    def on_load_start(self, t: float, r: Replica) -> None: ...
+
     def on_staged(self, t: float, c: HostCopy) -> None: ...
 
     def on_tick(self, t: float) -> None: ...
@@ -158,11 +169,16 @@ class Simulation:
         stage_bandwidth: float = 2.0 * GIB,
         promote_s: np.ndarray | None = None,
         promote_bandwidth: float | None = None,
+        load_slots: int = 2,
     ) -> None:
         """`host_bytes`: each node's host cache (0: no staging tier). `stage_bandwidth`: a node's
         storage → host bytes/s. Promotion time (host → GPU) per model: `promote_s` if given, else
         `PolicyConfig().default_promote_seconds(size)` (with `promote_bandwidth` in place of its
-        host-to-device bandwidth if given); either way at most the model's load time."""
+        host-to-device bandwidth if given); either way at most the model's load time.
+        `load_slots`: loads one GPU runs at once, the rest queue FIFO (0: no limit)."""
+        if load_slots < 0:
+            raise ValueError(f"load_slots must be 0 (no limit) or more, not {load_slots}")
+        self.load_slots = int(load_slots)
         self.trace = trace
         self.sizes = [int(x) for x in sizes]
         self.load_s = [float(x) for x in load_s]
@@ -201,6 +217,7 @@ class Simulation:
         self.req_per_model = [0] * self.n_models
         self.waits: list[float] = []
         self.loads = 0
+        self.queued_loads = 0  # loads that waited for a load slot
         self.bytes_loaded = 0
         self.mem_total = 0.0  # byte-seconds
         self.mem_idle = 0.0
@@ -231,13 +248,18 @@ class Simulation:
         g = self.gpus[gi]
         return g.capacity - g.used
 
+    def slots_busy(self, gi: int) -> bool:
+        """Every load slot of GPU gi is taken (a load sent now would queue)."""
+        return 0 < self.load_slots <= len(self.gpus[gi].link.jobs)
+
     def start_load(self, m: int, gi: int, kind: str = "") -> Replica | None:
+        """Send a load of model m to GPU gi: None (nothing done) if gi holds m or lacks its bytes.
+        The bytes are reserved at once; the load starts now, or when a slot frees (FIFO)."""
         g = self.gpus[gi]
         size = self.sizes[m]
         if m in g.residents or g.capacity - g.used < size:
             return None
         t = self.now
-        g.link.advance(t, self.shared)
         r = Replica(m, gi, size, t, remaining=self.load_s[m], kind=kind)
         if self.host_on:
             c = self.nodes[g.ni].cached.get(m)
@@ -248,12 +270,18 @@ class Simulation:
                 self.promotions += 1
         g.residents[m] = r
         g.used += size
-        g.link.jobs.append(r)
         self.replicas[m][gi] = r
         self.loads += 1
         self.bytes_loaded += size
         self.stalled.pop(m, None)
-        self._reschedule(g.link, _LOAD_DONE, gi)
+        if self.slots_busy(gi):
+            r.state = "pending"
+            g.queue.append(r)
+            self.queued_loads += 1
+        else:
+            g.link.advance(t, self.shared)
+            g.link.jobs.append(r)
+            self._reschedule(g.link, _LOAD_DONE, gi)
         return r
 
     def evict(self, m: int, gi: int) -> bool:
@@ -282,7 +310,16 @@ class Simulation:
             return
         t = self.now
         done = g.link.finished(t, self.shared)
+        started = []
+        while g.queue and not self.slots_busy(gi):  # freed slots go to the oldest queued loads
+            q = g.queue.popleft()
+            q.state = "loading"
+            g.link.jobs.append(q)
+            started.append(q)
         self._reschedule(g.link, _LOAD_DONE, gi)
+        if self.policy is not None:
+            for q in started:
+                self.policy.on_load_start(t, q)
         for r in done:
             r.state = "ready"
             r.ready_at = t
@@ -427,17 +464,20 @@ class Simulation:
 
     # ---- placement helper for the baselines -----------------------------------------------
     def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
-        """Load model m on a GPU that has room, else on the GPU whose victims, taken in ascending
-        `key(replica)` order until the model fits, have the smallest largest key (the closest to
-        evicting in one global order). `only_if(replica)` limits who may be evicted."""
+        """Load model m on a GPU that has room — as the live route hook picks one: a GPU with a free
+        load slot first, then the most free memory — else on the GPU whose victims, taken in
+        ascending `key(replica)` order until the model fits, have the smallest largest key (the
+        closest to evicting in one global order; ties: a free slot first, then most free memory).
+        `only_if(replica)` limits who may be evicted."""
         size = self.sizes[m]
         best: tuple | None = None
         for g in self.gpus:
             if g.capacity < size or m in g.residents:
                 continue
             free = g.capacity - g.used
+            busy = self.slots_busy(g.index)
             if free >= size:
-                cand = (0, 0.0, -free, g.index, [])
+                cand = (0, 0.0, busy, -free, g.index, [])
             else:
                 victims = []
                 freed = 0
@@ -453,14 +493,14 @@ class Simulation:
                         break
                 if free + freed < size:
                     continue
-                cand = (1, worst, -free, g.index, victims)
-            if best is None or cand[:4] < best[:4]:
+                cand = (1, worst, busy, -free, g.index, victims)
+            if best is None or cand[:5] < best[:5]:
                 best = cand
         if best is None:
             return None
-        for r in best[4]:
+        for r in best[5]:
             self.evict(r.model, r.gpu)
-        return self.start_load(m, best[3], kind)
+        return self.start_load(m, best[4], kind)
 
     # ---- results --------------------------------------------------------------------------
     def results(self) -> dict:
@@ -483,6 +523,7 @@ class Simulation:
             },
             "unserved": unserved,
             "loads": self.loads,
+            "queued_loads": self.queued_loads,
             "bytes_loaded": self.bytes_loaded,
             "evictions": self.evictions,
             "memory_gib_hours": {

@@ -35,38 +35,9 @@ from scheduler.policy import (
     plan,
 )
 
-from .engine import HostCopy, Replica, Simulation
-
-
-class _Base:
-    name = "base"
-    tick_s: float | None = None
-
-    def attach(self, sim: Simulation) -> None:
-        self.sim = sim
-
-    def on_request(self, t: float, m: int, warm: bool) -> None:
-        pass
-
-    def on_miss(self, t: float, m: int) -> None:
-        pass
-
-    def on_stalled(self, t: float, models: list[int]) -> None:
-        for m in models:
-            if m in self.sim.stalled and not self.sim.replicas[m]:
-                self.on_miss(t, m)
-
-    def on_ready(self, t: float, r: Replica) -> None:
-        pass
-
-    def on_staged(self, t: float, c: HostCopy) -> None:
-        pass
-
-    def on_tick(self, t: float) -> None:
-        pass
-
-    def on_timer(self, t: float, payload: tuple) -> None:
-        pass
+from .engine import Replica, Simulation
+from .forecast import Forecast
+from .policy_base import _Base
 
 
 class OnDemandLRU(_Base):
@@ -406,6 +377,9 @@ class Prewarm(_Base):
     def on_ready(self, t: float, r: Replica) -> None:
         self.dirty.add((r.model, r.gpu))
 
+    def on_load_start(self, t: float, r: Replica) -> None:
+        self.dirty.add((r.model, r.gpu))  # pending -> loading, as the worker reports it
+
     def _snapshot(self) -> Snapshot:
         s = self.sim
         names = self.names
@@ -416,7 +390,7 @@ class Prewarm(_Base):
                 self.rs.pop(key, None)
                 continue
             self.rs[key] = ReplicaState(
-                names[m], s.gpus[gi].id, "ready" if r.state == "ready" else "loading", r.bytes, r.since,
+                names[m], s.gpus[gi].id, r.state, r.bytes, r.since,
                 last_request=r.last_request,
             )
         self.dirty.clear()
@@ -469,6 +443,7 @@ POLICIES = {
     "hybrid-histogram": HybridHistogram,
     "faascache": FaasCache,
     "seed-pool": SeedPool,
+    "forecast": Forecast,
     "oracle": Oracle,
     "prewarm": Prewarm,
 }

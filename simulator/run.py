@@ -1,0 +1,63 @@
+"""One simulation of each named policy on one trace and fleet: the figures `prewarm simulate` and the
+sweep report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from scheduler.policy import native
+
+from .engine import Simulation
+from .policies import POLICIES
+from .trace import GIB, Trace, load_profile
+
+
+def simulate(
+    trace: Trace,
+    profile: str | None,
+    policies: list[str],
+    gpus: int = 8,
+    gpu_bytes: int = 80 * GIB,
+    contention: str = "shared",
+    progress: bool = False,
+    host_bytes: int = 0,
+    stage_bandwidth: float = 2.0 * GIB,
+    promote_bandwidth: float | None = None,
+    load_slots: int = 2,
+) -> dict:
+    sizes, loads = load_profile(profile, trace.models)
+    out: dict[str, Any] = {
+        "trace": {
+            "source": trace.source, "format": trace.fmt, "models": len(trace.models),
+            "requests": trace.requests, "span_s": trace.span_s,
+            "model_bytes": int(sizes.sum()), "profile": profile,
+        },
+        "fleet": {"gpus": gpus, "gpu_bytes": gpu_bytes, "contention": contention,
+                  "fleet_bytes": gpus * gpu_bytes, "host_bytes": host_bytes,
+                  "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth,
+                  "load_slots": load_slots},
+        "policies": {},
+        # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
+        "policy_build": "native" if native.active() else "python",
+    }
+    for name in policies:
+        sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
+                         stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
+                         load_slots=load_slots)
+        pol = POLICIES[name]()
+        t0 = time.perf_counter()
+        sim.run(pol)
+        res = sim.results()
+        res["runtime_s"] = round(time.perf_counter() - t0, 2)
+        out["policies"][name] = res
+        if progress:
+            build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
+            print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s{build}", file=sys.stderr)
+    oracle = out["policies"].get("oracle")
+    for res in out["policies"].values():
+        res["oracle_ratio"] = (
+            res["cold_starts"] / oracle["cold_starts"] if oracle and oracle["cold_starts"] else None
+        )
+    return out
