@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -247,9 +248,16 @@ def test_multiprocess_metrics_under_gunicorn(redis_url: str, tmp_path: Path, r: 
     try:
         publish_gpu(r, GPU, replicas=[replica("alpha", GPU, "ready")])
         lookups = 60
-        for _ in range(lookups):  # a new connection each time: spread over the gunicorn workers
-            status, body = web.get("/hooks/route?model=alpha")
-            assert status == 200 and json.loads(body)["state"] == "ready"
+
+        def lookup(_: int) -> tuple[int, bytes]:
+            return web.get("/hooks/route?model=alpha")
+
+        # Six clients at once, a new connection each time: a sync worker serves one at a time, so the
+        # lookups spread over the gunicorn workers even on a busy machine (one after another, one worker
+        # may accept them all).
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lookup, range(lookups)))
+        assert all(status == 200 and json.loads(body)["state"] == "ready" for status, body in answers)
         status, body = web.get("/metrics")
         assert status == 200
         text = body.decode()

@@ -61,13 +61,16 @@ def test_expired_and_superseded_tasks_are_dropped_as_stale(r: redis.Redis, celer
         wait_for(lambda: not r.exists(keys.intent("tiny-mlp", gid)), 10, what="the intent to expire")
         # 2. Its intent is cleared before its deadline (as a restarting worker clears its GPU's), and the
         #    model is dispatched again: another intent id is held now.
-        first = Dispatcher(r, celery).preload("tiny-lm", "v1", g, actor="scheduler", reason="first")
+        # A long TTL for the rest: on a busy machine the default one could lapse before the worker resumes,
+        # and these must be dropped for being superseded, not for having expired.
+        held = Dispatcher(r, celery, intent_ttl=3600)
+        first = held.preload("tiny-lm", "v1", g, actor="scheduler", reason="first")
         assert state.release_intent(r, "tiny-lm", gid, first.intent_id)
-        second = Dispatcher(r, celery).preload("tiny-lm", "v1", g, actor="scheduler", reason="second")
+        second = held.preload("tiny-lm", "v1", g, actor="scheduler", reason="second")
         assert first.sent and second.sent and first.intent_id != second.intent_id
         # 3. An evict supersedes a preload that has not started: that preload must never load.
-        pre = Dispatcher(r, celery).preload("tiny-sharded", "v1", g, actor="operator", reason="t")
-        ev = Dispatcher(r, celery).evict("tiny-sharded", "v1", g, actor="operator", reason="changed my mind")
+        pre = held.preload("tiny-sharded", "v1", g, actor="operator", reason="t")
+        ev = held.evict("tiny-sharded", "v1", g, actor="operator", reason="changed my mind")
         assert pre.sent and ev.sent and ev.superseded and ev.held is not None and ev.held.id == pre.intent_id
     finally:
         os.kill(w.pid, signal.SIGCONT)
@@ -104,13 +107,14 @@ def test_expired_and_superseded_tasks_are_dropped_as_stale(r: redis.Redis, celer
 
 def test_a_preload_queued_behind_loads_outlives_its_intent_ttl(r: redis.Redis, celery: Celery, catalog: Path,
                                                               worker_factory) -> None:
-    # One load at a time, and the first takes at least 3 s (paced): the second waits in the queue (`pending`)
-    # for longer than its 1 s intent TTL. The worker holding it keeps its intent alive, so it is not stale.
-    pace = size_of(catalog, "tiny-sharded") / 3
+    # One load at a time, and the first takes at least 15 s (paced): the second waits in the queue (`pending`)
+    # for far longer than its 4 s intent TTL (which still leaves room for a slow delivery on a busy machine).
+    # The worker holding it keeps its intent alive, so it is not stale.
+    pace = size_of(catalog, "tiny-sharded") / 15
     w = worker_factory(catalog, devices="cpu:0=64MiB",
                        env={"PREWARM_MAX_LOADS_PER_GPU": "1", "PREWARM_LOAD_PACE_BYTES_PER_S": str(int(pace))})
     g = gpu(r, "node-a/cpu:0")
-    d = Dispatcher(r, celery, intent_ttl=1.0)
+    d = Dispatcher(r, celery, intent_ttl=4.0)
     blocker = d.preload("tiny-sharded", "v1", g, actor="scheduler", reason="first")
     queued = d.preload("tiny-lm", "v1", g, actor="scheduler", reason="second")
     wait_for(lambda: (x := rep(r, g.id, "tiny-lm")) and x.state == "pending", 20, what="tiny-lm queued", log=w.log)
