@@ -3,6 +3,13 @@
 Web, scheduler and CLI send tasks *by name* to a GPU's queue, so they never import the worker (or torch).
 Delivery is at-least-once (`acks_late`): the worker's tasks are idempotent, and one redelivered after its
 intent expired or was superseded is dropped as stale (gpu_worker/intents.py).
+
+Task events are on (worker_send_task_events, task_send_sent_event), so the tools operators already run
+see prewarm's tasks: `celery -A prewarm.celery_app flower` (Flower, installed apart: it is not a
+dependency) shows each task per GPU queue, sent to succeeded or failed, and `celery -A prewarm.celery_app
+events` does the same in a terminal. `-A` finds the module's `app`, made on first use for the Redis that
+prewarm's own commands find (PREWARM_REDIS_URL, else the one `prewarm up` / `./run` started). Events go
+over Redis pub/sub: with nobody listening they cost a PUBLISH each and are kept nowhere.
 """
 
 from __future__ import annotations
@@ -52,9 +59,24 @@ def make_celery(redis_url: str, *, name: str = "prewarm") -> Celery:
         broker_transport_options={"visibility_timeout": 3600},
         worker_hijack_root_logger=False,
         task_track_started=True,
+        worker_send_task_events=True,  # received/started/succeeded/failed, for Flower and `celery events`
+        task_send_sent_event=True,  # and "sent" from whoever dispatches, so a task queued for a GPU shows
     )
     if redis_url.startswith("rediss://"):
         ssl_opts = tls_options(redis_url)
         app.conf.broker_use_ssl = ssl_opts
         app.conf.redis_backend_use_ssl = ssl_opts
+    return app
+
+
+def __getattr__(name: str) -> Celery:
+    """`app`: the application for `celery -A prewarm.celery_app ...` (made when first asked for, so importing
+    this module for the task names connects to nothing)."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from prewarm import runtime
+    from prewarm.config import Settings
+
+    app = make_celery(runtime.redis_url(Settings.from_env(), start=False))
+    globals()["app"] = app
     return app

@@ -94,6 +94,13 @@ def promote_times(model: str) -> str:
     return f"{PREFIX}promotetimes:{model}"
 
 
+# The change log of the two lists above (written with them by prewarm.store.load_times.push), so the scheduler
+# re-reads only the models measured since its last tick: a hash "n" -> measurements written so far and
+# "epoch" -> a random id of this counter's life (a wiped Redis starts a new one), and a sorted set
+# model -> the "n" of its newest measurement. (A "-" where model keys have ":", so no model id collides.)
+MEASURED_VERSION = PREFIX + "loadtimes-version"
+MEASURED_CHANGES = PREFIX + "loadtimes-changes"
+
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at, version} of an open cold start (route
 #                                      saw it cold); prewarm.store.cold_starts reads and writes it.
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.

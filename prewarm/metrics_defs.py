@@ -23,6 +23,7 @@ class HistogramDef:
     name: str
     help: str
     buckets: tuple[float, ...]  # upper bounds, ascending, without +Inf (every histogram has that one too)
+    labels: tuple[str, ...] = ()
 
     def bucket_of(self, value: float) -> float:
         """The bound of the bucket a value is counted in: the first bound >= value (Prometheus's `le`)."""
@@ -45,8 +46,20 @@ MODEL_WARMUP = HistogramDef("prewarm_model_warmup_seconds", "Time to run a model
 REDIS_HISTOGRAMS = (COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP)
 
 # Observed in the scheduler's process (its own port, or the multiprocess folder `prewarm up` shares).
+TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 SCHEDULER_TICK = HistogramDef("prewarm_scheduler_tick_seconds", "Duration of one scheduler tick: snapshot, "
-                              "plan and dispatch", (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+                              "plan and dispatch", TICK_BUCKETS)
+TICK_PARTS = ("snapshot", "plan", "dispatch")  # the values of SCHEDULER_TICK_PART's `part` label
+SCHEDULER_TICK_PART = HistogramDef("prewarm_scheduler_tick_part_seconds", "Duration of one part of a scheduler "
+                                   "tick: snapshot (the Redis reads), plan (the pure policy), dispatch (intents "
+                                   "and task sends)", TICK_BUCKETS, labels=("part",))
+SCHEDULER_ROUND_TRIPS = HistogramDef("prewarm_scheduler_redis_round_trips", "Redis round trips of one scheduler "
+                                     "tick on prewarm's own connection (a pipeline counts once)",
+                                     (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000))
+SCHEDULER_PLAN_ACTIONS = HistogramDef("prewarm_scheduler_plan_actions", "Actions one scheduler tick's plan "
+                                      "returned (before dispatch refuses any already in flight)",
+                                      (0, 1, 2, 5, 10, 20, 50, 100, 200, 500))
+SCHEDULER_HISTOGRAMS = (SCHEDULER_TICK, SCHEDULER_TICK_PART, SCHEDULER_ROUND_TRIPS, SCHEDULER_PLAN_ACTIONS)
 
 
 @functools.cache
@@ -54,4 +67,4 @@ def in_process(d: HistogramDef) -> Histogram:
     """The prometheus_client histogram for `d` in this process (made on first use, registered once)."""
     from prometheus_client import Histogram
 
-    return Histogram(d.name, d.help, buckets=d.buckets)
+    return Histogram(d.name, d.help, labelnames=d.labels, buckets=d.buckets)

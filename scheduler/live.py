@@ -36,6 +36,7 @@ import redis
 from prewarm import events, keys, metrics_defs, state
 from prewarm.context import Context
 from prewarm.dispatch import Dispatched
+from prewarm.redis_round_trips import count_round_trips
 from scheduler.leader import Leadership
 from scheduler.policy import Action, Evict, PolicyConfig, PolicyState, Preload, Stage, Unstage, plan
 from scheduler.policy import native as policy_native
@@ -50,6 +51,13 @@ class TickResult:
     actions: int = 0
     dispatched: int = 0
     seconds: float = 0.0
+    # The parts of `seconds` (the rest is the leader lock and the status write) and the tick's Redis round
+    # trips on prewarm's own connection: what prewarm_scheduler_tick_part_seconds and
+    # prewarm_scheduler_redis_round_trips record, and what `prewarm bench tick` reports.
+    snapshot_seconds: float = 0.0
+    plan_seconds: float = 0.0
+    dispatch_seconds: float = 0.0
+    round_trips: int = 0
     errors: list[str] = field(default_factory=list)
     woken_by: list[str] = field(default_factory=list)  # "<model>@<version>" of the cold lookups that woke it
 
@@ -61,6 +69,7 @@ class Scheduler:
         self.config = config or PolicyConfig(tick_s=ctx.settings.tick_seconds,
                                              speculative_share=ctx.settings.speculative_share,
                                              max_loads_per_gpu=ctx.settings.max_loads_per_gpu)
+        self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
         self.policy_state: PolicyState | None = None
@@ -78,6 +87,7 @@ class Scheduler:
         """One planning round. `woken_by`: the models whose cold route lookups asked for this extra tick
         (empty for the periodic one); recorded as a "wake" event with what the tick did."""
         started = time.perf_counter()
+        trips_before = self.round_trips.value
         was_leader = self.leadership.is_leader
         if not self.leadership.ensure():
             self.reader = None
@@ -88,8 +98,11 @@ class Scheduler:
         assert self.reader is not None
         now = time.time() if now is None else now
         catalog = self.ctx.catalog
+        t_snapshot = time.perf_counter()
         snap, fleet = self.reader.read(catalog, now)
+        t_plan = time.perf_counter()
         actions = plan(snap, now, self.policy_state)
+        t_dispatch = time.perf_counter()
         result = TickResult(True, actions=len(actions), woken_by=list(woken_by))
         gpus = {g.id: g for g in fleet.alive()}
         for action in actions:
@@ -99,13 +112,17 @@ class Scheduler:
             except Exception as exc:  # one failed send must not lose the rest of the plan
                 log.exception("dispatch of %s failed", action)
                 result.errors.append(str(exc))
-        result.seconds = time.perf_counter() - started
+        done = time.perf_counter()
+        result.snapshot_seconds, result.plan_seconds = t_plan - t_snapshot, t_dispatch - t_plan
+        result.dispatch_seconds = done - t_dispatch
+        result.seconds = done - started
         if woken_by:
             self._record_wake(result)
         self.ctx.r.hset(keys.SCHEDULER_STATUS, mapping={
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval"})
+        result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
 
     def _record_wake(self, result: TickResult) -> None:
@@ -165,7 +182,7 @@ class Scheduler:
             try:
                 res = self.tick(woken_by=woken_by)
                 if res.leader:
-                    metrics_defs.in_process(metrics_defs.SCHEDULER_TICK).observe(res.seconds)
+                    observe_tick(res)
                     if res.dispatched or woken_by:
                         log.info("%s: %d actions, %d dispatched in %.3f s",
                                  f"tick woken by {', '.join(woken_by)}" if woken_by else "tick", res.actions,
@@ -248,6 +265,18 @@ class Scheduler:
         finally:
             self.stop_listener()
             self.leadership.release()
+
+
+def observe_tick(res: TickResult) -> None:
+    """Record a tick as leader in this process's Prometheus metrics (docs/metrics.md)."""
+    m = metrics_defs
+    m.in_process(m.SCHEDULER_TICK).observe(res.seconds)
+    part = m.in_process(m.SCHEDULER_TICK_PART)
+    for name, seconds in zip(m.TICK_PARTS, (res.snapshot_seconds, res.plan_seconds, res.dispatch_seconds),
+                             strict=True):
+        part.labels(name).observe(seconds)
+    m.in_process(m.SCHEDULER_ROUND_TRIPS).observe(res.round_trips)
+    m.in_process(m.SCHEDULER_PLAN_ACTIONS).observe(res.actions)
 
 
 def _text(data: object) -> str:

@@ -58,16 +58,21 @@ def model_key(catalog: Catalog, model_id: str, version: str) -> str:
     return model_id if version == current else f"{model_id}@{version}"
 
 
-def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+def medians(measured: dict[str, load_times.Measured]) -> tuple[dict[str, float], dict[str, float]]:
     """Median of the recent load times from storage and of the promotions from a host cache, per model
-    (a model never measured, or with a corrupt entry, is absent), in one pipelined round trip."""
+    (a model never measured, or with a corrupt entry, is absent)."""
     load: dict[str, float] = {}
     promote: dict[str, float] = {}
-    for m, x in load_times.recent(r, model_ids).items():
+    for m, x in measured.items():
         for out, nums in ((load, x.load), (promote, x.promote)):
             if nums:
                 out[m] = statistics.median(nums)
     return load, promote
+
+
+def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """`medians` of every model's measurements read in full, in one pipelined round trip."""
+    return medians(load_times.recent(r, model_ids))
 
 
 class SnapshotReader:
@@ -79,6 +84,7 @@ class SnapshotReader:
         self.recent_evictions: dict[str, float] = {}
         self.refs: dict[str, ModelRef] = {}
         self._carry: dict[str, float] = {}
+        self.measured = load_times.Recent()  # every model's load times, re-read only when written
 
     # --- traffic -----------------------------------------------------------------------------
     def _warm_history(self, now: float) -> None:
@@ -168,7 +174,10 @@ class SnapshotReader:
             out[model_key(catalog, model, c.version)] = 1
         return out
 
-    def read(self, catalog: Catalog, now: float) -> tuple[Snapshot, state.Fleet]:
+    def read(self, catalog: Catalog, now: float, *, full: bool = False) -> tuple[Snapshot, state.Fleet]:
+        """The snapshot at `now`, and the fleet it was made from. Load times come from `self.measured`
+        (only the models measured since the last read are read again); `full`: every model's are read,
+        as a new reader would (the same snapshot: tests compare the two)."""
         rollouts = overlays.rollouts(self.r)
         active = {}
         for mid, ro in rollouts.items():
@@ -177,7 +186,7 @@ class SnapshotReader:
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r)
         ids = catalog.ids()
-        load_s, promote_s = measured_seconds(self.r, ids)
+        load_s, promote_s = measured_seconds(self.r, ids) if full else medians(self.measured.read(self.r, ids))
         pinned = overlays.pinned(self.r)
         self.refs = {}
         models: dict[str, ModelSpec] = {}

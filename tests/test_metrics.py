@@ -34,7 +34,8 @@ REQUIRED = ("prewarm_requests_total", "prewarm_route_lookups_total", "prewarm_co
             "prewarm_cold_start_duration_seconds", "prewarm_model_load_seconds", "prewarm_model_warmup_seconds",
             "prewarm_gpu_memory_bytes", "prewarm_preloads_total", "prewarm_evictions_total",
             "prewarm_scheduler_tick_seconds", "prewarm_stages_total", "prewarm_unstages_total",
-            "prewarm_host_cache_bytes")
+            "prewarm_host_cache_bytes", "prewarm_scheduler_tick_part_seconds", "prewarm_scheduler_redis_round_trips",
+            "prewarm_scheduler_plan_actions")
 GPU = "node-a/cpu:0"
 
 
@@ -287,6 +288,17 @@ def test_the_scheduler_records_its_tick_without_importing_web(redis_url: str, tm
             "h = metrics_defs.in_process(metrics_defs.SCHEDULER_TICK)\n"
             "count = next(s.value for m in h.collect() for s in m.samples if s.name.endswith('_count'))\n"
             "assert count == 1, count\n"
+            "def samples(d):\n"
+            "    return {s.name + str(sorted(s.labels.items())): s.value\n"
+            "            for m in metrics_defs.in_process(d).collect() for s in m.samples}\n"
+            "parts = samples(metrics_defs.SCHEDULER_TICK_PART)\n"
+            "for part in ('snapshot', 'plan', 'dispatch'):\n"
+            "    assert parts[f\"prewarm_scheduler_tick_part_seconds_count[('part', '{part}')]\"] == 1, parts\n"
+            "trips = samples(metrics_defs.SCHEDULER_ROUND_TRIPS)\n"
+            "assert trips['prewarm_scheduler_redis_round_trips_count[]'] == 1, trips\n"
+            "assert trips['prewarm_scheduler_redis_round_trips_sum[]'] >= 3, trips  # lock, snapshot, status\n"
+            "plans = samples(metrics_defs.SCHEDULER_PLAN_ACTIONS)\n"
+            "assert plans['prewarm_scheduler_plan_actions_count[]'] == 1, plans\n"
             "loaded = [m for m in sys.modules if m == 'web' or m.startswith(('web.', 'flask', 'gpu_worker'))]\n"
             "assert not loaded, loaded\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

@@ -31,8 +31,11 @@ ROUTE_LOOKUPS = Counter("prewarm_route_lookups", "Route hook lookups by what the
                         "ready (a warm hit), loading or cold", ["result"])
 COLD_STARTS = Counter("prewarm_cold_starts", "Cold starts: a route lookup found no ready replica of "
                       "the model (counted once per episode, until a replica is ready)", ["model"])
-# Made here at import, so every gunicorn worker's file shows it (zeros) before a scheduler observes any.
+# Made here at import, so every gunicorn worker's file shows them (zeros) before a scheduler observes any.
 SCHEDULER_TICK = metrics_defs.in_process(metrics_defs.SCHEDULER_TICK)
+SCHEDULER = tuple(metrics_defs.in_process(d) for d in metrics_defs.SCHEDULER_HISTOGRAMS)
+for _part in metrics_defs.TICK_PARTS:
+    metrics_defs.in_process(metrics_defs.SCHEDULER_TICK_PART).labels(_part)
 for _result in ("ready", "loading", "cold"):
     ROUTE_LOOKUPS.labels(_result)  # export zeros so the hit-rate ratio exists before the first lookup
 
@@ -111,7 +114,7 @@ def exposition(r: redis.Redis) -> bytes:
 
         multiprocess.MultiProcessCollector(registry)
     else:
-        for collector in (ROUTE_LOOKUPS, COLD_STARTS, SCHEDULER_TICK):
+        for collector in (ROUTE_LOOKUPS, COLD_STARTS, *SCHEDULER):
             registry.register(collector)
     registry.register(RedisCollector(r))
     return generate_latest(registry)

@@ -3,10 +3,17 @@ median and the API shows their p95, over the same most recent KEPT measurements.
 
 Loads from storage and promotions from a node's host cache (source "host") are kept apart, so a fast
 promotion does not shorten the cold-load time the scheduler plans with.
+
+Every push also bumps a version counter and notes the model's newest version in a change log
+(keys.MEASURED_VERSION, keys.MEASURED_CHANGES), in the same atomic step: `Recent` keeps a reader's copy
+of every model's measurements and re-reads only the models written since its last read (the scheduler's
+tick at 10,000 models read 20,000 lists every tick before). Writers other than `push` are not seen by a
+`Recent` that already holds the model.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 import redis
@@ -17,12 +24,25 @@ from prewarm import keys, state
 KEPT = 20  # measurements kept per model and list: the most recent ones, newest first
 
 
+# KEYS: the list, keys.MEASURED_VERSION, keys.MEASURED_CHANGES. ARGV: the value, KEPT, the model, an epoch id
+# (kept only if the counter has none yet). One script, so the list and its change log move together.
+_PUSH_LUA = b"""
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+redis.call('HSETNX', KEYS[2], 'epoch', ARGV[4])
+local n = redis.call('HINCRBY', KEYS[2], 'n', 1)
+redis.call('ZADD', KEYS[3], n, ARGV[3])
+return n
+"""
+_push_script = redis.commands.core.Script(None, _PUSH_LUA)
+
+
 def push(pipe: Pipeline, replica: state.Replica) -> None:
     """Queue the ready replica's load+warmup seconds on `pipe` (its list trimmed to KEPT)."""
     key = keys.promote_times(replica.model) if replica.source == "host" else keys.load_times(replica.model)
     total = (replica.load_seconds or 0.0) + (replica.warmup_seconds or 0.0)
-    pipe.lpush(key, f"{total:.4f}")
-    pipe.ltrim(key, 0, KEPT - 1)
+    _push_script(keys=[key, keys.MEASURED_VERSION, keys.MEASURED_CHANGES],
+                 args=[f"{total:.4f}", KEPT, replica.model, uuid.uuid4().hex], client=pipe)
 
 
 @dataclass
@@ -46,3 +66,32 @@ def recent(r: redis.Redis, models: list[str]) -> dict[str, Measured]:
         pipe.lrange(keys.promote_times(m), 0, KEPT - 1)
     raw = pipe.execute()
     return {m: Measured(_numbers(raw[2 * i]), _numbers(raw[2 * i + 1])) for i, m in enumerate(models)}
+
+
+class Recent:
+    """A reader's copy of `recent` for every model it is asked about, kept current by reading only what
+    changed: one round trip for the change log, and one more for the lists of the models written since the
+    last read (and of models asked about for the first time), if any. A Redis whose counter went back or
+    whose epoch changed (wiped, or another server) is read in full again."""
+
+    def __init__(self) -> None:
+        self._measured: dict[str, Measured] = {}
+        self._epoch: bytes | None = None
+        self._n = 0
+
+    def read(self, r: redis.Redis, models: list[str]) -> dict[str, Measured]:
+        pipe = r.pipeline(transaction=True)  # the counter and the log at one instant
+        pipe.hmget(keys.MEASURED_VERSION, ["epoch", "n"])
+        pipe.zrangebyscore(keys.MEASURED_CHANGES, f"({self._n}", "+inf")
+        (epoch, n_raw), changed = pipe.execute()
+        n = int(n_raw or 0)
+        if epoch != self._epoch or n < self._n:
+            self._measured, changed = {}, []  # another counter's life: nothing held is known current
+        for m in changed:  # written since: forgotten, whether or not asked about now
+            self._measured.pop(m.decode(), None)
+        need = [m for m in models if m not in self._measured]
+        if need:
+            # Read after the log: a push between the two lands here or shows in the next read's log.
+            self._measured.update(recent(r, need))
+        self._epoch, self._n = epoch, n
+        return {m: self._measured[m] for m in models}

@@ -1,0 +1,50 @@
+"""`prewarm bench tick`: registered beside `bench load`, and a small run prints the figures it promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prewarm.cli import build_parser
+from prewarm.safetensors_header import read_header
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_prewarm_bench_tick_is_the_bench_package() -> None:
+    from bench.tick import cmd_bench_tick
+
+    args = build_parser().parse_args(["bench", "tick", "--models", "50", "--gpus", "4", "--ticks", "3", "--json"])
+    assert args.func is cmd_bench_tick and (args.models, args.gpus, args.ticks, args.json) == (50, 4, 3, True)
+
+
+def test_a_sparse_sized_model_is_a_valid_file_of_its_size(tmp_path: Path) -> None:
+    from gpu_worker.sized_catalog import write_sized_catalog
+
+    write_sized_catalog(tmp_path, {"big": 40 * 1024**3}, sparse=True)
+    f = tmp_path / "big-v1.safetensors"
+    assert read_header(f, [tmp_path]).data_bytes == 40 * 1024**3
+    assert f.stat().st_blocks * 512 < 1024**2  # a hole, not 40 GiB of disk
+
+
+def test_a_small_run_prints_every_figure(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PREWARM_REDIS_URL"}  # its own embedded Redis
+    env["PREWARM_DATA_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "prewarm.cli", "bench", "tick", "--models", "30", "--gpus", "4",
+                           "--ticks", "3", "--interval", "0.2", "--json"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    for part in ("tick_seconds", "snapshot_seconds", "plan_seconds", "dispatch_seconds"):
+        assert set(out[part]) == {"p50", "p95"} and 0 <= out[part]["p50"] <= out[part]["p95"], (part, out[part])
+    assert out["first_tick_seconds"] > 0 and out["redis_bytes"] > 0
+    assert out["settings"]["replicas"] > 0 and out["round_trips"]["p50"] >= 3
+
+
+def test_a_bad_option_says_what_to_fix() -> None:
+    proc = subprocess.run([sys.executable, "-m", "prewarm.cli", "bench", "tick", "--ticks", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--ticks at least 2" in proc.stderr

@@ -1,0 +1,134 @@
+"""The scheduler's snapshot reads only what changed since its last tick, and plan() gets the same snapshot a
+full read would give.
+
+A long-lived SnapshotReader (load times kept in prewarm.store.load_times.Recent, re-read only for models
+measured since) is compared with a full read after each of a series of real writes of every kind the
+snapshot holds: heartbeats with replicas, measured loads and promotions (as the worker records them),
+pins, rollouts, intents through the dispatcher, cold starts, host caches, catalog edits, and a wiped Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from gpu_worker.sized_catalog import write_sized_catalog
+from prewarm import keys, state, traffic
+from prewarm.catalog import Catalog, load_catalog
+from prewarm.config import Settings
+from prewarm.context import Context
+from prewarm.redis_round_trips import count_round_trips
+from prewarm.store import cold_starts, load_times, overlays
+from prewarm.store.ready import replica_ready
+from scheduler.policy import PolicyConfig, Snapshot
+from scheduler.snapshot import SnapshotReader
+
+MIB = 1024**2
+GIB = 1024**3
+GPU = "node-a/cpu:0"
+
+
+def catalog(folder: Path, names: list[str]) -> Catalog:
+    return load_catalog(write_sized_catalog(folder, {n: 8 * MIB for n in names}))
+
+
+def heartbeat(r: redis.Redis, replicas: list[state.Replica]) -> state.Gpu:
+    used = sum(x.bytes for x in replicas)
+    g = state.Gpu(id=GPU, node="node-a", device="cpu:0", queue=state.queue_name("node-a", "cpu:0"),
+                  total_bytes=GIB, used_bytes=used, free_bytes=GIB - used, last_heartbeat=time.time(),
+                  started_at=time.time() - 3600)
+    state.write_heartbeat(r, g, replicas, ttl=60)
+    return g
+
+
+def ready(model: str, load_s: float, *, version: str = "v1", source: str = "storage") -> state.Replica:
+    now = time.time()
+    return state.Replica(model=model, version=version, gpu=GPU, state="ready", bytes=8 * MIB, total_bytes=8 * MIB,
+                         progress=1.0, load_seconds=load_s, warmup_seconds=0.5, since=now - 60,
+                         created_at=now - 70, source=source)
+
+
+def without_traffic(snap: Snapshot) -> Snapshot:
+    # Both readers feed their traffic history from the same buckets; the rest must be equal field by field.
+    return dataclasses.replace(snap, traffic=None)
+
+
+def test_incremental_snapshot_equals_a_full_read_after_writes_of_every_kind(redis_url: str, tmp_path: Path) -> None:
+    r = redis.Redis.from_url(redis_url)
+    ctx = Context(Settings.from_env({"PREWARM_REDIS_URL": redis_url, "PREWARM_DATA_DIR": str(tmp_path / "var"),
+                                     "PREWARM_CATALOG": str(tmp_path / "none.toml")}))
+    base = catalog(tmp_path / "c1", ["hot", "quiet", "other", "chat", "chat@v2"])
+    config = PolicyConfig()
+    incremental = SnapshotReader(r, config)
+    reads = 0
+
+    def check(cat: Catalog) -> Snapshot:
+        nonlocal reads
+        now = time.time()
+        inc, _ = incremental.read(cat, now)
+        full, _ = SnapshotReader(r, config).read(cat, now, full=True)
+        assert without_traffic(inc) == without_traffic(full)
+        reads += 1
+        return inc
+
+    heartbeat(r, [ready("hot", 2.0)])
+    replica_ready(r, ready("hot", 2.0))
+    traffic.record(r, [("hot", 3, time.time() - 30)])
+    first = check(base)
+    assert first.models["hot"].load_seconds == pytest.approx(2.5)  # load + warmup, as the worker measures
+    # Loads and promotions measured (a model the reader holds, and one it never saw measured).
+    for s in (4.0, 6.0):
+        replica_ready(r, ready("hot", s))
+    replica_ready(r, ready("quiet", 1.0, source="host"))
+    snap = check(base)
+    assert snap.models["hot"].load_seconds == pytest.approx(4.5) and snap.models["quiet"].promote_seconds == 1.5
+    # Fleet, pins, rollouts, intents, cold starts and a host cache.
+    g = heartbeat(r, [ready("hot", 2.0), ready("other", 1.0)])
+    overlays.set_pinned(r, "other", True)
+    overlays.announce(r, "chat", overlays.Rollout(version="v2", traffic_fraction=0.25, since=time.time()))
+    assert ctx.dispatcher.preload("chat", "v2", g, actor="test", reason="rollout").sent
+    cold_starts.open_episode(r, "quiet", "v1")
+    state.write_node(r, state.Node(node="node-a", budget_bytes=GIB, used_bytes=0, free_bytes=GIB,
+                                   last_heartbeat=time.time()), [], ttl=60)
+    snap = check(base)
+    assert snap.intents and snap.waiting == {"quiet": 1} and snap.models["other"].pinned
+    # A model measured while out of the catalog, then back in it: its new times, not what was held.
+    smaller = catalog(tmp_path / "c2", ["hot", "other", "chat", "chat@v2"])
+    check(smaller)
+    replica_ready(r, ready("quiet", 9.0))
+    check(smaller)
+    assert check(base).models["quiet"].load_seconds == pytest.approx(9.5)
+    # Redis wiped and measured again: nothing held from before counts.
+    r.flushall()
+    heartbeat(r, [])
+    r.lpush(keys.load_times("hot"), "7.0000")  # (not through push: only a full read can see it)
+    snap = check(base)
+    assert snap.models["hot"].load_seconds == pytest.approx(7.0) and snap.models["quiet"].load_seconds is None
+    replica_ready(r, ready("hot", 0.5))
+    assert check(base).models["hot"].load_seconds == pytest.approx(4.0)  # median of 7.0 and 1.0
+    assert reads == 8
+    r.close()
+
+
+def test_a_tick_with_nothing_measured_reads_no_load_times(redis_url: str, tmp_path: Path) -> None:
+    """The change log is read in one round trip; the lists only for the models written since."""
+    r = redis.Redis.from_url(redis_url)
+    trips = count_round_trips(r)
+    names = [f"m{i}" for i in range(50)]
+    recent = load_times.Recent()
+    replica_ready(r, ready("m3", 2.0))
+    assert recent.read(r, names)["m3"].load == [2.5]
+    before = trips.value
+    assert recent.read(r, names)["m3"].load == [2.5]
+    assert trips.value - before == 1  # the change log only: nothing written since
+    replica_ready(r, ready("m7", 1.0))
+    r.config_resetstat()
+    got = recent.read(r, names)
+    # Redis's own count: the two lists of m7 (storage loads and promotions), none of the other 49 models'.
+    assert r.info("commandstats")["cmdstat_lrange"]["calls"] == 2
+    assert got == load_times.recent(r, names) and got["m7"].load == [1.5] and got["m3"].load == [2.5]
+    r.close()
