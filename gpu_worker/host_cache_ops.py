@@ -21,9 +21,9 @@ from gpu_worker.errors import (
     UnknownModel,
     WorkerError,
 )
+from gpu_worker.runtimes.torch_module import _meta_module
 from gpu_worker.slots import StageJob, WorkerOptions
 from gpu_worker.staging import HostCache, HostCacheFull
-from gpu_worker.torch_model import _meta_module
 from prewarm import state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
@@ -87,6 +87,13 @@ class HostCacheOps:
             self._node_event("failed", model, str(exc), {"version": version, "action": "stage"})
             raise
         key = entry.key
+        if entry.runtime != "torch":
+            # The host tier holds torch state dicts; an engine keeps its own weights (no host tier on CPU).
+            msg = (f"staging {key} on node {self.node}: runtime {entry.runtime!r} has no host tier here; only "
+                   "torch models are staged in the host cache")
+            self._release_intent(entry.id, target, intent_id)
+            self._node_event("failed", entry.id, msg, {"version": entry.version, "action": "stage"})
+            raise LoadFailed(msg)
         with self._stage_lock:
             files = self._stage_files.get(key)
         if files and self.host_cache.get(key) is not None and (now := _fingerprint(entry.weights)) is not None \

@@ -11,9 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import redis
-import torch
 
-from gpu_worker.device import module_bytes
 from gpu_worker.errors import (
     BadRequest,
     Busy,
@@ -22,21 +20,25 @@ from gpu_worker.errors import (
     LoadFailed,
     NotResident,
     UnknownModel,
-    WarmupFailed,
     WorkerError,
 )
+from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
+from gpu_worker.runtimes.torch_module import TorchRuntime
+from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, WorkerOptions
 from gpu_worker.staging import HostCache
-from gpu_worker.torch_model import _meta_module, infer_input, make_input, summarize
 from prewarm import state
-from prewarm.catalog import ModelEntry
+from prewarm.catalog import ModelEntry, TokenWarmupInput
 from prewarm.config import format_bytes
-from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
+from prewarm.engines import DEFAULT_KV_CACHE_BYTES
 from prewarm.store.ready import replica_ready
 
 log = logging.getLogger("prewarm.worker")
 
-EVICT_WAIT_SECONDS = 10.0  # how long a preload that does not fit waits for an evict in flight on its GPU
+EVICT_WAIT_SECONDS = 10.0
+# What `infer` sends a replica when the task gives no inputs (torch: the first warmup shape).
+DEFAULT_REQUESTS: dict[str, dict[str, Any]] = {"transformers": {"prompt_tokens": 16, "batch": 1},
+                                               "vllm": {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0}}  # how long a preload that does not fit waits for an evict in flight on its GPU
 
 
 class Lifecycle:
@@ -152,52 +154,59 @@ class Lifecycle:
             raise Cancelled(f"preload of {s.record.model}@{s.record.version} on {g.id} was cancelled: "
                             f"{s.cancel_reason or 'evicted while loading'}")
 
+    def _runtime(self, g: GpuSlot, entry: ModelEntry) -> Runtime:
+        """The runtime that hosts `entry` on `g` (the catalog's `runtime` field)."""
+        o = self.options
+        policy = WarmupPolicy(o.warmup_min_passes, o.warmup_max_passes, o.warmup_tolerance, o.warmup_max_seconds)
+        if entry.runtime == "torch":
+            return TorchRuntime(entry, g.device, g.id, policy=policy, host_cache=self.host_cache,
+                                staged_bytes=self._staged_bytes, arena=g.arena, threads=o.load_threads)
+        spec = ReplicaSpec(model=entry.id, version=entry.version, path=entry.weights,
+                           device=str(g.device.torch_device), gpu=g.id,
+                           warmup=tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup
+                                        if isinstance(w, TokenWarmupInput)),
+                           policy=policy, kv_cache_bytes=entry.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
+                           device_total_bytes=g.device.total_bytes() if g.spec.is_cuda else None)
+        if entry.runtime == "transformers":
+            from gpu_worker.runtimes.hf import HFRuntime
+
+            return HFRuntime(spec, threads=o.load_threads)
+        if entry.runtime == "vllm":
+            from gpu_worker.runtimes.vllm_engine import VllmRuntime
+
+            return VllmRuntime(spec)
+        raise LoadFailed(f"{entry.key}: unknown runtime {entry.runtime!r}")
+
     def _load(self, g: GpuSlot, s: Slot, entry: ModelEntry) -> None:
         key = entry.key
         dev = g.device
-        # 1. The module's shape, on the meta device: no memory, no random init.
-        builder, meta = _meta_module(entry, "building")
-        from gpu_worker.loader import expected_from_module
-
-        expected = expected_from_module(meta)
-        persistent = set(expected)
-        # Buffers outside the state dict are made by the builder, not read from the weights.
-        extra = [n for n, _ in meta.named_buffers() if n not in persistent]
-        del meta
-        # 2. Reserve what the weights need before allocating any of it. A model staged in this node's host
-        #    cache is promoted from there (its bytes are known, no storage I/O at all); otherwise the headers
-        #    say exactly how much (read now, not from the catalog's cache, so a file changed since is
-        #    measured as it is).
-        staged = self._staged_bytes(entry, expected)
-        if staged is not None:
-            need, source = staged, "host"
-        else:
-            source = "storage"
-            try:
-                roots = entry.roots  # each file checked against them as it is opened
-                need = sum(read_header(f, roots).data_bytes for f in weight_files(entry.weights, roots))
-            except SafetensorsError as exc:
-                raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
-        self._check_cancel(g, s)
-        self._reserve(g, s, key, need)
-        module: torch.nn.Module | None = None
+        rt = self._runtime(g, entry)
         error: WorkerError | None = None
         try:
-            self._set(g, s, state="loading", total_bytes=need, bytes=0, progress=0.0, source=source)
+            # 1. Cheap checks only (builder, headers, config): bad input fails before a byte is reserved.
+            need = rt.required_bytes()
+            self._check_cancel(g, s)
+            # 2. Reserve what the runtime needs before it allocates any of it.
+            self._reserve(g, s, key, need)
+            self._set(g, s, state="loading", total_bytes=need, bytes=0, progress=0.0, source=_source(rt))
             t0 = time.perf_counter()
-            module = self._read(g, s, entry, builder, expected, extra)
-            measured = module_bytes(module)
-            dev.commit(key, measured)
+            measured = rt.load(self._progress(g, s, rt), lambda: self._check_cancel(g, s))
+            # 3. What the runtime really holds, measured, replaces the reservation (if it still fits).
+            dev.commit_measured(key, measured)
             load_seconds = time.perf_counter() - t0
             self._check_cancel(g, s)
-            self._set(g, s, state="warming", bytes=measured, progress=1.0, load_seconds=round(load_seconds, 4))
+            self._set(g, s, state="warming", bytes=measured, progress=1.0, load_seconds=round(load_seconds, 4),
+                      source=_source(rt))
             t1 = time.perf_counter()
-            s.warmup = self._warm(g, s, entry, module)
+            s.warmup = rt.warm(lambda: self._check_cancel(g, s))
             warmup_seconds = time.perf_counter() - t1
+            after = rt.measure()
+            if after != measured:  # an engine's footprint grows as it warms (caches, graphs)
+                dev.commit_measured(key, after)
             with g.lock:
-                s.module = module
-            self._set(g, s, state="ready", warmup_seconds=round(warmup_seconds, 4))
-            log.info("%s ready on %s: %d bytes, load %.2f s (from %s), warmup %.2f s", key, g.id, measured,
+                s.runtime = rt
+            self._set(g, s, state="ready", bytes=after, warmup_seconds=round(warmup_seconds, 4), endpoint=rt.endpoint)
+            log.info("%s ready on %s (%s): %d bytes, load %.2f s (from %s), warmup %.2f s", key, g.id, rt.name, after,
                      load_seconds, s.record.source, warmup_seconds)
             if s.record.source == "host":
                 self._write_node()  # the staged copy's promotion count changed
@@ -212,11 +221,36 @@ class Lifecycle:
             error.__context__ = None
             error.__cause__ = None
             with g.lock:
-                s.module = None
-            module = None
+                s.runtime = None
+            left = _release(rt)  # no tensor, process or port of the failed replica is kept
+            if left:
+                log.error("releasing the failed %s on %s: %s", key, g.id, left)
+            del rt
             dev.release(key)
             dev.reclaim()
             raise error
+
+    def _progress(self, g: GpuSlot, s: Slot, rt: Runtime) -> Callable[[int, int], None]:
+        """The runtime's progress callback: cancel check, published progress (throttled), load pacing."""
+        t0 = time.monotonic()
+        last = [0.0]
+        pace = self.options.load_pace_bytes_per_s
+
+        def progress(done: int, total: int) -> None:
+            self._check_cancel(g, s)  # raising here cancels the load
+            now = time.monotonic()
+            moved = _source(rt) != s.record.source  # a promotion that fell back to storage: say so at once
+            if moved or now - last[0] >= self.options.progress_publish_seconds or done == total:
+                last[0] = now
+                self._set(g, s, bytes=done, progress=round(done / total, 4) if total else 1.0, source=_source(rt))
+            if pace:
+                wait = done / pace - (time.monotonic() - t0)
+                while wait > 0:
+                    time.sleep(min(wait, 0.1))
+                    self._check_cancel(g, s)
+                    wait = done / pace - (time.monotonic() - t0)
+
+        return progress
 
     def _reserve(self, g: GpuSlot, s: Slot, key: str, need: int) -> None:
         """Reserve `need` bytes for `key` on `g`; DoesNotFit when they do not fit — unless an evict of another
@@ -250,111 +284,11 @@ class Lifecycle:
             return False
         return any(it.action == "evict" for it in held)
 
-    def _read(self, g: GpuSlot, s: Slot, entry: ModelEntry, builder: Callable[..., torch.nn.Module],
-              expected: dict[str, tuple[torch.dtype, tuple[int, ...]]], extra: list[str]) -> torch.nn.Module:
-        from gpu_worker.loader import LoadError, load_weights
-
-        key = entry.key
-        dev = g.device
-        t0 = time.monotonic()
-        last = [0.0]
-        pace = self.options.load_pace_bytes_per_s
-
-        def progress(done: int, total: int) -> None:
-            self._check_cancel(g, s)  # raising here cancels the load
-            now = time.monotonic()
-            if now - last[0] >= self.options.progress_publish_seconds or done == total:
-                last[0] = now
-                self._set(g, s, bytes=done, progress=round(done / total, 4) if total else 1.0)
-            if pace:
-                wait = done / pace - (time.monotonic() - t0)
-                while wait > 0:
-                    time.sleep(min(wait, 0.1))
-                    self._check_cancel(g, s)
-                    wait = done / pace - (time.monotonic() - t0)
-
-        tensors: dict[str, torch.Tensor] | None = None
-        if s.record.source == "host":
-            try:
-                tensors = self.host_cache.promote(key, dev.torch_device, progress=progress)
-            except KeyError:
-                # Unstaged between our look and the copy: read it from storage after all.
-                log.info("%s left the host cache before its promotion to %s; loading from storage", key, g.id)
-                self._set(g, s, source="storage")
-        try:
-            if tensors is None:
-                tensors = load_weights(entry.weights, dev.torch_device, progress=progress, expected=expected,
-                                       threads=self.options.load_threads, roots=entry.roots,
-                                       allocator=g.arena.allocate if g.arena is not None else None)
-        except Cancelled:
-            raise
-        except (SafetensorsError, LoadError) as exc:
-            raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
-        except OSError as exc:
-            raise LoadFailed(f"loading {key} onto {g.id}: {exc}") from None
-        try:
-            if extra:
-                # The module has buffers the weights do not carry: build it for real on the device.
-                with dev.torch_device:
-                    module = builder(**entry.builder_args)
-            else:
-                with torch.device("meta"):
-                    module = builder(**entry.builder_args)
-            module.load_state_dict(tensors, strict=True, assign=True)
-        except Exception as exc:  # noqa: BLE001
-            tensors.clear()
-            raise LoadFailed(f"building {key} from {entry.weights}: {type(exc).__name__}: {exc}") from None
-        tensors.clear()
-        still_meta = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
-                      if t.device.type == "meta"]
-        if still_meta:
-            raise LoadFailed(f"building {key}: {len(still_meta)} tensor(s) of the module have no weights, "
-                             f"e.g. {still_meta[0]!r}; check the builder against {entry.weights}")
-        module.eval()
-        module.requires_grad_(False)
-        return module
-
-    def _warm(self, g: GpuSlot, s: Slot, entry: ModelEntry, module: torch.nn.Module) -> list[dict[str, Any]]:
-        """Run every declared input until its latency is stable (bounded); returns per-input figures."""
-        o = self.options
-        out = []
-        high = int(getattr(module, "vocab_size", 2) or 2)
-        for i, spec in enumerate(entry.warmup):
-            where = f"warmup input #{i} (shape {list(spec.shape)}, {spec.dtype})"
-            try:
-                x = make_input(spec, g.device.torch_device, default_high=high, seed=i)
-            except Exception as exc:  # noqa: BLE001
-                raise WarmupFailed(f"{entry.key} on {g.id}: {where}: cannot make the input: {exc}") from None
-            lat: list[float] = []
-            stable = False
-            started = time.perf_counter()
-            for _ in range(max(o.warmup_min_passes, o.warmup_max_passes)):
-                self._check_cancel(g, s)
-                t0 = time.perf_counter()
-                try:
-                    with torch.inference_mode():
-                        y = module(x)
-                    g.device.synchronize()
-                except Exception as exc:  # noqa: BLE001
-                    raise WarmupFailed(f"{entry.key} on {g.id}: {where} failed: {type(exc).__name__}: {exc}") \
-                        from None
-                lat.append(time.perf_counter() - t0)
-                del y
-                if len(lat) >= o.warmup_min_passes and \
-                        abs(lat[-1] - lat[-2]) <= o.warmup_tolerance * max(lat[-1], lat[-2]):
-                    stable = True
-                    break
-                if len(lat) >= o.warmup_min_passes and time.perf_counter() - started > o.warmup_max_seconds:
-                    break  # a busy host may never look stable: the time bound keeps preloads finite
-            out.append({"shape": list(spec.shape), "dtype": spec.dtype, "passes": len(lat), "stable": stable,
-                        "latency_ms": round(lat[-1] * 1000, 3), "first_ms": round(lat[0] * 1000, 3)})
-        return out
-
     def _failed(self, g: GpuSlot, s: Slot, entry: ModelEntry, exc: WorkerError, intent_id: str) -> dict[str, Any]:
         msg = str(exc)
         cancelled = isinstance(exc, Cancelled)
         with g.lock:
-            s.module = None
+            s.runtime = None
             if cancelled:
                 # An evict cancelled it: the replica is gone, not failed.
                 if g.replicas.get(entry.key) is s:
@@ -363,6 +297,7 @@ class Lifecycle:
             s.record.error = msg
             s.record.bytes = 0
             s.record.progress = 0.0
+            s.record.endpoint = None
             s.record.since = time.time()
         if cancelled:
             self._drop_published(g, entry.id, entry.version)
@@ -419,7 +354,10 @@ class Lifecycle:
                         s.record.state = "evicting"
                         s.record.since = time.time()
                     del g.replicas[k]
-                s.module = None  # running infers keep their own reference until they return
+                rt, s.runtime = s.runtime, None
+            left = _release(rt)  # an engine stops here: its process group, port and memory go
+            if left:
+                log.error("evict of %s on %s: %s", k, g.id, left)
             freed += g.device.release(k)
             versions.append(s.record.version)
             self._drop_published(g, s.record.model, s.record.version)
@@ -436,29 +374,25 @@ class Lifecycle:
     # --- infer ------------------------------------------------------------------------------------
     def infer(self, g: GpuSlot, model: str, inputs: Any = None, *, version: str | None = None,
               seed: int = 0) -> dict[str, Any]:
-        """One forward pass on a ready replica; `inputs`: None (the first warmup shape), a spec
-        {"shape", "dtype", "high"}, or nested lists of numbers."""
+        """One request to a ready replica. torch: `inputs` None (the first warmup shape), a spec
+        {"shape", "dtype", "high"}, or nested lists of numbers. transformers: None or a table
+        ({"prompt", "max_tokens"}, {"input_ids"}, {"prompt_tokens", "batch"}). vllm: None or a
+        /v1/completions body ({"prompt", "max_tokens", ...}), sent to the engine's endpoint."""
         with g.lock:
             cands = [s for s in g.replicas.values()
                      if s.record.model == model and (not version or s.record.version == version)]
-            ready = [s for s in cands if s.record.state == "ready" and s.module is not None]
+            ready = [s for s in cands if s.record.state == "ready" and s.runtime is not None]
             if not ready:
                 seen = ", ".join(f"{s.record.version}: {s.record.state}" for s in cands) or "absent"
                 raise NotResident(f"{model}{'@' + version if version else ''} is not resident on {g.id} ({seen}); "
                                   "preload it first")
             s = max(ready, key=lambda x: x.record.since)
             s.record.in_flight += 1
-            module = s.module
+            rt = s.runtime
             rec = replace(s.record)
+        assert rt is not None
         try:
-            entry = self.entry(rec.model, rec.version)
-            x = infer_input(entry, inputs, g.device.torch_device, module, seed)
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                y = module(x)
-            g.device.synchronize()
-            latency = time.perf_counter() - t0
-            summary = summarize(y)
+            answer = rt.serve(_request(rt, inputs, seed))
         except WorkerError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -468,10 +402,43 @@ class Lifecycle:
             with g.lock:
                 s.record.in_flight -= 1
                 s.record.last_used = time.time()
-        return {"model": rec.model, "version": rec.version, "gpu": g.id, "latency_ms": round(latency * 1000, 3),
-                "latency_seconds": latency, "input": {"shape": list(x.shape), "dtype": str(x.dtype)[6:]},
-                "output": summary}
+        return {**answer, "model": rec.model, "version": rec.version, "gpu": g.id}
 
+    def check_runtimes(self, g: GpuSlot) -> None:
+        """A ready replica whose runtime died (an engine process that exited) goes `failed` with the
+        runtime's reason; its bytes and whatever of it is left are released. Called with every heartbeat."""
+        with g.lock:
+            ready = [(k, s) for k, s in g.replicas.items() if s.record.state == "ready" and s.runtime is not None]
+        for k, s in ready:
+            assert s.runtime is not None
+            why = s.runtime.died()
+            if why is None:
+                continue
+            with g.lock:
+                if g.replicas.get(k) is not s or s.runtime is None:
+                    continue  # evicted meanwhile
+                rt, s.runtime = s.runtime, None
+                s.record.state, s.record.error, s.record.since = "failed", why, time.time()
+                s.record.bytes, s.record.progress, s.record.endpoint = 0, 0.0, None
+            left = _release(rt)
+            freed = g.device.release(k)
+            g.device.reclaim()
+            self.publish(g, s)
+            self._event("failed", s.record.model, g, why, {"version": s.record.version, "bytes_freed": freed,
+                                                          "runtime": rt.name, "while": "ready"})
+            log.error("%s on %s died while ready: %s%s", k, g.id, why, f" ({left})" if left else "")
+
+    def release_runtimes(self, g: GpuSlot) -> None:
+        """Let every replica's runtime go (worker shutdown): engines stop, no process is left behind."""
+        with g.lock:
+            held = [(k, s.runtime) for k, s in g.replicas.items() if s.runtime is not None]
+            for s in g.replicas.values():
+                s.runtime = None
+        for k, rt in held:
+            left = _release(rt)
+            if left:
+                log.error("shutdown: releasing %s on %s: %s", k, g.id, left)
+            g.device.release(k)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def replicas(self, g: GpuSlot) -> list[state.Replica]:
@@ -501,3 +468,29 @@ class Lifecycle:
                         n += 1
         return n
 
+
+def _source(rt: Runtime) -> str:
+    return getattr(rt, "source", "storage")
+
+
+def _request(rt: Runtime, inputs: Any, seed: int) -> dict[str, Any]:
+    """The runtime's request for an `infer` task's inputs."""
+    if rt.name == "torch":
+        return {"inputs": inputs, "seed": seed}
+    if inputs is None:
+        return dict(DEFAULT_REQUESTS.get(rt.name, {}))
+    if not isinstance(inputs, dict):
+        raise BadRequest(f"a {rt.name} replica takes a request table, e.g. {DEFAULT_REQUESTS.get(rt.name, {})}, "
+                         f"not {type(inputs).__name__}")
+    return inputs
+
+
+def _release(rt: Runtime | None) -> str:
+    """Release a runtime; '' when nothing of it is left, else what is (ReleaseFailed's message)."""
+    if rt is None:
+        return ""
+    try:
+        rt.release()
+    except Exception as exc:  # noqa: BLE001 - what is left is reported; the caller's outcome stands
+        return f"{type(exc).__name__}: {exc}"
+    return ""

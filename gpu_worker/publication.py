@@ -67,6 +67,7 @@ class Publication:
         """Announce every GPU with its full replica set; expire old failed records."""
         now = time.time()
         for g in self.gpus.values():
+            self.check_runtimes(g)  # an engine that died while ready is failed before we announce it
             with g.publish_lock:
                 with g.lock:
                     for k, s in list(g.replicas.items()):

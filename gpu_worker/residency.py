@@ -22,6 +22,12 @@ Rules it keeps (issue 2, items 5 and 8):
   weights into host memory (no device memory), `unstage` drops them; a preload of a staged model promotes
   it from there (no storage I/O) and reports `source: "host"`. Staged models are node-level records
   (keys.staged(node), keys.host_cache(node)), published at once and with every heartbeat.
+- Every replica is hosted by a runtime (gpu_worker/runtimes: `torch`, `transformers`, `vllm`, the catalog's
+  `runtime`): the worker reserves the runtime's required bytes, then commits what it measured once loaded
+  (a footprint past the GPU's free budget fails the replica and releases it). A replica served over HTTP
+  publishes its `endpoint`. The heartbeat asks each ready runtime whether it died (an engine process that
+  exited): that replica goes `failed` with the engine's reason and is released. Shutdown releases every
+  runtime, so no engine outlives its worker.
 """
 
 
@@ -40,9 +46,9 @@ from gpu_worker.errors import BadRequest
 from gpu_worker.host_cache_ops import HostCacheOps
 from gpu_worker.lifecycle import EVICT_WAIT_SECONDS, Lifecycle
 from gpu_worker.publication import Publication
+from gpu_worker.runtimes.torch_module import make_input, summarize
 from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, StageJob, WorkerOptions
 from gpu_worker.staging import HostCache
-from gpu_worker.torch_model import make_input, summarize
 from gpu_worker.worker_catalog import CatalogReload
 from prewarm import keys
 from prewarm.catalog import Catalog
@@ -106,19 +112,18 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps):
             return next(iter(self.gpus.values()))
         raise BadRequest(f"cannot tell which GPU the task is for (queue {routing_key!r}); pass gpu=<node/device>")
 
-
     def shutdown(self, reason: str = "worker shutting down") -> None:
         """Cancel loads in progress, drop every replica and take this worker's GPUs out of the fleet
         (only those it claimed: a worker refused a GPU must not erase the live owner's records)."""
         for g in self.gpus.values():
-            if g.id not in self.claimed:
-                continue
             with g.lock:
                 for s in g.replicas.values():
                     if s.record.state in IN_FLIGHT:
-                        s.cancel, s.cancel_reason = True, reason
-                        continue
-                    s.module = None
+                        s.cancel, s.cancel_reason = True, reason  # a loading engine is stopped by its load
+            # Every ready replica's runtime goes now: an engine process stops with its worker.
+            self.release_runtimes(g)
+            if g.id not in self.claimed:
+                continue
             with g.publish_lock:
                 try:
                     pipe = self.r.pipeline(transaction=True)

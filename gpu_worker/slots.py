@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from gpu_worker.device import Device, make_device
 from gpu_worker.devmem import DeviceArena
+from gpu_worker.runtimes import Runtime
 from prewarm import state
 from prewarm.config import DeviceSpec, Settings
 
@@ -78,7 +77,7 @@ class Slot:
     """One replica on one GPU: its published record plus what only this process holds."""
 
     record: state.Replica
-    module: torch.nn.Module | None = None
+    runtime: Runtime | None = None  # the replica's host once ready (gpu_worker/runtimes)
     done: threading.Event = field(default_factory=threading.Event)  # set when a load ends (ready or failed)
     cancel: bool = False
     cancel_reason: str = ""
