@@ -88,6 +88,11 @@ class Slot:
     task_ids: set[str] = field(default_factory=set)  # preload tasks waiting on this replica (see evict)
 
 
+    @property
+    def module(self) -> Any:
+        """A torch-hosted replica's module (None for another runtime, or before ready)."""
+        return getattr(self.runtime, "module", None)
+
 class GpuSlot:
     """One device this worker serves, its replicas and its publication to Redis."""
 
