@@ -133,6 +133,20 @@ class Device:
             self._reserved.pop(key, None)
             self._owned[key] = measured
 
+    def commit_measured(self, key: str, measured: int) -> None:
+        """Commit what a runtime measured it holds, or raise DoesNotFit when that exceeds what is left
+        for `key` (its reservation or owned bytes plus the free budget): an engine's real footprint can
+        be far above what it asked for. The caller then releases the replica."""
+        with self._lock:
+            total = self.total_bytes()
+            room = total - (self._accounted() - self._reserved.get(key, 0) - self._owned.get(key, 0))
+            if measured > room:
+                raise DoesNotFit(f"{key} measured {format_bytes(measured)} ({measured} bytes) once loaded, but GPU "
+                                 f"{self.gpu_id} has room for {format_bytes(room)} ({room} bytes) of {format_bytes(total)}; "
+                                 "it was released: give it a device with more memory, or evict something first")
+            self._reserved.pop(key, None)
+            self._owned[key] = measured
+
     def release(self, key: str) -> int:
         """Forget `key`'s reservation and owned bytes; returns the owned bytes freed (0 if none)."""
         with self._lock:

@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
-from gpu_worker.staging import StagingRing
+from gpu_worker.staging_ring import StagingRing
 from prewarm.model_roots import RefusedFile, open_inside
 from prewarm.safetensors_header import (
     SafetensorsError,

@@ -1,16 +1,8 @@
-"""Host-side staging for the loader (per-thread buffer rings) and the node's host-memory cache.
+"""The node's host-memory cache (the staging tier): whole models' tensors in host memory.
 
-Two things live here because both are "model bytes in host memory on their way to a device":
+The loader's per-thread buffer ring is in gpu_worker/staging_ring.py (imported here for old callers).
 
-1. :class:`StagingRing` — what the loader uses when it cannot read straight into the destination
-   (a CUDA device): each reader thread owns ``depth`` host buffers (pinned when CUDA is present);
-   it reads a chunk into one buffer while the previous ones are still being copied to the device
-   with ``non_blocking`` copies on the thread's side stream. A buffer is reused only once its copy
-   has completed (a CUDA event), so the pool stays bounded at ``threads x depth x chunk_bytes``.
-   On a CPU target the same ring runs with a synchronous ``copy_`` (tests use it to exercise the
-   logic the CUDA path shares).
-
-2. :class:`HostCache` — the node-level *staging tier* of issue 4: a budgeted cache of whole models'
+:class:`HostCache` — the node-level *staging tier* of issue 4: a budgeted cache of whole models'
    tensors in host memory (pinned where CUDA exists). Each staged model lives in one
    :class:`HostArena` (one allocation, 64-byte aligned tensor views, ``cudaHostRegister``-pinned on
    CUDA, unpinned and freed on eviction); its ``nbytes`` (what the budget counts) is the arena's
@@ -58,6 +50,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
+from gpu_worker.staging_ring import StagingRing
 
 __all__ = [
     "HostArena",
@@ -70,80 +63,6 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int], None]
-
-
-class StagingRing:
-    """``depth`` host buffers of ``chunk_bytes`` owned by one reader thread.
-
-    ``acquire()`` returns the index of a free buffer (waiting for its previous device copy);
-    ``submit(i, segments)`` copies byte ranges of ``buffer[i]`` into destination byte ranges and
-    marks the buffer busy until the copy completes; ``drain()`` waits for every copy of this ring.
-    """
-
-    def __init__(
-        self,
-        chunk_bytes: int,
-        depth: int,
-        device: torch.device,
-        *,
-        pin: bool | None = None,
-        after: torch.cuda.Stream | None = None,
-    ):
-        if chunk_bytes <= 0 or depth <= 0:
-            raise ValueError("chunk_bytes and depth must be positive")
-        self.device = device
-        self.cuda = device.type == "cuda"
-        pin = self.cuda if pin is None else pin
-        self.buffers = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(depth)]
-        # numpy views give preadv a writable buffer over the tensor's own memory.
-        self.views = [memoryview(b.numpy()) for b in self.buffers]
-        self.events: list[torch.cuda.Event | None] = [None] * depth
-        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
-        if self.stream is not None:
-            # Destinations were allocated on the current stream: order our copies after that.
-            self.stream.wait_stream(after if after is not None else torch.cuda.current_stream(device))
-        self._next = 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() for b in self.buffers)
-
-    def acquire(self) -> int:
-        i = self._next
-        self._next = (i + 1) % len(self.buffers)
-        ev = self.events[i]
-        if ev is not None:
-            ev.synchronize()  # the buffer's previous H2D copy must finish before we overwrite it
-            self.events[i] = None
-        return i
-
-    def submit(self, i: int, segments: Sequence[tuple[torch.Tensor, int, int, int]]) -> None:
-        """Copy ``buffer[i][buf_off:buf_off+n]`` to ``dest[dest_off:dest_off+n]`` for each segment."""
-        buf = self.buffers[i]
-        if self.stream is None:
-            for dest, dest_off, buf_off, n in segments:
-                dest[dest_off : dest_off + n].copy_(buf[buf_off : buf_off + n])
-            return
-        with torch.cuda.stream(self.stream):
-            for dest, dest_off, buf_off, n in segments:
-                dest[dest_off : dest_off + n].copy_(buf[buf_off : buf_off + n], non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        self.events[i] = ev
-
-    def drain(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
-        self.events = [None] * len(self.buffers)
-
-    def close(self) -> None:
-        try:
-            self.drain()
-        finally:
-            for v in self.views:
-                v.release()
-            self.views = []
-            self.buffers = []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,6 +16,22 @@
     dtype = "int64"
     high = 32000                     # optional: integer inputs are drawn from [0, high)
 
+A Hugging Face checkpoint is served by another runtime (default `runtime = "torch"`, the entries above):
+
+    [[models]]
+    id = "tiny-chat"
+    version = "v1"
+    runtime = "transformers"         # or "vllm": an engine process per replica (prewarm engines)
+    path = "tiny-chat"               # the checkpoint directory: config.json + model.safetensors (or shards)
+    kv_cache_bytes = 268435456       # vllm only: the engine's KV cache on top of the weights
+    [[models.warmup]]
+    prompt_tokens = 16               # a batch of `batch` prompts of this many tokens
+    batch = 1
+
+A checkpoint's config.json is read by its runtime when a replica is loaded (a missing one fails that
+replica with the reason); here only its weights' headers are validated. A vllm entry's size_bytes is its
+weights plus kv_cache_bytes: what a replica reserves on its GPU before the engine measures itself.
+
 Loading validates every entry and names the entry and field at fault. Sizes come from the safetensors
 headers (exact data bytes), read without torch so web and scheduler can load the catalog too.
 """
@@ -29,13 +45,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prewarm.engines import DEFAULT_KV_CACHE_BYTES, RUNTIMES
 from prewarm.model_roots import within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
-_MODEL_KEYS = {"id", "version", "weights", "builder", "builder_args", "warmup", "pinned", "min_replicas",
-               "max_rate_per_replica", "description"}
+_COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
+                "description"}
+# The keys each runtime takes besides the common ones (one home: the error lists them from here).
+_RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args"},
+                 "transformers": {"path"},
+                 "vllm": {"path", "kv_cache_bytes"}}
+_MODEL_KEYS = _COMMON_KEYS | set().union(*_RUNTIME_KEYS.values())
 _WARMUP_KEYS = {"shape", "dtype", "high"}
+_TOKEN_WARMUP_KEYS = {"prompt_tokens", "batch"}
 _TOP_KEYS = {"models", "roots"}
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _BUILDER_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
@@ -53,14 +76,22 @@ class WarmupInput:
 
 
 @dataclass(frozen=True)
+class TokenWarmupInput:
+    """A token model's warmup entry: a batch of `batch` prompts of `prompt_tokens` tokens."""
+
+    prompt_tokens: int
+    batch: int = 1
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     id: str
     version: str
     weights: Path
     files: tuple[Path, ...]
-    builder: str
+    builder: str  # torch only ("" for a checkpoint runtime)
     builder_args: dict[str, Any]
-    warmup: tuple[WarmupInput, ...]
+    warmup: tuple[WarmupInput, ...] | tuple[TokenWarmupInput, ...]
     size_bytes: int
     pinned: bool = False
     min_replicas: int = 0
@@ -69,6 +100,8 @@ class ModelEntry:
     # The catalog's model roots (resolved): every reader of the weights checks each file against them
     # when it opens it (prewarm.model_roots), not only here when the catalog is read.
     roots: tuple[Path, ...] = ()
+    runtime: str = "torch"  # one of prewarm.engines.RUNTIMES; for the others `weights` is the checkpoint dir
+    kv_cache_bytes: int = 0  # vllm: the engine's KV cache, counted in size_bytes
 
     @property
     def shards(self) -> int:
@@ -82,8 +115,9 @@ class ModelEntry:
         return {"id": self.id, "version": self.version, "size_bytes": self.size_bytes, "shards": self.shards,
                 "weights": str(self.weights), "builder": self.builder, "pinned": self.pinned,
                 "min_replicas": self.min_replicas, "max_rate_per_replica": self.max_rate_per_replica,
-                "warmup": [{"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
-                "description": self.description}
+                "warmup": [{"prompt_tokens": w.prompt_tokens, "batch": w.batch} if isinstance(w, TokenWarmupInput)
+                           else {"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
+                "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes}
 
 
 @dataclass
@@ -162,6 +196,56 @@ def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
     return tuple(out)
 
 
+def _parse_token_warmup(where: str, raw: object) -> tuple[TokenWarmupInput, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(where, "warmup must be a non-empty list of [[models.warmup]] tables with prompt_tokens "
+                           "(and batch)")
+    out = []
+    for i, w in enumerate(raw):
+        wh = f"{where} warmup[{i}]"
+        if not isinstance(w, dict):
+            raise _fail(wh, "must be a table with prompt_tokens and batch")
+        unknown = set(w) - _TOKEN_WARMUP_KEYS
+        if unknown:
+            raise _fail(wh, f"unknown key {sorted(unknown)[0]!r}; a checkpoint runtime's warmup takes "
+                            f"{', '.join(sorted(_TOKEN_WARMUP_KEYS))}")
+        n, b = w.get("prompt_tokens"), w.get("batch", 1)
+        for name, v in (("prompt_tokens", n), ("batch", b)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise _fail(wh, f"{name} {v!r} must be a positive integer")
+        out.append(TokenWarmupInput(n, b))
+    return tuple(out)
+
+
+def _parse_checkpoint_entry(where: str, raw: dict[str, Any], runtime: str, base: Path, roots: list[Path],
+                            check_files: bool) -> tuple[Path, tuple[Path, ...], int, int, tuple[TokenWarmupInput, ...]]:
+    """A transformers / vllm entry's checkpoint directory, its weight files, size and warmup."""
+    path_raw = raw.get("path")
+    if not isinstance(path_raw, str) or not path_raw:
+        raise _fail(where, f"runtime {runtime!r} needs path = a Hugging Face checkpoint directory (config.json "
+                           "and model.safetensors, or shards with model.safetensors.index.json)")
+    path = (base / path_raw).resolve()
+    if not within(path, roots):
+        raise _fail(where, f"path {path_raw!r} lies outside the model roots {[str(r) for r in roots]}")
+    kv = 0
+    if runtime == "vllm":
+        kv = raw.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)
+        if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
+            raise _fail(where, f"kv_cache_bytes {kv!r} must be a positive integer (bytes)")
+    files: tuple[Path, ...] = ()
+    size = 0
+    if check_files:
+        if not path.is_dir():
+            raise _fail(where, f"path {path} is not a directory; runtime {runtime!r} serves a checkpoint directory")
+        try:
+            files = tuple(weight_files(path, roots))
+            for f in files:
+                size += read_header(f, roots).data_bytes
+        except SafetensorsError as exc:
+            raise _fail(where, f"checkpoint weights: {exc}") from None
+    return path, files, size + kv, kv, _parse_token_warmup(where, raw.get("warmup"))
+
+
 def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files: bool) -> ModelEntry:
     where = f"models[{i}]"
     if not isinstance(raw, dict):
@@ -173,12 +257,26 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     unknown = set(raw) - _MODEL_KEYS
     if unknown:
         raise _fail(where, f"unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_MODEL_KEYS))}")
-    for key in ("version", "weights", "builder"):
-        if key not in raw:
-            raise _fail(where, f"missing required key {key!r}")
+    runtime = raw.get("runtime", "torch")
+    if runtime not in RUNTIMES:
+        raise _fail(where, f"runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    foreign = set(raw) - _COMMON_KEYS - _RUNTIME_KEYS[runtime]
+    if foreign:
+        raise _fail(where, f"key {sorted(foreign)[0]!r} does not apply to runtime {runtime!r}; it takes "
+                           f"{', '.join(sorted(_RUNTIME_KEYS[runtime]))} besides the common keys")
+    if "version" not in raw:
+        raise _fail(where, "missing required key 'version'")
     version = raw["version"]
     if not isinstance(version, str) or not _ID_RE.fullmatch(version):
         raise _fail(where, f"version {version!r} must be 1-128 letters, digits, '.', '_' or '-'")
+    if runtime != "torch":
+        path, files, size, kv, token_warmup = _parse_checkpoint_entry(where, raw, runtime, base, roots, check_files)
+        return ModelEntry(id=model_id, version=version, weights=path, files=files, builder="", builder_args={},
+                          warmup=token_warmup, size_bytes=size, runtime=runtime, kv_cache_bytes=kv,
+                          **_common(where, raw), roots=tuple(roots))
+    for key in ("weights", "builder"):
+        if key not in raw:
+            raise _fail(where, f"missing required key {key!r}")
     weights_raw = raw["weights"]
     if not isinstance(weights_raw, str) or not weights_raw:
         raise _fail(where, "weights must be a path to a .safetensors file or a model.safetensors.index.json")
@@ -204,6 +302,13 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     if not isinstance(builder_args, dict):
         raise _fail(where, "builder_args must be a table of keyword arguments")
     warmup = _parse_warmup(where, raw.get("warmup"))
+    return ModelEntry(id=model_id, version=version, weights=weights, files=files, builder=builder,
+                      builder_args=dict(builder_args), warmup=warmup, size_bytes=size, **_common(where, raw),
+                      roots=tuple(roots))
+
+
+def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields every runtime's entry has: pinned, min_replicas, max_rate_per_replica, description."""
     pinned = raw.get("pinned", False)
     if not isinstance(pinned, bool):
         raise _fail(where, f"pinned {pinned!r} must be true or false")
@@ -213,10 +318,8 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     cap = raw.get("max_rate_per_replica")
     if cap is not None and (not isinstance(cap, int | float) or isinstance(cap, bool) or cap <= 0):
         raise _fail(where, f"max_rate_per_replica {cap!r} must be a positive number")
-    return ModelEntry(id=model_id, version=version, weights=weights, files=files, builder=builder,
-                      builder_args=dict(builder_args), warmup=warmup, size_bytes=size, pinned=pinned,
-                      min_replicas=min_replicas, max_rate_per_replica=float(cap) if cap else None,
-                      description=str(raw.get("description", "")), roots=tuple(roots))
+    return {"pinned": pinned, "min_replicas": min_replicas, "max_rate_per_replica": float(cap) if cap else None,
+            "description": str(raw.get("description", ""))}
 
 
 def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bool = True) -> Catalog:

@@ -69,6 +69,7 @@ class Replica:
     last_used: float | None = None  # last infer on this replica
     reason: str | None = None  # why it was loaded (the dispatching decision)
     source: str | None = None  # where the bytes came from: "host" (promoted from the host cache) | "storage"
+    endpoint: str | None = None  # a replica served over HTTP (vllm): its OpenAI base URL, for routers
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -100,3 +100,57 @@ def test_models_list_lists_healthy_entries_and_fails_naming_the_broken_one(cat: 
     assert rc == 1
     assert [m["id"] for m in out["models"]] == ["tiny-sharded"]
     assert "tiny-lm" in out["problems"]
+
+
+# --- runtimes ---------------------------------------------------------------------------------------
+def _checkpoint_catalog(tmp_path: Path, body: str) -> Path:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    ck = tmp_path / "ck"
+    ck.mkdir(parents=True, exist_ok=True)
+    save_file({"w": np.zeros((256,), dtype=np.float32)}, str(ck / "model.safetensors"))  # 1,024 data bytes
+    path = tmp_path / "catalog.toml"
+    path.write_text('[[models]]\nid = "chat"\nversion = "v1"\n' + body)
+    return path
+
+
+def test_a_checkpoint_runtime_entry_has_its_path_size_and_token_warmup(tmp_path: Path) -> None:
+    warm = "[[models.warmup]]\nprompt_tokens = 32\nbatch = 2\n"
+    hf = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "transformers"\npath = "ck"\n' + warm)).get("chat")
+    assert (hf.runtime, hf.weights, hf.size_bytes, hf.kv_cache_bytes) == ("transformers", tmp_path / "ck", 1024, 0)
+    assert hf.summary()["warmup"] == [{"prompt_tokens": 32, "batch": 2}] and hf.summary()["runtime"] == "transformers"
+    # vllm: the KV cache (default prewarm.engines.DEFAULT_KV_CACHE_BYTES) is part of what a replica needs.
+    from prewarm.engines import DEFAULT_KV_CACHE_BYTES
+
+    vl = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "vllm"\npath = "ck"\n' + warm)).get("chat")
+    assert (vl.kv_cache_bytes, vl.size_bytes) == (DEFAULT_KV_CACHE_BYTES, 1024 + DEFAULT_KV_CACHE_BYTES)
+    vl = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "vllm"\npath = "ck"\nkv_cache_bytes = 4096\n' + warm)).get("chat")
+    assert (vl.kv_cache_bytes, vl.size_bytes) == (4096, 1024 + 4096)
+
+
+def test_a_torch_entry_defaults_to_the_torch_runtime(cat: Path) -> None:
+    assert {m.runtime for m in load_catalog(cat).models} == {"torch"}
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ('runtime = "onnx"\npath = "ck"\n', "model 'chat': runtime 'onnx' is not one of torch, transformers, vllm"),
+    ('runtime = "transformers"\n', "model 'chat': runtime 'transformers' needs path"),
+    ('runtime = "transformers"\npath = "ck"\nkv_cache_bytes = 5\n', "key 'kv_cache_bytes' does not apply to runtime 'transformers'"),
+    ('runtime = "vllm"\npath = "ck"\nbuilder = "json:loads"\n', "key 'builder' does not apply to runtime 'vllm'"),
+    ('runtime = "vllm"\npath = "ck"\nkv_cache_bytes = -1\n', "kv_cache_bytes -1 must be a positive integer"),
+    ('runtime = "vllm"\npath = "missing"\n', "is not a directory"),
+])
+def test_bad_runtime_fields_name_the_entry_and_what_is_allowed(tmp_path: Path, body: str, needle: str) -> None:
+    path = _checkpoint_catalog(tmp_path, body + "[[models.warmup]]\nprompt_tokens = 8\n")
+    with pytest.raises(CatalogError, match=needle.replace("(", r"\(")):
+        load_catalog(path)
+
+
+def test_token_warmup_entries_are_validated(tmp_path: Path) -> None:
+    path = _checkpoint_catalog(tmp_path, 'runtime = "transformers"\npath = "ck"\n[[models.warmup]]\nshape = [1, 4]\n')
+    with pytest.raises(CatalogError, match="warmup.0.: unknown key 'shape'; a checkpoint runtime's warmup takes batch, prompt_tokens"):
+        load_catalog(path)
+    path = _checkpoint_catalog(tmp_path, 'runtime = "transformers"\npath = "ck"\n[[models.warmup]]\nprompt_tokens = 0\n')
+    with pytest.raises(CatalogError, match="prompt_tokens 0 must be a positive integer"):
+        load_catalog(path)

@@ -86,8 +86,9 @@ def _model_arg() -> tuple[ModelEntry, str | None]:
 
 
 def replica_view(rep: state.Replica, gpu: state.Gpu) -> dict[str, Any]:
+    # endpoint: where a router sends requests itself (an engine's OpenAI base URL); None: through `infer`.
     return {"gpu": gpu.id, "queue": gpu.queue, "version": rep.version, "state": rep.state,
-            "progress": round(rep.progress, 4), "in_flight": rep.in_flight}
+            "progress": round(rep.progress, 4), "in_flight": rep.in_flight, "endpoint": rep.endpoint}
 
 
 @bp.get("/route")

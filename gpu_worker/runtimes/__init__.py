@@ -19,20 +19,21 @@ Lifecycle (prewarm/state.py's replica states) and the calls behind each step::
     ready     runtime.serve(request) -> JSON-able answer (the `infer` task), concurrently with others;
               runtime.endpoint -> where a router sends requests itself (None: only through `infer`)
               runtime.measure() -> bytes held now (heartbeat figures; an engine's own process tree)
+              runtime.died() -> None while it can serve, else why not (an engine that exited: its
+                 status and last log lines); the heartbeat asks, and fails the replica with that reason
     evicting  runtime.release() -> bytes freed; afterwards nothing of the replica is left (no tensor
               referenced, no process, no port), or it raises ReleaseFailed saying what is left
     failed    any step raises a gpu_worker.errors.WorkerError (LoadFailed / WarmupFailed subclasses
               from runtimes.errors) whose message is the reason; the worker then calls release()
               (always safe, idempotent) and publishes `failed` with that reason
 
-Today's torch path maps onto it one to one (gpu_worker/residency.py, NodeWorker._load): required_bytes
-is the sum of the weight headers' data bytes (or the staged copy's), load is `_meta_module` +
-`_read` (the streaming loader into a meta-built module, `load_state_dict(assign=True)`), warm is `_warm`
-over `make_input` shapes, serve is `infer`'s forward pass with `summarize`, measure is `module_bytes`,
-release is dropping the module reference + `device.release` + `reclaim`. A `TorchRuntime` written from
-those functions changes no behaviour.
+The worker drives every runtime through this protocol (gpu_worker/lifecycle.py, Lifecycle._load): after
+load it commits the measured bytes with Device.commit_measured (a footprint past the GPU's free budget
+fails the replica, which is then released), and again after warm when the footprint grew.
 
-Runtimes: `transformers` (runtimes.hf.HFRuntime) and `vllm` (runtimes.vllm_engine.VllmRuntime). This
+Runtimes: `torch` (runtimes.torch_module.TorchRuntime: today's path, a module built by the catalog's
+builder and filled by the streaming loader, promoted from the host cache where staged), `transformers`
+(runtimes.hf.HFRuntime) and `vllm` (runtimes.vllm_engine.VllmRuntime), chosen by the catalog's `runtime`. This
 module imports neither torch nor transformers: Celery clients and `prewarm engines` import it.
 """
 
@@ -112,6 +113,8 @@ class Runtime(Protocol):
     def serve(self, request: dict[str, Any]) -> dict[str, Any]: ...
 
     def measure(self) -> int: ...
+
+    def died(self) -> str | None: ...
 
     def release(self) -> int: ...
 

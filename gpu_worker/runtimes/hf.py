@@ -283,6 +283,9 @@ class HFRuntime:
     def measure(self) -> int:
         return module_bytes(self.model) if self.model is not None else 0
 
+    def died(self) -> str | None:
+        return None  # in the worker's own process: it lives as long as the worker
+
     def release(self) -> int:
         freed = self.measure()
         self.model = None

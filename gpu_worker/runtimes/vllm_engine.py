@@ -231,6 +231,18 @@ class VllmRuntime:
                 continue
         return total
 
+    def died(self) -> str | None:
+        """None while the engine process runs; once it exited, why: its status and its log's last lines
+        (the engine's own reason). The worker's heartbeat asks, so an engine dying while ready is noticed."""
+        if self.proc is None:
+            return None
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        tail = log_tail(self.log_path) if self.log_path else ""
+        return (f"{self.spec.where}: the vllm engine exited with status {rc} while serving (log: {self.log_path})"
+                + (f"\n--- last lines of the engine's log ---\n{tail}" if tail else ""))
+
     def release(self) -> int:
         """Stop the engine and verify it is gone (no process of its group, port free); returns the bytes
         it held (last measured). Idempotent."""

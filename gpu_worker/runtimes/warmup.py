@@ -1,6 +1,6 @@
 """The warmup rule every runtime shares: run an input until its latency is stable, bounded.
 
-The same rule as the torch path (gpu_worker/residency.py, NodeWorker._warm, WorkerOptions' defaults):
+The same rule for every runtime (torch: gpu_worker/runtimes/torch_module.py, with WorkerOptions' defaults):
 at least `min_passes` (the first pass is cold: allocator, kernels, an engine's graphs), stop when the
 last two passes are within `tolerance` of each other, and never run more than `max_passes` or, once the
 minimum is done, longer than `max_seconds` (a busy host may never look stable).

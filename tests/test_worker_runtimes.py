@@ -1,0 +1,226 @@
+"""Replicas hosted by the `transformers` and `vllm` runtimes in a real `prewarm worker` process.
+
+Tasks go through Celery by name; state is read back from Redis; the route answer and /api/fleet come from
+the real Flask app on the same Redis. The vLLM tests need the engine's environment (PREWARM_VLLM_VENV,
+`prewarm engines install vllm`) and skip saying so where it is absent; each engine start takes 30-160 s
+on this two-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from celery import Celery
+
+from gpu_worker.demo_hf import write_tiny_llama
+from prewarm import celery_app, state
+from prewarm.engines import DEFAULT_KV_CACHE_BYTES, vllm_python, vllm_venv
+from prewarm.safetensors_header import read_weight_set
+from tests import procs
+from tests.procs import REPO, wait_for
+from tests.web_support import make_context
+from web.app import create_app
+
+worker_factory = procs.worker_factory  # the fixture, used by name
+
+GPU = "node-a/cpu:0"
+QUEUE = state.queue_name("node-a", "cpu:0")
+ENGINE_TIMEOUT = 900.0  # a cold vLLM start on a busy two-core machine, with the worker's warmup after it
+
+
+def catalog_for(folder: Path, runtime: str, *, model: str = "tiny-chat", extra: str = "") -> Path:
+    """A catalog of one tiny Llama checkpoint (written here) served by `runtime`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_tiny_llama(folder / model, seed=3)
+    cat = folder / "catalog.toml"
+    cat.write_text(f'[[models]]\nid = "{model}"\nversion = "v1"\nruntime = "{runtime}"\npath = "{model}"\n{extra}'
+                   "[[models.warmup]]\nprompt_tokens = 16\nbatch = 1\n")
+    return cat
+
+
+@pytest.fixture
+def celery(redis_url: str) -> Iterator[Celery]:
+    app = celery_app.make_celery(redis_url)
+    yield app
+    app.close()
+
+
+def gpu(r: redis.Redis) -> state.Gpu:
+    g = state.read_fleet(r).gpu(GPU)
+    assert g is not None
+    return g
+
+
+def rep(r: redis.Redis, model: str = "tiny-chat") -> state.Replica | None:
+    return next((x for x in gpu(r).replicas if x.model == model), None)
+
+
+def send(celery: Celery, name: str, *args: object, timeout: float = 300.0, **kwargs: object) -> dict:
+    return celery.send_task(name, args=list(args), kwargs=kwargs, queue=QUEUE).get(timeout=timeout)
+
+
+# --- transformers ---------------------------------------------------------------------------------
+def test_a_transformers_replica_preloads_infers_and_evicts_with_its_bytes(r: redis.Redis, celery: Celery,
+                                                                          tmp_path: Path, worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "transformers")
+    weights = read_weight_set(tmp_path / "models" / "tiny-chat").data_bytes
+    worker_factory(cat, devices="cpu:0=256MiB")
+    out = send(celery, celery_app.PRELOAD, "tiny-chat", "v1")
+    assert out["state"] == "ready" and out["source"] == "storage"
+    # The committed bytes are the module's, measured: the checkpoint's tensors plus the buffers computed on
+    # the device (rotary frequencies: a few hundred bytes), not the reservation from the headers.
+    held = out["bytes"]
+    assert weights < held < weights + 4096 and rep(r).total_bytes == weights
+    assert out["warmup"][0]["prompt_tokens"] == 16 and out["warmup"][0]["passes"] >= 3
+    g = gpu(r)
+    assert g.used_bytes == held and rep(r).state == "ready" and rep(r).endpoint is None
+
+    # infer through the task: text in, greedy tokens out (the checkpoint carries its tokenizer)...
+    text = send(celery, celery_app.INFER, "tiny-chat", {"prompt": "Hello", "max_tokens": 4})
+    assert text["model"] == "tiny-chat" and text["gpu"] == GPU and text["version"] == "v1"
+    assert isinstance(text.get("text"), str) or "output" in text
+    # ...and with no inputs, the runtime's default forward pass.
+    fwd = send(celery, celery_app.INFER, "tiny-chat")
+    assert fwd["output"]["finite"] and fwd["input"] == {"batch": 1, "tokens": 16}
+
+    ev = send(celery, celery_app.EVICT, "tiny-chat")
+    assert ev["bytes_freed"] == held and ev["used_bytes"] == 0
+    assert rep(r) is None and gpu(r).used_bytes == 0
+
+
+def test_a_checkpoint_without_config_fails_with_the_reason_and_holds_nothing(r: redis.Redis, celery: Celery,
+                                                                             tmp_path: Path, worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "transformers")
+    (tmp_path / "models" / "tiny-chat" / "config.json").unlink()  # the catalog checks weights only
+    worker_factory(cat, devices="cpu:0=256MiB")
+    with pytest.raises(Exception) as err:
+        send(celery, celery_app.PRELOAD, "tiny-chat", "v1")
+    assert "config.json" in str(err.value)
+    failed = rep(r)
+    assert failed is not None and failed.state == "failed" and "has no config.json" in (failed.error or "")
+    assert failed.bytes == 0 and gpu(r).used_bytes == 0
+
+
+def test_stage_of_a_checkpoint_runtime_is_refused_clearly(celery: Celery, tmp_path: Path, worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "transformers")
+    worker_factory(cat, devices="cpu:0=256MiB")
+    with pytest.raises(Exception, match="no host tier"):
+        send(celery, celery_app.STAGE, "tiny-chat", "v1")
+
+
+# --- vllm -----------------------------------------------------------------------------------------
+needs_vllm = pytest.mark.skipif(
+    vllm_python() is None,
+    reason=f"the vLLM engine is not installed at {vllm_venv()}: run `prewarm engines install vllm` "
+           "(or set PREWARM_VLLM_VENV) to run the worker's vLLM tests")
+
+
+def engine_processes(checkpoint: Path) -> list[psutil.Process]:
+    """Every process whose command line names this checkpoint (the launcher, the server, its engine core)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(checkpoint) in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def vllm_worker(worker_factory, cat: Path, devices: str = "cpu:0=8GiB"):  # noqa: ANN001, ANN201
+    env = {"PREWARM_VLLM_VENV": str(vllm_venv()), "PREWARM_ADVERTISE_HOST": "127.0.0.1"}
+    return worker_factory(cat, devices=devices, env=env)
+
+
+@needs_vllm
+def test_a_vllm_replica_serves_at_its_endpoint_is_routed_there_and_evicts_to_nothing(
+        r: redis.Redis, redis_url: str, celery: Celery, tmp_path: Path, worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "vllm")
+    ckpt = tmp_path / "models" / "tiny-chat"
+    vllm_worker(worker_factory, cat)
+    out = send(celery, celery_app.PRELOAD, "tiny-chat", "v1", timeout=ENGINE_TIMEOUT)
+    assert out["state"] == "ready"
+    ready = rep(r)
+    assert ready is not None and ready.state == "ready"
+    endpoint = ready.endpoint
+    assert endpoint and endpoint.startswith("http://127.0.0.1:") and endpoint.endswith("/v1")
+    # The committed bytes are what the engine measured (its process tree), not the weights + KV cache it
+    # asked for: on CPU its footprint is far above the 1.6 MB model.
+    asked = read_weight_set(ckpt).data_bytes + DEFAULT_KV_CACHE_BYTES
+    assert ready.total_bytes == asked and ready.bytes > read_weight_set(ckpt).data_bytes
+    assert gpu(r).used_bytes == ready.bytes
+
+    # A router sends straight to the endpoint: a real completion.
+    req = urllib.request.Request(f"{endpoint}/completions", method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "tiny-chat", "prompt": "Hello", "max_tokens": 4}).encode())
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        answer = json.loads(resp.read())
+    assert answer["choices"][0]["text"] is not None and answer["usage"]["completion_tokens"] >= 1
+
+    # The route answer and /api/fleet carry the endpoint; so does `prewarm fleet --json`.
+    client = create_app(make_context(redis_url, cat)).test_client()
+    route = client.get("/hooks/route?model=tiny-chat").get_json()
+    assert route["state"] == "ready" and route["replicas"][0]["endpoint"] == endpoint
+    fleet = client.get("/api/fleet").get_json()
+    assert [x["endpoint"] for g in fleet["gpus"] for x in g["replicas"]] == [endpoint]
+    env = procs.worker_env(redis_url, cat, "cpu:0=8GiB", "node-a")
+    cli = subprocess.run([sys.executable, "-m", "prewarm.cli", "fleet", "--json"], cwd=str(REPO), env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert [x["endpoint"] for g in json.loads(cli.stdout)["gpus"] for x in g["replicas"]] == [endpoint]
+
+    # infer works through the task too (a completion through the endpoint).
+    inf = send(celery, celery_app.INFER, "tiny-chat", {"prompt": "Hello", "max_tokens": 2}, timeout=120)
+    assert inf["gpu"] == GPU and inf["endpoint"] == endpoint and inf["usage"]["completion_tokens"] >= 1
+
+    assert engine_processes(ckpt), "the engine's processes should be running while it is ready"
+    ev = send(celery, celery_app.EVICT, "tiny-chat", timeout=120)
+    assert ev["bytes_freed"] == ready.bytes and ev["used_bytes"] == 0
+    assert rep(r) is None
+    assert engine_processes(ckpt) == [], "evict must leave no engine process"
+
+
+@needs_vllm
+def test_an_engine_that_dies_while_ready_fails_its_replica_with_the_reason(
+        r: redis.Redis, celery: Celery, tmp_path: Path, worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "vllm")
+    ckpt = tmp_path / "models" / "tiny-chat"
+    w = vllm_worker(worker_factory, cat)
+    send(celery, celery_app.PRELOAD, "tiny-chat", "v1", timeout=ENGINE_TIMEOUT)
+    assert rep(r).state == "ready" and gpu(r).used_bytes > 0
+    # The engine crashes: SIGKILL its server (the launcher's child) from outside the worker.
+    launcher = next(p for p in engine_processes(ckpt) if "engine_launcher.py" in " ".join(p.cmdline()))
+    launcher.children()[0].kill()
+    failed = wait_for(lambda: (x := rep(r)) is not None and x.state == "failed" and x, 60,
+                      what="the heartbeat to fail the dead engine's replica", log=w.log)
+    assert "exited with status" in failed.error and "last lines of the engine's log" in failed.error
+    assert failed.endpoint is None and failed.bytes == 0
+    assert gpu(r).used_bytes == 0
+    wait_for(lambda: engine_processes(ckpt) == [], 30, what="no process of the dead engine left")
+    assert os.path.exists(str(ckpt))  # (the checkpoint itself is untouched)
+
+
+# --- accounting -----------------------------------------------------------------------------------
+def test_a_measured_footprint_past_the_free_budget_is_refused_and_nothing_is_committed() -> None:
+    from gpu_worker.device import make_device
+    from gpu_worker.errors import DoesNotFit
+    from prewarm.config import DeviceSpec
+
+    dev = make_device(DeviceSpec("cpu:0", 1000), "n/cpu:0")
+    dev.reserve("other", 300)
+    dev.commit("other", 300)
+    dev.reserve("engine", 200)  # what the runtime asked for fits...
+    with pytest.raises(DoesNotFit, match=r"engine measured .* once loaded, but GPU n/cpu:0 has room for .*700 bytes"):
+        dev.commit_measured("engine", 900)  # ...what it really holds does not
+    assert dev.inventory().used_bytes == 500  # still the reservation; the worker then releases it
+    dev.commit_measured("engine", 700)  # exactly the room left: committed
+    assert dev.inventory().used_bytes == 1000 and dev.release("engine") == 700
