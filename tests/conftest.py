@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from prewarm.redis_server import EmbeddedRedis
-from tests.system import SchedulerProc
+from tests.scheduler_procs import SchedulerProc
 from tests.web_support import WebProc
 
 

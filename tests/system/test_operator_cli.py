@@ -22,7 +22,7 @@ from prewarm.redis_server import EmbeddedRedis, free_port
 from tests import procs
 from tests.model_files import model_files, reshape_tensor, tiny_catalog
 from tests.procs import wait_for
-from tests.test_worker_process import _cli, gpu, rep, size_of
+from tests.system.test_worker_process import _cli, gpu, rep, size_of
 
 worker_factory = procs.worker_factory  # the fixture, used by name
 

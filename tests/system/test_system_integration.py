@@ -17,7 +17,7 @@ import requests
 from prewarm import events, state
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
-from tests.system import SchedulerProc
+from tests.scheduler_procs import SchedulerProc
 from tests.web_support import WebProc
 
 pytestmark = pytest.mark.slow

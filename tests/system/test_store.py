@@ -12,8 +12,7 @@ import redis
 from prewarm import keys, metrics_defs, state
 from prewarm.store import cold_starts, histograms, load_times
 from prewarm.store.ready import replica_ready
-
-from .web_support import publish_gpu, replica
+from tests.web_support import publish_gpu, replica
 
 GPU = "node-a/cpu:0"
 COLD = metrics_defs.COLD_START_DURATION.name

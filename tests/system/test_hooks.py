@@ -15,10 +15,9 @@ import redis
 from flask.testing import FlaskClient
 
 from prewarm import celery_app, events, keys, state, traffic
+from tests.web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, queued_tasks, replica
 from web.app import create_app
 from web.schemas import MAX_BATCH
-
-from .web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, queued_tasks, replica
 
 GPU = "node-a/cpu:0"
 QUEUE = "gpu.node-a.cpu:0"

@@ -23,11 +23,10 @@ from flask.testing import FlaskClient
 from prewarm import keys, state
 from prewarm.store import cold_starts, dispatch_counts
 from prewarm.store.ready import replica_ready
+from tests.web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, replica
 from web.app import create_app
 
-from .web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, replica
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not found: apt-get install -y prometheus")
 REQUIRED = ("prewarm_requests_total", "prewarm_route_lookups_total", "prewarm_cold_starts_total",

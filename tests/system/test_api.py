@@ -18,9 +18,8 @@ from prewarm import celery_app, events, keys, state, traffic
 from prewarm.store import load_times
 from prewarm.store.ready import replica_ready
 from scheduler.snapshot import measured_seconds
+from tests.web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
 from web.app import create_app
-
-from .web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
 
 ADMIN = "admin-t0ken"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

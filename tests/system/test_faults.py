@@ -25,7 +25,7 @@ from prewarm.celery_app import EVICT, PRELOAD, make_celery
 from prewarm.redis_server import EmbeddedRedis
 from tests.model_files import tiny_catalog
 from tests.procs import start_worker, wait_for
-from tests.system import SchedulerProc
+from tests.scheduler_procs import SchedulerProc
 from tests.web_support import HookTraffic, WebProc
 
 pytestmark = pytest.mark.slow

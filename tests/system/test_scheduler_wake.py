@@ -31,7 +31,7 @@ from prewarm.redis_server import EmbeddedRedis
 from scheduler.live import Scheduler
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
-from tests.system import SchedulerProc
+from tests.scheduler_procs import SchedulerProc
 from tests.web_support import WebProc, make_catalog, make_context
 from web.app import create_app
 

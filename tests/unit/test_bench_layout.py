@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prewarm.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_benchmarks_do_not_import_the_tests() -> None:

@@ -24,7 +24,7 @@ from prewarm.dispatch import Dispatcher
 from tests import procs
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for
-from tests.test_worker_process import gpu, rep, size_of
+from tests.system.test_worker_process import gpu, rep, size_of
 
 worker_factory = procs.worker_factory  # the fixture, used by name
 

@@ -33,7 +33,7 @@ from tests.model_files import (
     truncate,
 )
 from tests.procs import REPO, wait_for
-from tests.test_worker_residency import make_worker, size_of
+from tests.system.test_worker_residency import make_worker, size_of
 
 worker_factory = procs.worker_factory  # the fixture, used by name
 

@@ -22,7 +22,7 @@ from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
 from tests.web_support import WebProc, make_catalog, publish_gpu, replica
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GPU = "node-a/cpu:0"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from prewarm.cli import build_parser
 from prewarm.safetensors_header import read_header
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_prewarm_bench_tick_is_the_bench_package() -> None:

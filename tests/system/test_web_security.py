@@ -25,9 +25,8 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 from prewarm import events, keys
 from prewarm.config import Settings
 from prewarm.redis_server import EmbeddedRedis, free_port
+from tests.web_support import WebProc, make_catalog, make_context, publish_gpu, replica
 from web.app import create_app
-
-from .web_support import WebProc, make_catalog, make_context, publish_gpu, replica
 
 HOOK = "hook-secret-4711"
 ADMIN = "admin-secret-0815"
@@ -370,6 +369,6 @@ assert client.post("/hooks/requests", json={{"model": "tiny-lm"}}).status_code =
 heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "gpu_worker.")))
 assert not heavy, heavy
 """
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -24,7 +24,7 @@ from prewarm import events, keys, state
 from prewarm.catalog import parse_catalog
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
-from tests.system import SchedulerProc
+from tests.scheduler_procs import SchedulerProc
 from tests.web_support import HookTraffic
 
 pytestmark = pytest.mark.slow

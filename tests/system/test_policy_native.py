@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.policy import native
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trace(path: Path) -> None:

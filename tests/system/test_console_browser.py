@@ -17,8 +17,7 @@ import redis
 from prewarm import events
 from tests.model_files import tiny_catalog
 from tests.procs import WorkerProc, worker_factory  # noqa: F401 - pytest fixture
-
-from .web_support import WebProc
+from tests.web_support import WebProc
 
 CHROMIUM = "/usr/bin/chromium"
 ADMIN = "browser-test-admin-token"
