@@ -113,7 +113,7 @@ def main() -> int:
                     "PREWARM_DATA_DIR": str(tmp / "var")})
         if args.gunicorn_workers:
             env["PREWARM_WEB_WORKERS"] = str(args.gunicorn_workers)
-        web = subprocess.Popen([sys.executable, "-m", "prewarm.cli", "web", "--host", "127.0.0.1"], env=env,
+        web = subprocess.Popen([sys.executable, "-m", "prewarm.programs.cli", "web", "--host", "127.0.0.1"], env=env,
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
         url = f"http://127.0.0.1:{port}"

@@ -24,7 +24,7 @@ def cmd_models_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from prewarm.cli import subgroup
+    from prewarm.commands import subgroup
 
     p = sub.add_parser("worker", help="run a GPU worker for the devices in PREWARM_DEVICES")
     p.add_argument("--threads", type=int, help="task threads (default PREWARM_WORKER_THREADS, else 4 per GPU, "

@@ -142,7 +142,7 @@ def start_worker(redis_url: str, catalog: Path | str, devices: str = "cpu:0=1GiB
     log_dir = Path(log_dir or e["PREWARM_DATA_DIR"])
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"worker-{node}-{time.time_ns()}.log"
-    cmd = [sys.executable, "-m", "prewarm.cli", "worker", "--loglevel", "INFO"]
+    cmd = [sys.executable, "-m", "prewarm.programs.cli", "worker", "--loglevel", "INFO"]
     if threads:
         cmd += ["--threads", str(threads)]
     with open(log_path, "wb") as out:

@@ -29,7 +29,7 @@ class SchedulerProc:
                   "PYTHONUNBUFFERED": "1", **(env or {})})
         self.log_path = work / f"scheduler-{os.getpid()}-{id(self)}.log"
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "prewarm.cli", "scheduler"], env=e, cwd=REPO,
+            self.proc = subprocess.Popen([sys.executable, "-m", "prewarm.programs.cli", "scheduler"], env=e, cwd=REPO,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.ident = f"{os.uname().nodename}:{self.proc.pid}"
 

@@ -100,7 +100,7 @@ class WebProc:
                   "PYTHONPATH": str(repo), **(env or {})})
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "prewarm.cli", "web", "--host", "127.0.0.1", "--workers", str(workers)],
+                [sys.executable, "-m", "prewarm.programs.cli", "web", "--host", "127.0.0.1", "--workers", str(workers)],
                 env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=repo,
                 start_new_session=True)
         deadline = time.time() + 60

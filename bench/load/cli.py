@@ -55,7 +55,7 @@ def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench load` (sharing the `bench` group with any other registrar)."""
     try:
-        from prewarm.cli import subgroup
+        from prewarm.commands import subgroup
 
         group = subgroup(subparsers, "bench", "benchmarks")
     except ImportError:

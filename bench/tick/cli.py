@@ -68,7 +68,7 @@ def add_tick_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench tick` to the `bench` group `bench load` made (prewarm/cli.py registers bench.load first)."""
-    from prewarm.cli import subgroup
+    from prewarm.commands import subgroup
 
     add_tick_parser(subgroup(subparsers, "bench", "benchmarks"))
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prewarm.cli import build_parser
+from prewarm.programs.cli import build_parser
 from prewarm.safetensors_header import read_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_a_sparse_sized_model_is_a_valid_file_of_its_size(tmp_path: Path) -> Non
 def test_a_small_run_prints_every_figure(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PREWARM_REDIS_URL"}  # its own embedded Redis
     env["PREWARM_DATA_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "prewarm.cli", "bench", "tick", "--models", "30", "--gpus", "4",
+    proc = subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "bench", "tick", "--models", "30", "--gpus", "4",
                            "--ticks", "3", "--interval", "0.2", "--json"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -45,6 +45,6 @@ def test_a_small_run_prints_every_figure(tmp_path: Path) -> None:
 
 
 def test_a_bad_option_says_what_to_fix() -> None:
-    proc = subprocess.run([sys.executable, "-m", "prewarm.cli", "bench", "tick", "--ticks", "1"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "bench", "tick", "--ticks", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--ticks at least 2" in proc.stderr

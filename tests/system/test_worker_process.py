@@ -191,7 +191,7 @@ def test_sigterm_takes_the_gpus_out_at_once(r: redis.Redis, catalog: Path, worke
 def _cli(redis_url: str, catalog: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
     env.update({"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PYTHONPATH": str(REPO)})
-    return subprocess.run([sys.executable, "-m", "prewarm.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "prewarm.programs.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=str(REPO))
 
 

@@ -173,7 +173,7 @@ def test_a_vllm_replica_serves_at_its_endpoint_is_routed_there_and_evicts_to_not
     fleet = client.get("/api/fleet").get_json()
     assert [x["endpoint"] for g in fleet["gpus"] for x in g["replicas"]] == [endpoint]
     env = procs.worker_env(redis_url, cat, "cpu:0=8GiB", "node-a")
-    cli = subprocess.run([sys.executable, "-m", "prewarm.cli", "fleet", "--json"], cwd=str(REPO), env=env,
+    cli = subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "fleet", "--json"], cwd=str(REPO), env=env,
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert [x["endpoint"] for g in json.loads(cli.stdout)["gpus"] for x in g["replicas"]] == [endpoint]

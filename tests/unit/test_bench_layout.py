@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from prewarm.cli import build_parser
+from prewarm.programs.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -92,7 +92,7 @@ def test_lenient_load_keeps_healthy_entries_and_names_the_broken_one(cat: Path) 
 def test_models_list_lists_healthy_entries_and_fails_naming_the_broken_one(cat: Path, capsys) -> None:
     import json
 
-    from prewarm.cli import main
+    from prewarm.programs.cli import main
 
     model_files(cat, "tiny-lm")[0].write_bytes(b"junk")
     rc = main(["models", "list", "--json", "--catalog", str(cat)])

@@ -10,7 +10,7 @@ import torch
 
 from gpu_worker import demo_models as dm
 from prewarm.catalog import load_catalog
-from prewarm.cli import main
+from prewarm.programs.cli import main
 from prewarm.safetensors_header import read_weight_set
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -39,7 +39,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             catalog = settings.data_dir / "demo-models" / "catalog.toml"
             if not catalog.exists():
                 print(f"prewarm: generating the demo models in {catalog.parent} (once)", flush=True)
-                subprocess.run([sys.executable, "-m", "prewarm.cli", "models", "demo", "--out",
+                subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "models", "demo", "--out",
                                 str(catalog.parent)], check=True)
             env["PREWARM_CATALOG"] = str(catalog)
         env.setdefault("PREWARM_DEVICES", args.devices)
@@ -60,7 +60,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for name, cmd in _procfile(repo_root() / "Procfile").items():
             manager.add_process(name, cmd, env=env, cwd=str(repo_root()))
         if not args.no_traffic:
-            replay = [sys.executable, "-m", "prewarm.cli", "replay", "--url", f"http://127.0.0.1:{port}",
+            replay = [sys.executable, "-m", "prewarm.programs.cli", "replay", "--url", f"http://127.0.0.1:{port}",
                       "--speed", str(args.speed), "--rate", str(args.rate), "--loop"]
             if args.trace:
                 replay.insert(4, args.trace)
@@ -75,7 +75,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from prewarm import replay
+    from prewarm.programs import replay
 
     p = sub.add_parser("up", help="run the whole system here: Redis, web, scheduler, worker, demo traffic")
     p.add_argument("--port", type=int, help="web port (default PORT or 8000)")

@@ -14,15 +14,15 @@ import sys
 
 # Modules exposing `register(subparsers)`; each adds its subcommands with set_defaults(func=...).
 _REGISTRARS = (
-    "prewarm.ops_cli",  # models list, fleet, preload, evict, pin, unpin, events
+    "prewarm.programs.ops",  # models list, fleet, preload, evict, pin, unpin, events
     "gpu_worker.cli",  # worker, models demo
     "bench.load.cli",  # bench load
     "bench.tick.cli",  # bench tick
     "scheduler.cli",  # scheduler
     "web.cli",  # web
-    "prewarm.up",  # up, replay
+    "prewarm.programs.up",  # up, replay
     "simulator.cli",  # simulate
-    "prewarm.engines_cli",  # engines, engines install
+    "prewarm.programs.engines",  # engines, engines install
 )
 
 
@@ -62,14 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def subgroup(sub: argparse._SubParsersAction, name: str, help_text: str) -> argparse._SubParsersAction:
-    """The nested subcommand group `name` (e.g. `models`), created once and shared by registrars."""
-    existing = sub.choices.get(name)
-    if existing is None:
-        existing = sub.add_parser(name, help=help_text)
-        existing.set_defaults(func=lambda _a, p=existing: (p.print_help(), 2)[1])
-        existing._prewarm_sub = existing.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
-    return existing._prewarm_sub  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

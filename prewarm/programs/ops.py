@@ -289,7 +289,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from prewarm.cli import subgroup
+    from prewarm.commands import subgroup
 
     models = subgroup(sub, "models", "the model catalog")
     p = models.add_parser("list", help="print the catalog")
