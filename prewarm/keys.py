@@ -97,6 +97,8 @@ def promote_times(model: str) -> str:
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at, version} of an open cold start (route
 #                                      saw it cold); prewarm.store.cold_starts reads and writes it.
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
+ETA_PROMISES = PREFIX + "eta_promises"  # Hash "<model>@<version>" -> JSON {at, eta}: the first ETA the route
+#                                        hook gave for it since it was last ready (prewarm.store.eta_promises).
 
 
 def histogram(name: str) -> str:

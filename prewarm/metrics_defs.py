@@ -42,7 +42,12 @@ MODEL_LOAD = HistogramDef("prewarm_model_load_seconds", "Time to read a model's 
                           LOAD_BUCKETS)
 MODEL_WARMUP = HistogramDef("prewarm_model_warmup_seconds", "Time to run a model's warmup inputs after loading",
                             LOAD_BUCKETS)
-REDIS_HISTOGRAMS = (COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP)
+# real − promised seconds to ready: negative when the model was ready sooner than the route hook said
+ETA_ERROR = HistogramDef("prewarm_route_eta_error_seconds", "Real minus promised time to ready of the first "
+                         "ETA a route lookup gave for a loading or cold model (negative: ready sooner)",
+                         (-60.0, -30.0, -10.0, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+                          60.0, 120.0))
+REDIS_HISTOGRAMS = (COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP, ETA_ERROR)
 
 # Observed in the scheduler's process (its own port, or the multiprocess folder `prewarm up` shares).
 SCHEDULER_TICK = HistogramDef("prewarm_scheduler_tick_seconds", "Duration of one scheduler tick: snapshot, "

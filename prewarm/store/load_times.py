@@ -7,6 +7,7 @@ promotion does not shorten the cold-load time the scheduler plans with.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 import redis
@@ -46,3 +47,16 @@ def recent(r: redis.Redis, models: list[str]) -> dict[str, Measured]:
         pipe.lrange(keys.promote_times(m), 0, KEPT - 1)
     raw = pipe.execute()
     return {m: Measured(_numbers(raw[2 * i]), _numbers(raw[2 * i + 1])) for i, m in enumerate(models)}
+
+
+def medians(r: redis.Redis, models: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median of the recent loads from storage and of the promotions from a host cache, per model (a model
+    never measured, or with a corrupt entry, is absent), in one round trip: what the scheduler plans with
+    and the route hook's ETA promises."""
+    load: dict[str, float] = {}
+    promote: dict[str, float] = {}
+    for m, x in recent(r, models).items():
+        for out, nums in ((load, x.load), (promote, x.promote)):
+            if nums:
+                out[m] = statistics.median(nums)
+    return load, promote
