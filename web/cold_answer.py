@@ -1,6 +1,7 @@
 """What the route hook adds to a `loading` or `cold` answer, so a router has something to act on:
 `eta_seconds` (prewarm.eta) with a `Retry-After` header, the promise recorded for the ETA error metric
-(prewarm.store.eta_promises), and the catalog fallback's ready replicas (`fallback`).
+(prewarm.store.eta_promises), and the catalog fallback's ready replicas (`fallback`); and the per-minute
+count of every lookup that is a request (prewarm.store.lookup_counts: the SLO's window, /api/roi).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from prewarm import eta, replica_states, state
 from prewarm.catalog import ModelEntry
-from prewarm.store import eta_promises
+from prewarm.store import eta_promises, lookup_counts
 from web import metrics
 from web.util import ctx
 
@@ -53,3 +54,10 @@ def fallback_answer(entry: ModelEntry, fleet: state.Fleet,
         first = first or answer
         name = fb.fallback
     return first
+
+
+def count_lookup(body: dict[str, Any]) -> None:
+    """Count a lookup that is a request in its minute: ready on the replica named first, or not ready."""
+    first = body["replicas"][0] if body["state"] == "ready" else None
+    ready_on = (body["model"], first["version"], first["gpu"]) if first else None
+    lookup_counts.count_lookup(ctx().r, body["model"], ready_on, time.time())

@@ -115,6 +115,7 @@ def route_hook() -> ResponseReturnValue:
     headers = {} if body["state"] == "ready" else cold_answer.add_fields(body, entry, fleet, counted, replica_view)
     if counted:
         metrics.ROUTE_LOOKUPS.labels(body["state"]).inc()
+        cold_answer.count_lookup(body)
     return jsonify(body), 200, headers
 
 
