@@ -5,6 +5,8 @@
     GET  /api/models[?window=60]       every catalog model: requests_total, rate_per_s, replicas, pinned,
                                        min_replicas, cold starts, p95 load time, sparkline (last hour)
     GET  /api/events[?model&gpu&actor&kind&limit]   the decision log, newest first
+    GET  /api/roi[?window=3600]        per model: GPU memory-time (GiB·h), warm hits, cold starts, cold starts
+                                       avoided, cost at PREWARM_GPU_HOUR_COST (prewarm.roi)
     POST /api/models/<id>/preload      {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 / 422
     POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 refused
                                        (an evict of a loading or pending replica cancels its load)
@@ -24,7 +26,7 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import events, rooms, state, traffic
+from prewarm import events, roi, rooms, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.store import cold_starts, load_times, overlays
 from web.auth import require_admin
@@ -153,6 +155,29 @@ def api_models() -> ResponseReturnValue:
     if not 1 <= window <= 7 * 24 * 3600:
         raise ApiError(400, "window: must be between 1 s and 7 days", "window")
     return jsonify({"models": models_view(window), "catalog_problems": catalog_problems()})
+
+
+def roi_window(raw: str | None) -> int:
+    """?window=SECONDS of /api/roi (and the console's ROI page): whole seconds from 60 to a day."""
+    raw = "3600" if raw in (None, "") else raw
+    try:
+        window = int(raw)
+    except ValueError:
+        raise ApiError(400, f"window: {raw!r} is not a whole number of seconds, e.g. 3600", "window") from None
+    if not 60 <= window <= roi.MAX_WINDOW_S:
+        raise ApiError(400, f"window: must be between 60 and {roi.MAX_WINDOW_S} seconds (the per-minute "
+                            "records are kept a day)", "window")
+    return window
+
+
+def roi_view(window: int) -> dict[str, Any]:
+    c = ctx()
+    return roi.report(c.r, c.catalog, time.time(), window, c.settings.gpu_hour_cost)
+
+
+@bp.get("/api/roi")
+def api_roi() -> ResponseReturnValue:
+    return jsonify(roi_view(roi_window(request.args.get("window"))))
 
 
 def catalog_problems() -> dict[str, str]:
