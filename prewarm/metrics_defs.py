@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,19 @@ class HistogramDef:
 
     def bounds(self) -> tuple[float, ...]:
         return (*self.buckets, math.inf)
+
+    def quantile_bound(self, counts: Mapping[float, int], q: float) -> float | None:
+        """The bound of the bucket holding the q-quantile of events counted per bucket bound (as
+        `bucket_of` gives them), an upper bound of it; None when nothing was counted."""
+        n = sum(counts.values())
+        if not n:
+            return None
+        running = 0
+        for bound in sorted(counts):
+            running += counts[bound]
+            if running >= q * n:
+                return bound
+        return math.inf
 
 
 # Cold starts run from seconds (a small model from page cache) to minutes (a large one from storage).

@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prewarm.config import ColdStartSlo, parse_slo
 from scheduler.policy import native
 
 from .engine import Simulation
 from .policies import POLICIES
-from .trace import GIB, Trace, load_azure_minute, load_profile, load_requests, parse_bytes
+from .slo_policy import SloPrewarm
+from .trace import GIB, Trace, first_hours, load_azure_minute, load_profile, load_requests, parse_bytes
 
 
 def register(subparsers: Any) -> None:
@@ -46,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--promote-bandwidth", default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
+    p.add_argument("--slo", help="run prewarm with the cold-start SLO steering its speculative budget, as "
+                   "PREWARM_COLD_START_SLO: e.g. share=0.05,window=15m or p95=10s")
+    p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
 
 
 def parse_rate(s: str) -> float:
@@ -71,6 +76,7 @@ def simulate(
     host_bytes: int = 0,
     stage_bandwidth: float = 2.0 * GIB,
     promote_bandwidth: float | None = None,
+    slo: ColdStartSlo | None = None,
 ) -> dict:
     sizes, loads = load_profile(profile, trace.models)
     out: dict[str, Any] = {
@@ -85,14 +91,17 @@ def simulate(
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
+        "slo": slo.describe() if slo is not None else None,
     }
     for name in policies:
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth)
-        pol = POLICIES[name]()
+        pol = SloPrewarm(slo) if slo is not None and name == "prewarm" else POLICIES[name]()
         t0 = time.perf_counter()
         sim.run(pol)
         res = sim.results()
+        if isinstance(pol, SloPrewarm):
+            res["slo"] = pol.report(sim.now)
         res["runtime_s"] = round(time.perf_counter() - t0, 2)
         out["policies"][name] = res
         if progress:
@@ -119,6 +128,20 @@ def table(out: dict) -> str:
             f"{r['loads']:>7} {r['bytes_loaded'] / GIB / 1024:>7.2f} {r['memory_gib_hours']['idle']:>9.0f} "
             f"{r['memory_gib_hours']['total']:>9.0f} {ratio:>7}"
         )
+    hdr = f"{'roi':<17} {'GiB·h held':>10} {'warm hits':>10} {'cold':>8} {'avoided':>8}"
+    lines += ["", hdr, "-" * len(hdr)]
+    for name, r in out["policies"].items():
+        roi = r["roi"]
+        lines.append(f"{name:<17} {roi['gpu_memory_gib_hours']:>10.0f} {roi['warm_hits']:>10} "
+                     f"{roi['cold_starts']:>8} {roi['cold_starts_avoided']:>8}")
+    if out.get("slo"):
+        lines.append("")
+        for name, r in out["policies"].items():
+            if "slo" in r:
+                s = r["slo"]
+                lines.append(f"{name} with the SLO ({s['line']}): {s['steps_up']} step(s) up, {s['steps_down']} "
+                             f"down, highest level {s['max_level']}, mean speculative share "
+                             f"{s['mean_speculative_share']:.0%}")
     if out["fleet"].get("host_bytes"):
         hdr = f"{'host tier':<17} {'stages':>8} {'TiB staged':>10} {'unstages':>8} {'promotions':>10} {'host GiBh':>9}"
         lines += ["", hdr, "-" * len(hdr)]
@@ -165,7 +188,12 @@ def run_cli(args: argparse.Namespace) -> int:
         host_bytes = parse_bytes(args.host_memory)
         stage_bw = parse_rate(args.stage_bandwidth)
         promote_bw = None if args.promote_bandwidth is None else parse_rate(args.promote_bandwidth)
+        slo = parse_slo(args.slo) if args.slo else None
         trace = load_trace(args.trace, args.format, args.seed)
+        if args.hours is not None:
+            if args.hours <= 0:
+                raise ValueError("--hours must be positive")
+            trace = first_hours(trace, args.hours)
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -176,7 +204,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print("simulate: --stage-bandwidth and --promote-bandwidth must be positive", file=sys.stderr)
         return 2
     out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
-                   host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw)
+                   host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw, slo=slo)
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

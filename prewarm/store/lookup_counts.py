@@ -73,15 +73,7 @@ class Window:
 
     def p95_seconds(self) -> float | None:
         """The 95th percentile cold-start duration, as the upper bound of its bucket (None: none completed)."""
-        n = sum(self.durations.values())
-        if not n:
-            return None
-        running = 0
-        for bound in sorted(self.durations):
-            running += self.durations[bound]
-            if running >= 0.95 * n:
-                return bound
-        return math.inf
+        return metrics_defs.COLD_START_DURATION.quantile_bound(self.durations, 0.95)
 
 
 def read_window(r: redis.Redis, now: float, seconds: float) -> Window:
