@@ -70,8 +70,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
         slo_target = ctx.settings.cold_start_slo
-        self.steering = None if slo_target is None else Steering(slo_target, self.config.speculative_share,
-                                                                  ctx.settings.event_log_max)
+        self.steering = None if slo_target is None else Steering(slo_target, self.config, ctx.settings.event_log_max)
         self._accounted_at: float | None = None  # memory-time is accounted up to here (memory_time)
 
     def _reset(self) -> None:

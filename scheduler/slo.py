@@ -4,7 +4,9 @@ Pure (no Redis, no clock of its own): the live scheduler (scheduler/live.py) and
 (`prewarm simulate --slo`) call the same `step` once per tick with the window's counts, so the effect the
 simulator measures is the live rule's. It runs beside plan(), not in it: it only moves
 PolicyConfig.speculative_share, the share of each GPU that models predicted but not yet requested may hold
-(the knob that lets the policy load ahead of demand).
+and PolicyConfig.p_prefetch, the probability of a request soon above which a model counts as hot and is
+loaded ahead of demand (a step lowers it by P_STEP): on the Azure traces the memory share alone binds
+nowhere (docs/simulation.md), the threshold is what lets more speculative loads through.
 
     breach (the window's figure above the line): one step up (+STEP), at most once per SETTLE_SHARE of a
         window (a load takes time to show in the figures), to at most MAX_LEVEL steps above the base;
@@ -21,6 +23,7 @@ from prewarm.config import ColdStartSlo
 from scheduler.policy.types import PolicyConfig
 
 STEP = 0.1  # speculative share added per step
+P_STEP = 0.75  # p_prefetch multiplied by this per step
 MAX_LEVEL = 3  # steps above the configured share, at most
 MAX_SHARE = 0.95  # never the whole GPU: demand loads keep room
 MIN_LOOKUPS = 20  # fewer lookups in a window are no measure of a share
@@ -64,6 +67,10 @@ def share_at(base: float, level: int) -> float:
     return min(MAX_SHARE, max(base, base + level * STEP))
 
 
+def p_prefetch_at(base: float, level: int) -> float:
+    return base * P_STEP ** max(0, level)
+
+
 def measure(slo: ColdStartSlo, fig: WindowFigures) -> float | None:
     """The window's figure the line is about, or None when the window says nothing."""
     if slo.metric == "share":
@@ -92,8 +99,8 @@ def step(slo: ColdStartSlo, st: SloState, fig: WindowFigures, now: float,
         level = st.level + 1
         share = share_at(base_share, level)
         reason = (f"{what} {_unit(slo, value)} over the last {window_min} is above the SLO line "
-                  f"{_unit(slo, slo.target)}: speculative budget raised to {share:.0%} of each GPU "
-                  f"(step {level} of {MAX_LEVEL})")
+                  f"{_unit(slo, slo.target)}: speculative budget raised to {share:.0%} of each GPU, "
+                  f"prefetch threshold × {P_STEP ** level:.2f} (step {level} of {MAX_LEVEL})")
         return replace(st, level=level, changed_at=now), Decision("up", level, share, value, reason)
     under = st.under_since if st.under_since is not None else now
     st = replace(st, value=value, breached=False, under_since=under)
@@ -102,12 +109,15 @@ def step(slo: ColdStartSlo, st: SloState, fig: WindowFigures, now: float,
     level = st.level - 1
     share = share_at(base_share, level)
     reason = (f"{what} {_unit(slo, value)} has stayed under the SLO line {_unit(slo, slo.target)} for "
-              f"{window_min}: speculative budget lowered to {share:.0%} of each GPU (step {level} of {MAX_LEVEL})")
+              f"{window_min}: speculative budget lowered to {share:.0%} of each GPU, prefetch threshold × "
+              f"{P_STEP ** level:.2f} (step {level} of {MAX_LEVEL})")
     return replace(st, level=level, changed_at=now, under_since=now), Decision("down", level, share, value, reason)
 
 
-def configured(config: PolicyConfig, base_share: float, st: SloState) -> PolicyConfig:
-    """`config` with the speculative share the state's level gives (the same object when unchanged, so the
-    policy's caches keyed on the config survive a tick that changes nothing)."""
-    share = share_at(base_share, st.level)
-    return config if config.speculative_share == share else replace(config, speculative_share=share)
+def configured(config: PolicyConfig, base_share: float, st: SloState, base_p_prefetch: float) -> PolicyConfig:
+    """`config` with the speculative share and p_prefetch the state's level gives (the same object when
+    unchanged, so the policy's caches keyed on the config survive a tick that changes nothing)."""
+    share, p = share_at(base_share, st.level), p_prefetch_at(base_p_prefetch, st.level)
+    if config.speculative_share == share and config.p_prefetch == p:
+        return config
+    return replace(config, speculative_share=share, p_prefetch=p)

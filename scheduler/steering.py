@@ -18,9 +18,10 @@ from scheduler.policy.types import PolicyConfig
 
 
 class Steering:
-    def __init__(self, target: ColdStartSlo, base_share: float, event_log_max: int = 5000) -> None:
+    def __init__(self, target: ColdStartSlo, base: PolicyConfig, event_log_max: int = 5000) -> None:
         self.slo = target
-        self.base_share = base_share
+        self.base_share = base.speculative_share
+        self.base_p_prefetch = base.p_prefetch
         self.event_log_max = event_log_max
         self.state: slo.SloState | None = None  # None: read from Redis at the next tick (a new term)
 
@@ -52,12 +53,14 @@ class Steering:
                                    "value": decision.value, "target": self.slo.target,
                                    "window_s": self.slo.window_s, "lookups": fig.lookups,
                                    "not_ready": fig.not_ready, "level": decision.level,
-                                   "speculative_share": decision.share, "base_share": self.base_share},
+                                   "speculative_share": decision.share, "base_share": self.base_share,
+                                   "p_prefetch": slo.p_prefetch_at(self.base_p_prefetch, decision.level)},
                           maxlen=self.event_log_max, ts=now)
         slo_state.write(r, {"metric": self.slo.metric, "target": self.slo.target, "window_s": self.slo.window_s,
                             "line": self.slo.describe(), "value": self.state.value, "breached": self.state.breached,
                             "lookups": fig.lookups, "not_ready": fig.not_ready, "level": self.state.level,
                             "max_level": slo.MAX_LEVEL, "speculative_share": share, "base_share": self.base_share,
+                            "p_prefetch": slo.p_prefetch_at(self.base_p_prefetch, self.state.level),
                             "changed_at": slo_state.finite(self.state.changed_at),
                             "under_since": self.state.under_since, "at": now})
-        return slo.configured(config, self.base_share, self.state)
+        return slo.configured(config, self.base_share, self.state, self.base_p_prefetch)

@@ -34,6 +34,7 @@ class SloPrewarm(Prewarm):
         super().__init__(config)
         self.slo = target
         self.base_share = self.cfg.speculative_share
+        self.base_p_prefetch = self.cfg.p_prefetch
         self.st = slo.SloState()
         self.minutes: deque[_Minute] = deque()
         self.steps: list[tuple[float, str, int]] = []  # (time, direction, level)
@@ -81,7 +82,7 @@ class SloPrewarm(Prewarm):
             self.steps.append((t, decision.direction, decision.level))
             self.level_time[before] += t - self._level_since
             self._level_since = t
-            self.cfg = slo.configured(self.cfg, self.base_share, self.st)
+            self.cfg = slo.configured(self.cfg, self.base_share, self.st, self.base_p_prefetch)
         super().on_tick(t)
 
     def report(self, end: float) -> dict:

@@ -108,8 +108,9 @@ def test_a_p95_line() -> None:
 
 def test_the_config_changes_only_with_the_level() -> None:
     cfg = PolicyConfig(speculative_share=0.6)
-    assert slo.configured(cfg, 0.6, slo.SloState()) is cfg  # the policy's caches survive a quiet tick
-    assert slo.configured(cfg, 0.6, slo.SloState(level=2)).speculative_share == pytest.approx(0.8)
+    assert slo.configured(cfg, 0.6, slo.SloState(), 0.3) is cfg  # the policy's caches survive a quiet tick
+    raised = slo.configured(cfg, 0.6, slo.SloState(level=2), 0.3)
+    assert raised.speculative_share == pytest.approx(0.8) and raised.p_prefetch == pytest.approx(0.3 * 0.75 ** 2)
 
 
 # --- against Redis: the route hook's counts in, the budget and the event out --------------------------
@@ -117,14 +118,14 @@ def test_steering_reads_the_window_and_resumes_its_level(r: redis.Redis) -> None
     now = 1_800_000_000.0
     for i in range(30):
         lookup_counts.count_lookup(r, "alpha", None if i % 3 == 0 else ("alpha", "v1", "node-a/cpu:0"), now - i)
-    steer = Steering(ColdStartSlo("share", 0.05, 600.0), 0.6)
+    steer = Steering(ColdStartSlo("share", 0.05, 600.0), PolicyConfig(speculative_share=0.6))
     cfg = steer.tick(r, PolicyConfig(speculative_share=0.6), now)
     assert cfg.speculative_share == pytest.approx(0.7)
     [ev] = events.read(r, kind="slo")
     assert ev.numbers["direction"] == "up" and ev.numbers["lookups"] == 30 and ev.numbers["not_ready"] == 10
     rec = slo_state.read(r)
     assert rec is not None and rec["level"] == 1 and rec["speculative_share"] == pytest.approx(0.7)
-    again = Steering(ColdStartSlo("share", 0.05, 600.0), 0.6)  # a new leader carries on at that level
+    again = Steering(ColdStartSlo("share", 0.05, 600.0), PolicyConfig(speculative_share=0.6))  # a new leader carries on at that level
     assert again.tick(r, PolicyConfig(speculative_share=0.6), now + 1).speculative_share == pytest.approx(0.7)
     assert len(events.read(r, kind="slo")) == 1  # within the settling time: no second step
 
