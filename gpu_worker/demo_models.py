@@ -161,7 +161,7 @@ FULL: list[DemoModel] = [
     _lm("lm-base", "v1", 16384, 768, 8, 12, desc="8-layer LM, ~330 MB"),
     _lm("lm-base-fp16", "v1", 16384, 1024, 10, 16, dtype="float16", desc="10-layer fp16 LM, ~320 MB"),
     _lm("lm-medium", "v1", 16384, 1024, 12, 16, shards=2, desc="12-layer LM in 2 shards, ~740 MB"),
-    _lm("lm-large", "v1", 16384, 1152, 14, 16, shards=3, desc="14-layer LM in 3 shards, ~1 GB"),
+    _lm("lm-large", "v1", 16384, 1152, 14, 16, shards=3, desc="14-layer LM in 3 shards, ~1 GB", fallback="lm-small"),
     _mlp("mlp-digits", "v1", 784, 1024, 4, 10, desc="residual MLP classifier, ~20 MB"),
     _mlp("mlp-tabular", "v1", 256, 2048, 6, 32, desc="residual MLP over tabular features, ~104 MB"),
     _mlp("mlp-wide", "v1", 1024, 4096, 3, 100, shards=2, desc="wide residual MLP in 2 shards, ~222 MB"),

@@ -11,6 +11,7 @@
     pinned = false                   # optional: never evicted, kept resident
     min_replicas = 0                 # optional: replicas kept ready at all times
     max_rate_per_replica = 50.0      # optional: requests/s one replica serves; more traffic adds replicas
+    fallback = "lm-tiny"             # optional: a model the router may serve from while this one is cold
     [[models.warmup]]                # one or more sample inputs run before the replica is ready
     shape = [1, 64]
     dtype = "int64"
@@ -38,6 +39,7 @@ headers (exact data bytes), read without torch so web and scheduler can load the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 import tomllib
@@ -51,7 +53,7 @@ from prewarm.safetensors_header import SafetensorsError, read_header, weight_fil
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
-                "description"}
+                "description", "fallback"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
 _RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args"},
                  "transformers": {"path"},
@@ -97,6 +99,7 @@ class ModelEntry:
     min_replicas: int = 0
     max_rate_per_replica: float | None = None
     description: str = ""
+    fallback: str | None = None  # a model id the route hook offers while this one is cold (no cycles)
     # The catalog's model roots (resolved): every reader of the weights checks each file against them
     # when it opens it (prewarm.model_roots), not only here when the catalog is read.
     roots: tuple[Path, ...] = ()
@@ -117,7 +120,8 @@ class ModelEntry:
                 "min_replicas": self.min_replicas, "max_rate_per_replica": self.max_rate_per_replica,
                 "warmup": [{"prompt_tokens": w.prompt_tokens, "batch": w.batch} if isinstance(w, TokenWarmupInput)
                            else {"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
-                "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes}
+                "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes,
+                "fallback": self.fallback}
 
 
 @dataclass
@@ -125,7 +129,8 @@ class Catalog:
     path: Path
     models: list[ModelEntry] = field(default_factory=list)
     # Entries left out by a lenient load, each with what is wrong ("model 'x': weights: ..."), so one
-    # broken model does not take the healthy ones down with it in a running system.
+    # broken model does not take the healthy ones down with it in a running system; an entry kept
+    # without its bad fallback is named here too.
     problems: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -318,8 +323,38 @@ def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
     cap = raw.get("max_rate_per_replica")
     if cap is not None and (not isinstance(cap, int | float) or isinstance(cap, bool) or cap <= 0):
         raise _fail(where, f"max_rate_per_replica {cap!r} must be a positive number")
+    fallback = raw.get("fallback")
+    if fallback is not None and (not isinstance(fallback, str) or not _ID_RE.fullmatch(fallback)):
+        raise _fail(where, f"fallback {fallback!r} must be the id of another model in the catalog")
     return {"pinned": pinned, "min_replicas": min_replicas, "max_rate_per_replica": float(cap) if cap else None,
-            "description": str(raw.get("description", ""))}
+            "description": str(raw.get("description", "")), "fallback": fallback}
+
+
+def _fallback_problem(models: list[ModelEntry]) -> tuple[ModelEntry, str] | None:
+    """The first entry whose fallback names no model of the catalog, or leads back to itself (following
+    each model's current entry, the first listed), with what is wrong; None when every chain ends."""
+    current: dict[str, ModelEntry] = {}
+    for m in models:
+        current.setdefault(m.id, m)
+    for m in models:
+        if m.fallback is None:
+            continue
+        if m.fallback == m.id:
+            return m, f"fallback {m.fallback!r} is the model itself; name another model or leave it out"
+        if m.fallback not in current:
+            return m, f"fallback {m.fallback!r} is not a model in the catalog; add it or fix the id"
+        chain = [m.id]
+        name: str | None = m.fallback
+        while name is not None:
+            chain.append(name)
+            if name == m.id:
+                return m, f"fallback {m.fallback!r} leads back to {m.id!r} ({' -> '.join(chain)}): a chain of " \
+                          "fallbacks must end at a model with none"
+            nxt = current.get(name)
+            if nxt is None or len(chain) > len(current) + 1:
+                break  # an unknown name further on is that entry's own problem
+            name = nxt.fallback
+    return None
 
 
 def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bool = True) -> Catalog:
@@ -357,6 +392,14 @@ def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bo
             continue
         seen.add(entry.key)
         models.append(entry)
+    # Fallbacks name other entries: checked once all are read. Lenient: a model with a bad fallback stays,
+    # without it (its weights are fine; one bad link must not take down the models that fall back to it).
+    while (bad := _fallback_problem(models)) is not None:
+        entry, problem = bad
+        if strict:
+            raise CatalogError(f"{path}: model {entry.id!r}: {problem}")
+        problems.setdefault(entry.id, f"model {entry.id!r}: {problem} (served without a fallback)")
+        models[models.index(entry)] = dataclasses.replace(entry, fallback=None)
     return Catalog(path=path, models=models, problems=problems)
 
 

@@ -6,6 +6,7 @@ so a value means the same thing everywhere.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -93,6 +94,67 @@ def default_data_dir() -> Path:
 
 MIN_SECRET_KEY_CHARS = 32
 
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """'15m' -> 900.0; '10s' -> 10.0; '1h' -> 3600.0; '90' -> 90.0 (seconds)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a duration: write e.g. 10s, 15m or 1h")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+@dataclass(frozen=True)
+class ColdStartSlo:
+    """PREWARM_COLD_START_SLO: the line the scheduler keeps cold starts under by steering its speculative
+    budget (scheduler/slo.py): `share=0.05,window=15m` (share of route lookups not answered ready) or
+    `p95=10s` (95th percentile cold-start duration), measured over `window` (default 15m)."""
+
+    metric: str  # "share" | "p95"
+    target: float  # a share from 0 to 1, or seconds
+    window_s: float = 900.0
+
+    def describe(self) -> str:
+        line = f"cold-start share <= {self.target:.1%}" if self.metric == "share" else \
+            f"p95 cold start <= {self.target:g} s"
+        return f"{line} per {self.window_s / 60:g} min window"
+
+
+_SLO_HELP = "write share=0.05,window=15m or p95=10s (window optional, default 15m)"
+
+
+def parse_slo(text: str | None) -> ColdStartSlo | None:
+    """Parse PREWARM_COLD_START_SLO; None when unset or empty. ValueError says what to write."""
+    if not text or not text.strip():
+        return None
+    fields: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        name = name.strip().lower()
+        if not eq or name not in ("share", "p95", "window") or not value.strip():
+            raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: cannot read {part!r}; {_SLO_HELP}")
+        if name in fields:
+            raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: {name} is given twice; {_SLO_HELP}")
+        fields[name] = value.strip()
+    if ("share" in fields) == ("p95" in fields):
+        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: give exactly one of share or p95; {_SLO_HELP}")
+    try:
+        window = parse_duration(fields.get("window", "15m"))
+        if "share" in fields:
+            metric, target = "share", float(fields["share"].rstrip("%")) / (100 if fields["share"].endswith("%")
+                                                                            else 1)
+        else:
+            metric, target = "p95", parse_duration(fields["p95"])
+    except ValueError as exc:
+        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: {exc}; {_SLO_HELP}") from None
+    if metric == "share" and not 0.0 < target < 1.0:
+        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: share {target:g} must lie between 0 and 1, e.g. 0.05")
+    if target <= 0 or window < 60:
+        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: the target must be positive and the window at "
+                         "least 1m (the scheduler measures it per minute)")
+    return ColdStartSlo(metric, target, window)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -120,6 +182,9 @@ class Settings:
     # client address and from all clients together, before the web answers 429
     login_max_failures: int = 10
     login_max_failures_global: int = 100
+    cold_start_slo: ColdStartSlo | None = None  # None: the speculative budget stays where it is set
+    # price of one GPU-hour of memory, for /api/roi (0: memory-time shown in GiB·h only)
+    gpu_hour_cost: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -146,6 +211,8 @@ class Settings:
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=int(e.get("PREWARM_LOGIN_MAX_FAILURES") or 10),
             login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),
+            cold_start_slo=parse_slo(e.get("PREWARM_COLD_START_SLO")),
+            gpu_hour_cost=float(e.get("PREWARM_GPU_HOUR_COST") or 0.0),
         )
 
     def __post_init__(self) -> None:
@@ -156,6 +223,9 @@ class Settings:
             raise ValueError(f"PREWARM_SECRET_KEY: {len(self.secret_key)} characters is too short to sign "
                              f"sessions; use at least {MIN_SECRET_KEY_CHARS} random characters, e.g. the output of "
                              "python3 -c 'import secrets; print(secrets.token_urlsafe(32))', or unset it")
+        if not math.isfinite(self.gpu_hour_cost) or self.gpu_hour_cost < 0:
+            raise ValueError(f"PREWARM_GPU_HOUR_COST={self.gpu_hour_cost}: write the price of one GPU-hour, "
+                             "0 or more, e.g. 2.5")
         for name, value in (("PREWARM_LOGIN_MAX_FAILURES", self.login_max_failures),
                             ("PREWARM_LOGIN_MAX_FAILURES_GLOBAL", self.login_max_failures_global)):
             if value < 1:

@@ -28,7 +28,7 @@ import redis
 from celery import Celery
 
 from prewarm import celery_app, events, state
-from prewarm.store import dispatch_counts
+from prewarm.store import dispatch_counts, load_kinds
 
 
 @dataclass
@@ -89,6 +89,8 @@ class Dispatcher:
             state.release_intent(self.r, model, target, intent.id)  # nothing was sent: leave no claim behind
             raise
         dispatch_counts.count(self.r, action, kind)  # prewarm_*_total
+        if action == "preload":  # was the replica loaded ahead of demand? (the ROI's cold starts avoided)
+            load_kinds.note(self.r, model, version, target, actor, kind)
         numbers = {**(numbers or {}), "kind": kind} if kind else numbers
         if held is not None:
             numbers = {**(numbers or {}), "supersedes": held.action, "supersedes_actor": held.actor}

@@ -104,6 +104,8 @@ MEASURED_CHANGES = PREFIX + "loadtimes-changes"
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at, version} of an open cold start (route
 #                                      saw it cold); prewarm.store.cold_starts reads and writes it.
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
+ETA_PROMISES = PREFIX + "eta_promises"  # Hash "<model>@<version>" -> JSON {at, eta}: the first ETA the route
+#                                        hook gave for it since it was last ready (prewarm.store.eta_promises).
 
 
 def histogram(name: str) -> str:
@@ -111,6 +113,29 @@ def histogram(name: str) -> str:
     cumulative), "sum" -> the sum of the observed values. `name` is the metric's name."""
     return f"{PREFIX}histogram:{name}"
 
+
+# --- per-minute records of the cold path (the SLO controller's windows, /api/roi) --------------------
+MINUTE_TTL_S = 25 * 3600  # a minute's records live this long: windows of up to a day
+
+
+def route_minute(minute: int) -> str:
+    """Hash of one minute (its start, Unix s) of route lookups: "ready:<model>", "not_ready:<model>",
+    "avoided:<model>" (warm hits on a replica loaded ahead of demand), "cold_start:<model>" (episodes
+    opened) -> count, and "dur:<le>" -> cold starts completed that minute with a duration in that bucket.
+    Expires after MINUTE_TTL_S (prewarm.store.lookup_counts)."""
+    return f"{PREFIX}route:{minute}"
+
+
+def memory_minute(minute: int) -> str:
+    """Hash of one minute of GPU memory-time held, accounted by the leader scheduler each tick:
+    "bytes:<model>" -> byte-seconds, "gpu:<model>" -> GPU-seconds (bytes / the GPU's total × seconds).
+    Expires after MINUTE_TTL_S (prewarm.store.memory_time)."""
+    return f"{PREFIX}memtime:{minute}"
+
+
+LOAD_KINDS = PREFIX + "load_kinds"  # Hash "<model>@<version>|<gpu>" -> "<actor>:<kind>" of the last preload
+#                                    dispatched there (prewarm.store.load_kinds): was a replica loaded ahead?
+SLO_STATE = PREFIX + "slo"  # String JSON: the cold-start SLO controller's state, written by the leader each tick.
 
 DISPATCH_COUNTS = PREFIX + "dispatch_counts"  # Hash "<action>:<kind>" -> actions dispatched (for metrics).
 

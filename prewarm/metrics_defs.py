@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,19 @@ class HistogramDef:
     def bounds(self) -> tuple[float, ...]:
         return (*self.buckets, math.inf)
 
+    def quantile_bound(self, counts: Mapping[float, int], q: float) -> float | None:
+        """The bound of the bucket holding the q-quantile of events counted per bucket bound (as
+        `bucket_of` gives them), an upper bound of it; None when nothing was counted."""
+        n = sum(counts.values())
+        if not n:
+            return None
+        running = 0
+        for bound in sorted(counts):
+            running += counts[bound]
+            if running >= q * n:
+                return bound
+        return math.inf
+
 
 # Cold starts run from seconds (a small model from page cache) to minutes (a large one from storage).
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -43,7 +57,12 @@ MODEL_LOAD = HistogramDef("prewarm_model_load_seconds", "Time to read a model's 
                           LOAD_BUCKETS)
 MODEL_WARMUP = HistogramDef("prewarm_model_warmup_seconds", "Time to run a model's warmup inputs after loading",
                             LOAD_BUCKETS)
-REDIS_HISTOGRAMS = (COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP)
+# real − promised seconds to ready: negative when the model was ready sooner than the route hook said
+ETA_ERROR = HistogramDef("prewarm_route_eta_error_seconds", "Real minus promised time to ready of the first "
+                         "ETA a route lookup gave for a loading or cold model (negative: ready sooner)",
+                         (-60.0, -30.0, -10.0, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+                          60.0, 120.0))
+REDIS_HISTOGRAMS = (COLD_START_DURATION, MODEL_LOAD, MODEL_WARMUP, ETA_ERROR)
 
 # Observed in the scheduler's process (its own port, or the multiprocess folder `prewarm up` shares).
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -37,10 +37,12 @@ from prewarm import events, keys, metrics_defs, state
 from prewarm.context import Context
 from prewarm.dispatch import Dispatched
 from prewarm.redis_round_trips import count_round_trips
+from prewarm.store import memory_time
 from scheduler.leader import Leadership
 from scheduler.policy import Action, Evict, PolicyConfig, PolicyState, Preload, Stage, Unstage, plan
 from scheduler.policy import native as policy_native
 from scheduler.snapshot import SnapshotReader
+from scheduler.steering import Steering
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +78,18 @@ class Scheduler:
         self._tick_lock = threading.Lock()  # periodic and woken ticks never run at once
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
+        slo_target = ctx.settings.cold_start_slo
+        self.steering = None if slo_target is None else Steering(slo_target, self.config, ctx.settings.event_log_max)
+        self._accounted_at: float | None = None  # memory-time is accounted up to here (memory_time)
 
     def _reset(self) -> None:
         # A fresh history and policy cache whenever we (re)gain the lead: what a previous term fed may be
         # stale, and Redis may have been wiped in between.
         self.reader = SnapshotReader(self.ctx.r, self.config)
         self.policy_state = PolicyState()
+        self._accounted_at = None
+        if self.steering is not None:
+            self.steering.reset()
 
     def tick(self, now: float | None = None, *, woken_by: Sequence[str] = ()) -> TickResult:
         """One planning round. `woken_by`: the models whose cold route lookups asked for this extra tick
@@ -98,8 +106,12 @@ class Scheduler:
         assert self.reader is not None
         now = time.time() if now is None else now
         catalog = self.ctx.catalog
+        if self.steering is not None:  # the SLO moves the speculative budget before the plan
+            self.reader.config = self.steering.tick(self.ctx.r, self.reader.config, now)
         t_snapshot = time.perf_counter()
         snap, fleet = self.reader.read(catalog, now)
+        memory_time.account(self.ctx.r, fleet, self._accounted_at, now)
+        self._accounted_at = now
         t_plan = time.perf_counter()
         actions = plan(snap, now, self.policy_state)
         t_dispatch = time.perf_counter()

@@ -22,7 +22,6 @@ as the GPUs, and promotion times come in the load times' pipeline, so the stagin
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 import redis
@@ -59,15 +58,9 @@ def model_key(catalog: Catalog, model_id: str, version: str) -> str:
 
 
 def medians(measured: dict[str, load_times.Measured]) -> tuple[dict[str, float], dict[str, float]]:
-    """Median of the recent load times from storage and of the promotions from a host cache, per model
-    (a model never measured, or with a corrupt entry, is absent)."""
-    load: dict[str, float] = {}
-    promote: dict[str, float] = {}
-    for m, x in measured.items():
-        for out, nums in ((load, x.load), (promote, x.promote)):
-            if nums:
-                out[m] = statistics.median(nums)
-    return load, promote
+    """Median load and promote seconds per model (prewarm.store.load_times.median_seconds: the route hook's
+    ETA uses the same)."""
+    return load_times.median_seconds(measured)
 
 
 def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prewarm.config import parse_slo
 from scheduler.policy import PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import GIB, Trace, load_azure_minute, load_requests, parse_bytes
+from .trace import GIB, Trace, first_hours, load_azure_minute, load_requests, parse_bytes
 
 
 def register(subparsers: Any) -> None:
@@ -52,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--promote-bandwidth", default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
+    p.add_argument("--slo", help="run prewarm with the cold-start SLO steering its speculative budget, as "
+                   "PREWARM_COLD_START_SLO: e.g. share=0.05,window=15m or p95=10s")
+    p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
 
 
 def parse_rate(s: str) -> float:
@@ -79,6 +83,20 @@ def table(out: dict) -> str:
             f"{r['loads']:>7} {r['bytes_loaded'] / GIB / 1024:>7.2f} {r['memory_gib_hours']['idle']:>9.0f} "
             f"{r['memory_gib_hours']['total']:>9.0f} {ratio:>7}"
         )
+    hdr = f"{'roi':<17} {'GiB·h held':>10} {'warm hits':>10} {'cold':>8} {'avoided':>8}"
+    lines += ["", hdr, "-" * len(hdr)]
+    for name, r in out["policies"].items():
+        roi = r["roi"]
+        lines.append(f"{name:<17} {roi['gpu_memory_gib_hours']:>10.0f} {roi['warm_hits']:>10} "
+                     f"{roi['cold_starts']:>8} {roi['cold_starts_avoided']:>8}")
+    if out.get("slo"):
+        lines.append("")
+        for name, r in out["policies"].items():
+            if "slo" in r:
+                s = r["slo"]
+                lines.append(f"{name} with the SLO ({s['line']}): {s['steps_up']} step(s) up, {s['steps_down']} "
+                             f"down, highest level {s['max_level']}, mean speculative share "
+                             f"{s['mean_speculative_share']:.0%}")
     if out["fleet"].get("host_bytes"):
         hdr = f"{'host tier':<17} {'stages':>8} {'TiB staged':>10} {'unstages':>8} {'promotions':>10} {'host GiBh':>9}"
         lines += ["", hdr, "-" * len(hdr)]
@@ -126,7 +144,12 @@ def run_cli(args: argparse.Namespace) -> int:
         host_bytes = parse_bytes(args.host_memory)
         stage_bw = parse_rate(args.stage_bandwidth)
         promote_bw = None if args.promote_bandwidth is None else parse_rate(args.promote_bandwidth)
+        slo = parse_slo(args.slo) if args.slo else None
         trace = load_trace(args.trace, args.format, args.seed)
+        if args.hours is not None:
+            if args.hours <= 0:
+                raise ValueError("--hours must be positive")
+            trace = first_hours(trace, args.hours)
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -142,7 +165,7 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
                    host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
-                   load_slots=args.load_slots)
+                   load_slots=args.load_slots, slo=slo)
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

@@ -44,6 +44,10 @@ from scheduler.policy import PolicyConfig
 
 from .trace import GIB, Trace
 
+# Loads made before any request asked (the ROI's cold starts avoided, as prewarm.store.load_kinds live):
+# prewarm's speculative / new-GPU / rising-rate scale loads, and the baselines' own ahead-of-demand loads.
+AHEAD_KINDS = frozenset(("speculative", "new_gpu", "scale", "prewarm", "prefetch"))
+
 
 @dataclass(eq=False, slots=True)
 class Replica:
@@ -213,6 +217,7 @@ class Simulation:
         self.now = 0.0
         # metrics
         self.cold = 0
+        self.avoided = 0  # warm requests served by a replica loaded ahead of demand (AHEAD_KINDS)
         self.cold_per_model = [0] * self.n_models
         self.req_per_model = [0] * self.n_models
         self.waits: list[float] = []
@@ -417,6 +422,7 @@ class Simulation:
                 for r in replicas[m].values():
                     if r.state == "ready":
                         r.last_request = t
+                        self.avoided += r.kind in AHEAD_KINDS
                         break
                 policy.on_request(t, m, True)
                 continue
@@ -536,4 +542,7 @@ class Simulation:
             "unstages": self.unstages,
             "promotions": self.promotions,
             "host_memory_gib_hours": self.host_mem / GIB / 3600.0,
+            # what warmth cost and bought (the live /api/roi's figures, fleet-wide)
+            "roi": {"gpu_memory_gib_hours": self.mem_total / GIB / 3600.0, "warm_hits": n - self.cold,
+                    "cold_starts": self.cold, "cold_starts_avoided": self.avoided},
         }

@@ -7,10 +7,12 @@ import sys
 import time
 from typing import Any
 
+from prewarm.config import ColdStartSlo
 from scheduler.policy import native
 
 from .engine import Simulation
 from .policies import POLICIES
+from .slo_policy import SloPrewarm
 from .trace import GIB, Trace, load_profile
 
 
@@ -26,6 +28,7 @@ def simulate(
     stage_bandwidth: float = 2.0 * GIB,
     promote_bandwidth: float | None = None,
     load_slots: int = 2,
+    slo: ColdStartSlo | None = None,
 ) -> dict:
     sizes, loads = load_profile(profile, trace.models)
     out: dict[str, Any] = {
@@ -41,15 +44,18 @@ def simulate(
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
+        "slo": slo.describe() if slo is not None else None,
     }
     for name in policies:
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
                          load_slots=load_slots)
-        pol = POLICIES[name]()
+        pol = SloPrewarm(slo) if slo is not None and name == "prewarm" else POLICIES[name]()
         t0 = time.perf_counter()
         sim.run(pol)
         res = sim.results()
+        if isinstance(pol, SloPrewarm):
+            res["slo"] = pol.report(sim.now)
         res["runtime_s"] = round(time.perf_counter() - t0, 2)
         out["policies"][name] = res
         if progress:

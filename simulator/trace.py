@@ -46,6 +46,14 @@ class Trace:
         return int(len(self.times))
 
 
+def first_hours(trace: Trace, hours: float) -> Trace:
+    """The trace's requests in its first `hours` (the same models, so sizes and load times stay the same)."""
+    span = hours * 3600.0
+    keep = trace.times < span
+    return Trace(trace.models, trace.times[keep], trace.mids[keep], min(trace.span_s, span),
+                 f"{trace.source} (first {hours:g} h)", trace.fmt)
+
+
 def _minute_number(col: str) -> int:
     m = re.fullmatch(r"(?:minute_)?(\d+)", col.strip())
     if not m:

@@ -1,10 +1,14 @@
 """The JSON API behind the console.
 
     GET  /healthz                      {"status": "ok"} (503 while Redis is down)
-    GET  /api/fleet                    every GPU (stale ones flagged alive=false) with replicas and memory
+    GET  /api/fleet                    every GPU (stale ones flagged alive=false) with replicas and memory (a
+                                       loading replica with eta_seconds, each with last_decision), nodes'
+                                       host caches, by_node (the console's grouping), slo (the SLO's state)
     GET  /api/models[?window=60]       every catalog model: requests_total, rate_per_s, replicas, pinned,
                                        min_replicas, cold starts, p95 load time, sparkline (last hour)
     GET  /api/events[?model&gpu&actor&kind&limit]   the decision log, newest first
+    GET  /api/roi[?window=3600]        per model: GPU memory-time (GiB·h), warm hits, cold starts, cold starts
+                                       avoided, cost at PREWARM_GPU_HOUR_COST (prewarm.roi)
     POST /api/models/<id>/preload      {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 / 422
     POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 refused
                                        (an evict of a loading or pending replica cancels its load)
@@ -24,9 +28,9 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import events, rooms, state, traffic
+from prewarm import eta, events, replica_states, roi, rooms, state, traffic
 from prewarm.catalog import ModelEntry
-from prewarm.store import cold_starts, load_times, overlays
+from prewarm.store import cold_starts, load_times, overlays, slo_state
 from web.auth import require_admin
 from web.metrics import memory_split
 from web.schemas import EvictBody, PreloadBody
@@ -73,7 +77,12 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
     fleet = state.read_fleet(c.r)
     cold_starts.close_ready(c.r, fleet)
     intents = state.read_intents(c.r)
-    share = speculative_share()
+    slo = current_slo(now)
+    share = slo["speculative_share"] if slo else speculative_share()
+    # each replica's ETA while loading (prewarm.eta: as the route hook promises it) and its last decision
+    loading = {x.model for x in fleet.replicas() if x.state in replica_states.IN_FLIGHT}
+    measured = eta.read_measured(c.r, loading) if loading else eta.Measured({}, {})
+    last = last_decisions()
     gpus = []
     for g in fleet.gpus:
         d = g.public()
@@ -82,6 +91,12 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
         d["heartbeat_age_s"] = round(now - g.last_heartbeat, 1) if g.last_heartbeat else None
         d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,
                          "reason": i.reason} for i in intents if i.gpu == g.id]
+        etas = eta.gpu_etas(c.catalog, fleet, g, intents, measured, c.settings.max_loads_per_gpu, now) \
+            if g.alive and any(x.model in loading for x in g.replicas) else {}
+        for rep in d["replicas"]:
+            if (rep["model"], rep["version"]) in etas and rep["state"] in replica_states.IN_FLIGHT:
+                rep["eta_seconds"] = round(etas[(rep["model"], rep["version"])], 1)
+            rep["last_decision"] = last.get((rep["model"], g.id))
         gpus.append(d)
     nodes = []  # host caches and staged models (the staging tier), with their in-flight stage/unstage
     for n in fleet.nodes:
@@ -89,7 +104,33 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
         d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,
                          "reason": i.reason} for i in intents if i.gpu == state.host_id(n.node)]
         nodes.append(d)
-    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now}
+    # the console's grouping: each node's host cache beside its GPUs
+    by_node = [{"node": name, "host_cache": next((n for n in nodes if n["node"] == name), None),
+                "gpus": [g for g in gpus if g["node"] == name]}
+               for name in sorted({g["node"] for g in gpus} | {n["node"] for n in nodes})]
+    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now, "slo": slo, "by_node": by_node}
+
+
+SLO_FRESH_S = 60.0  # an SLO record the leader has not refreshed for this long is not steering any more
+
+
+def current_slo(now: float) -> dict[str, Any] | None:
+    """The cold-start SLO the leader scheduler steers by, with its figures and budget; None when none is."""
+    rec = slo_state.read(ctx().r)
+    if rec is None or not isinstance(rec.get("at"), int | float) or now - rec["at"] > SLO_FRESH_S:
+        return None
+    return rec
+
+
+def last_decisions(limit: int = 500) -> dict[tuple[str, str], dict[str, Any]]:
+    """(model, gpu) -> the newest decision about it among the last `limit` events (one read): who chose to
+    load, keep or evict it and why (the worker's own events are outcomes, not decisions)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for ev in events.read(ctx().r, limit=limit):
+        if ev.model and ev.gpu and ev.actor != "worker":
+            out.setdefault((ev.model, ev.gpu), {"kind": ev.kind, "actor": ev.actor, "reason": ev.reason,
+                                                "ts": ev.ts})
+    return out
 
 
 @bp.get("/api/fleet")
@@ -153,6 +194,29 @@ def api_models() -> ResponseReturnValue:
     if not 1 <= window <= 7 * 24 * 3600:
         raise ApiError(400, "window: must be between 1 s and 7 days", "window")
     return jsonify({"models": models_view(window), "catalog_problems": catalog_problems()})
+
+
+def roi_window(raw: str | None) -> int:
+    """?window=SECONDS of /api/roi (and the console's ROI page): whole seconds from 60 to a day."""
+    raw = "3600" if raw in (None, "") else raw
+    try:
+        window = int(raw)
+    except ValueError:
+        raise ApiError(400, f"window: {raw!r} is not a whole number of seconds, e.g. 3600", "window") from None
+    if not 60 <= window <= roi.MAX_WINDOW_S:
+        raise ApiError(400, f"window: must be between 60 and {roi.MAX_WINDOW_S} seconds (the per-minute "
+                            "records are kept a day)", "window")
+    return window
+
+
+def roi_view(window: int) -> dict[str, Any]:
+    c = ctx()
+    return roi.report(c.r, c.catalog, time.time(), window, c.settings.gpu_hour_cost)
+
+
+@bp.get("/api/roi")
+def api_roi() -> ResponseReturnValue:
+    return jsonify(roi_view(roi_window(request.args.get("window"))))
 
 
 def catalog_problems() -> dict[str, str]:

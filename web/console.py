@@ -123,6 +123,19 @@ def events_page() -> ResponseReturnValue:
     return render_template("events.html", events=evs, filters=filters, actors=events.ACTORS)
 
 
+@bp.get("/roi")
+def roi_page() -> ResponseReturnValue:
+    try:
+        window = api.roi_window(request.args.get("window"))
+    except ApiError as exc:
+        flash(exc.message, "error")
+        window = api.roi_window(None)
+    return render_template("roi.html", view=api.roi_view(window), windows=ROI_WINDOWS)
+
+
+ROI_WINDOWS = ((900, "15 min"), (3600, "1 h"), (6 * 3600, "6 h"), (24 * 3600, "24 h"))
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login() -> ResponseReturnValue:
     nxt = _safe_next(request.values.get("next"))

@@ -5,6 +5,9 @@
     GET  /hooks/route?model=<id>[&version=<v>][&retry=1]
                            -> 200 {"model", "version", "state": ready|loading|cold, "replicas": [...],
                                    "preload"?: {"queued", "gpu", "message"}}   ready replicas first
+                           loading/cold also: "eta_seconds" (and a Retry-After header), and "fallback":
+                           {"model", "version", "replicas": [ready ones]} when the catalog names one
+                           (web.cold_answer)
                            retry=1: a repeat lookup while waiting for a cold model; not counted again in
                            prewarm_route_lookups_total (which counts requests, not polls)
                            a new cold episode also PUBLISHes <model>@<version> on keys.WAKE: the leader
@@ -27,7 +30,7 @@ from prewarm import events, keys, replica_states, rooms, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
 from prewarm.store import cold_starts, overlays
-from web import coldstarts, metrics
+from web import cold_answer, coldstarts, metrics
 from web.auth import require_hook_token
 from web.schemas import MAX_BATCH, REQUEST_BATCH, RequestEvent, Rollout, describe
 from web.util import ApiError, ctx, json_body, validate
@@ -117,9 +120,12 @@ def route_hook() -> ResponseReturnValue:
             _wake_scheduler(entry)
     # One lookup per request: a router re-asking while it waits for a cold model passes retry=1, so the
     # hit rate and cold-start share count requests, not polls.
-    if request.args.get("retry") not in ("1", "true"):
+    counted = request.args.get("retry") not in ("1", "true")
+    headers = {} if body["state"] == "ready" else cold_answer.add_fields(body, entry, fleet, counted, replica_view)
+    if counted:
         metrics.ROUTE_LOOKUPS.labels(body["state"]).inc()
-    return jsonify(body)
+        cold_answer.count_lookup(body)
+    return jsonify(body), 200, headers
 
 
 def _wake_scheduler(entry: ModelEntry) -> None:

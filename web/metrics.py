@@ -31,6 +31,9 @@ ROUTE_LOOKUPS = Counter("prewarm_route_lookups", "Route hook lookups by what the
                         "ready (a warm hit), loading or cold", ["result"])
 COLD_STARTS = Counter("prewarm_cold_starts", "Cold starts: a route lookup found no ready replica of "
                       "the model (counted once per episode, until a replica is ready)", ["model"])
+FALLBACK_OFFERS = Counter("prewarm_route_fallbacks", "Route lookups of a loading or cold model answered with "
+                          "ready replicas of its catalog fallback (the router may serve the request there)",
+                          ["model", "fallback"])
 # Made here at import, so every gunicorn worker's file shows them (zeros) before a scheduler observes any.
 SCHEDULER_TICK = metrics_defs.in_process(metrics_defs.SCHEDULER_TICK)
 SCHEDULER = tuple(metrics_defs.in_process(d) for d in metrics_defs.SCHEDULER_HISTOGRAMS)
@@ -114,7 +117,7 @@ def exposition(r: redis.Redis) -> bytes:
 
         multiprocess.MultiProcessCollector(registry)
     else:
-        for collector in (ROUTE_LOOKUPS, COLD_STARTS, *SCHEDULER):
+        for collector in (ROUTE_LOOKUPS, COLD_STARTS, FALLBACK_OFFERS, *SCHEDULER):
             registry.register(collector)
     registry.register(RedisCollector(r))
     return generate_latest(registry)

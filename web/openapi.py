@@ -76,7 +76,13 @@ def spec() -> dict[str, Any]:
                 "properties": {"model": {"type": "string"}, "version": {"type": "string"},
                                "state": {"enum": ["ready", "loading", "cold"]},
                                "replicas": {"type": "array", "items": {"type": "object"}},
-                               "preload": {"type": "object"}}}), **_errors(400, 401, 404)}}},
+                               "preload": {"type": "object"},
+                               "eta_seconds": {"type": "number", "minimum": 0,
+                                               "description": "loading/cold: seconds until the first replica "
+                                                              "is ready (also the Retry-After header)"},
+                               "fallback": {"type": "object", "required": ["model", "version", "replicas"],
+                                            "description": "loading/cold with a catalog fallback: its ready "
+                                                           "replicas"}}}), **_errors(400, 401, 404)}}},
         "/hooks/rollout": {"post": {
             "summary": "A new version is about to take a share of the model's traffic: warm it first",
             "security": hook_sec,
@@ -100,6 +106,19 @@ def spec() -> dict[str, Any]:
             + [{"name": "limit", "in": "query", "required": False,
                 "schema": {"type": "integer", "minimum": 1, "maximum": 2000}}],
             "responses": {"200": _resp("events"), **_errors(400)}}},
+        "/api/roi": {"get": {
+            "summary": "Per model over a window: GPU memory-time held (GiB·h), warm hits, cold starts, cold "
+                       "starts avoided by loads ahead of demand, cost at PREWARM_GPU_HOUR_COST",
+            "security": [],
+            "parameters": [{"name": "window", "in": "query", "required": False,
+                            "schema": {"type": "integer", "minimum": 60, "maximum": 86400}}],
+            "responses": {"200": _resp("the return on warmth", {
+                "type": "object", "required": ["window_seconds", "gpu_hour_cost", "models"],
+                "properties": {"window_seconds": {"type": "integer"}, "gpu_hour_cost": {"type": "number"},
+                               "models": {"type": "array", "items": {
+                                   "type": "object", "required": ["id", "gpu_memory_gib_hours", "warm_hits",
+                                                                  "cold_starts", "cold_starts_avoided", "cost"]}},
+                               "totals": {"type": "object"}}}), **_errors(400)}}},
         "/api/models/{model}/preload": {"post": _action("Preload the model onto a GPU (default: most free)",
                                                         PreloadBody)},
         "/api/models/{model}/evict": {"post": _action("Evict the model (from every GPU unless gpu is given)",

@@ -19,7 +19,7 @@ import redis
 from redis.client import Pipeline
 
 from prewarm import keys, metrics_defs, replica_states, state
-from prewarm.store import histograms
+from prewarm.store import histograms, lookup_counts
 
 ABANDON_AFTER_S = 3600.0
 
@@ -45,8 +45,9 @@ class ColdStart:
             return None
 
 
-# Open unless an episode of the model is open and younger than ARGV[4] seconds: one Lua call, so the route
-# hook pays one round trip. (This reads seen_at in Lua; ColdStart.parse is the Python reader.)
+# Open unless an episode of the model is open and younger than ARGV[4] seconds, and count the opening in its
+# minute (KEYS[2], prewarm.store.lookup_counts): one Lua call, so the route hook pays one round trip. (This
+# reads seen_at in Lua; ColdStart.parse is the Python reader.)
 _OPEN = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
@@ -55,6 +56,8 @@ if cur then
   if seen and tonumber(ARGV[3]) - seen <= tonumber(ARGV[4]) then return 0 end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'cold_start:' .. ARGV[1], 1)
+redis.call('EXPIRE', KEYS[2], ARGV[5])
 return 1
 """
 
@@ -63,7 +66,8 @@ def open_episode(r: redis.Redis, model: str, version: str, now: float | None = N
     """Open an episode for `model` at `version`; True when this call opened it (a new episode)."""
     now = time.time() if now is None else now
     rec = ColdStart(model, version, now)
-    return bool(r.eval(_OPEN, 1, keys.COLD_STARTS, model, rec.to_json(), repr(now), repr(ABANDON_AFTER_S)))
+    return bool(r.eval(_OPEN, 2, keys.COLD_STARTS, keys.route_minute(lookup_counts.minute_of(now)), model,
+                       rec.to_json(), repr(now), repr(ABANDON_AFTER_S), keys.MINUTE_TTL_S))
 
 
 def read_open(r: redis.Redis, now: float | None = None) -> dict[str, ColdStart]:
@@ -94,6 +98,7 @@ class Closing:
         pipe.hdel(keys.COLD_STARTS, self.model)
         if self.seconds is not None:
             histograms.observe(pipe, metrics_defs.COLD_START_DURATION, self.seconds)
+            lookup_counts.queue_duration(pipe, self.seconds, time.time())
             pipe.hset(keys.LAST_COLD_START, self.model, f"{self.seconds:.3f}")
 
 

@@ -13,6 +13,7 @@ tick at 10,000 models read 20,000 lists every tick before). Writers other than `
 
 from __future__ import annotations
 
+import statistics
 import uuid
 from dataclasses import dataclass, field
 
@@ -95,3 +96,21 @@ class Recent:
             self._measured.update(recent(r, need))
         self._epoch, self._n = epoch, n
         return {m: self._measured[m] for m in models}
+
+
+def median_seconds(measured: dict[str, Measured]) -> tuple[dict[str, float], dict[str, float]]:
+    """Median of the recent loads from storage and of the promotions from a host cache, per model (a model
+    never measured, or with a corrupt entry, is absent): what the scheduler plans with and the route hook's
+    ETA promises."""
+    load: dict[str, float] = {}
+    promote: dict[str, float] = {}
+    for m, x in measured.items():
+        for out, nums in ((load, x.load), (promote, x.promote)):
+            if nums:
+                out[m] = statistics.median(nums)
+    return load, promote
+
+
+def medians(r: redis.Redis, models: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """`median_seconds` of the models' measurements, read in one round trip."""
+    return median_seconds(recent(r, models))

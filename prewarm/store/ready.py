@@ -1,7 +1,8 @@
 """What a replica turning ready records, at that moment (the worker calls this once per completed load).
 
 In one MULTI/EXEC: its load+warmup seconds for the scheduler (load_times), its load and warmup in their
-histograms, and the close of its model's open cold start when this version ends it (cold_starts). Nothing
+histograms, the close of its model's open cold start when this version ends it (cold_starts), and of the
+ETA the route hook promised for it, observing real − promised (eta_promises). Nothing
 waits for a scrape or a route lookup to notice, so each event is counted once, even if nobody scrapes.
 """
 
@@ -11,7 +12,7 @@ import redis
 from redis.client import Pipeline
 
 from prewarm import keys, metrics_defs, state
-from prewarm.store import cold_starts, histograms, load_times
+from prewarm.store import cold_starts, eta_promises, histograms, load_times
 
 
 def replica_ready(r: redis.Redis, replica: state.Replica) -> float | None:
@@ -20,7 +21,10 @@ def replica_ready(r: redis.Redis, replica: state.Replica) -> float | None:
 
     def txn(pipe: Pipeline) -> float | None:
         closing = cold_starts.closing(pipe, replica.model, replica.version, replica.since)
+        promised, eta_error = eta_promises.closing(pipe, replica.model, replica.version, replica.since)
         pipe.multi()
+        if promised:
+            eta_promises.queue_close(pipe, replica.model, replica.version, eta_error)
         load_times.push(pipe, replica)
         if replica.load_seconds is not None:
             histograms.observe(pipe, metrics_defs.MODEL_LOAD, replica.load_seconds)
@@ -31,6 +35,6 @@ def replica_ready(r: redis.Redis, replica: state.Replica) -> float | None:
         closing.queue(pipe)
         return closing.seconds
 
-    # Watched on the open cold starts: a route lookup closing the same episode meanwhile makes this retry,
-    # and the retry finds it closed (the load itself is recorded once: only EXEC applies anything).
-    return r.transaction(txn, keys.COLD_STARTS, value_from_callable=True)
+    # Watched on the open cold starts and promises: a route lookup closing the same episode meanwhile makes
+    # this retry, and the retry finds it closed (the load itself is recorded once: only EXEC applies anything).
+    return r.transaction(txn, keys.COLD_STARTS, keys.ETA_PROMISES, value_from_callable=True)

@@ -62,7 +62,7 @@ def test_cold_episode_publishes_one_wake_up(client: FlaskClient, r: redis.Redis)
     try:
         answers = [client.get("/hooks/route?model=alpha").get_json() for _ in range(3)]
         assert [a["state"] for a in answers] == ["cold"] * 3  # no fleet: every lookup answers cold
-        assert set(answers[0]) == {"model", "version", "replicas", "state", "preload"}
+        assert set(answers[0]) == {"model", "version", "replicas", "state", "preload", "eta_seconds"}
         got = []
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
@@ -160,7 +160,7 @@ def test_cold_lookups_on_a_full_fleet_wake_the_leader_to_make_room(redis_url, r,
         answers = list(pool.map(lambda _: route(web, "tiny-lm"), range(20)))
     assert {a["state"] for a in answers} <= {"cold", "loading"}
     cold = [a for a in answers if a["state"] == "cold"]
-    assert cold and set(cold[0]) == {"model", "version", "replicas", "state", "preload"}
+    assert cold and set(cold[0]) == {"model", "version", "replicas", "state", "preload", "eta_seconds"}
     assert not any(a["preload"]["queued"] for a in cold), cold  # no room: the router sent nothing itself
 
     # Behaviour check, not a timing: the next periodic tick is LONG_TICK away, far beyond this wait, so

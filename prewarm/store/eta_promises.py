@@ -1,0 +1,87 @@
+"""ETA promises (keys.ETA_PROMISES: "<model>@<version>" -> JSON {at, eta}) and how well they held.
+
+The route hook records the first ETA it gives for a model@version that has no ready replica (a router
+polling every second does not move the promise it first acted on); the replica turning ready
+(prewarm.store.ready, in its MULTI/EXEC) closes it and observes real − promised seconds in
+prewarm_route_eta_error_seconds. A promise older than ABANDON_AFTER_S (its loads kept failing) is dropped
+uncounted, like an abandoned cold start.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import redis
+from redis.client import Pipeline
+
+from prewarm import keys, metrics_defs, state
+from prewarm.store import histograms
+from prewarm.store.cold_starts import ABANDON_AFTER_S
+
+
+@dataclass(frozen=True)
+class Promise:
+    at: float  # when the route hook gave it
+    eta: float  # seconds to ready it promised
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> Promise | None:
+        if raw is None:
+            return None
+        try:
+            rec = json.loads(raw)
+            return cls(float(rec["at"]), float(rec["eta"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+# Record unless a promise younger than ARGV[3] seconds is outstanding: one round trip for the route hook.
+_PROMISE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local ok, rec = pcall(cjson.decode, cur)
+  local at = ok and type(rec) == 'table' and tonumber(rec['at'])
+  if at and tonumber(ARGV[4]) - at <= tonumber(ARGV[3]) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+
+def promise(r: redis.Redis, model: str, version: str, eta: float, now: float | None = None) -> bool:
+    """Record an ETA given for model@version unless one is outstanding; True when this one was recorded."""
+    now = time.time() if now is None else now
+    rec = json.dumps({"at": round(now, 3), "eta": round(eta, 3)})
+    return bool(r.eval(_PROMISE, 1, keys.ETA_PROMISES, state.replica_field(model, version), rec,
+                       repr(ABANDON_AFTER_S), repr(now)))
+
+
+def read(r: redis.Redis) -> dict[str, Promise]:
+    """"<model>@<version>" -> its outstanding promise (read only)."""
+    out = {}
+    for k, v in r.hgetall(keys.ETA_PROMISES).items():
+        p = Promise.parse(v)
+        if p is not None:
+            out[k.decode()] = p
+    return out
+
+
+def closing(pipe: Pipeline, model: str, version: str, ready_at: float) -> tuple[bool, float | None]:
+    """In a transaction watching keys.ETA_PROMISES, before its MULTI: (is there a promise to close, its
+    error real − promised in seconds or None when dropped uncounted)."""
+    raw = pipe.hget(keys.ETA_PROMISES, state.replica_field(model, version))
+    if raw is None:
+        return False, None
+    p = Promise.parse(raw)
+    if p is None or ready_at < p.at or ready_at - p.at > ABANDON_AFTER_S:
+        return True, None  # unreadable, given after this replica was ready, or abandoned
+    return True, (ready_at - p.at) - p.eta
+
+
+def queue_close(pipe: Pipeline, model: str, version: str, error: float | None) -> None:
+    """Queue the close on `pipe` (after MULTI): the promise goes; its error is observed when counted."""
+    pipe.hdel(keys.ETA_PROMISES, state.replica_field(model, version))
+    if error is not None:
+        histograms.observe(pipe, metrics_defs.ETA_ERROR, error)

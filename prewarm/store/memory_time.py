@@ -1,0 +1,63 @@
+"""GPU memory-time held per model (keys.memory_minute): the leader scheduler accounts the fleet it read
+each tick, so /api/roi can say what keeping a model warm cost over a window.
+
+A replica holding memory (any state but failed) counts its bytes (measured, or its full size while
+loading) × the seconds since the previous account, at most MAX_GAP_S (a pause in leadership is not
+guessed at), as byte-seconds and as GPU-seconds (bytes / the GPU's total).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import redis
+
+from prewarm import keys, replica_states, state
+from prewarm.store.lookup_counts import minute_of
+
+MAX_GAP_S = 30.0
+
+
+def account(r: redis.Redis, fleet: state.Fleet, since: float | None, now: float) -> None:
+    """Add memory-time from `since` (the last account; None: the first, nothing to add) to `now`."""
+    if since is None or now <= since:
+        return
+    dt = min(now - since, MAX_GAP_S)
+    per_bytes: dict[str, float] = defaultdict(float)
+    per_gpu: dict[str, float] = defaultdict(float)
+    for g in fleet.alive():
+        for x in g.replicas:
+            if x.state not in replica_states.HOLDING:
+                continue
+            held = max(x.bytes, x.total_bytes)
+            per_bytes[x.model] += held * dt
+            per_gpu[x.model] += (held / g.total_bytes if g.total_bytes else 0.0) * dt
+    if not per_bytes:
+        return
+    key = keys.memory_minute(minute_of(now))
+    pipe = r.pipeline(transaction=False)
+    for model, v in per_bytes.items():
+        pipe.hincrbyfloat(key, f"bytes:{model}", v)
+        pipe.hincrbyfloat(key, f"gpu:{model}", per_gpu[model])
+    pipe.expire(key, keys.MINUTE_TTL_S)
+    pipe.execute()
+
+
+@dataclass
+class Held:
+    byte_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    gpu_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+
+def read_window(r: redis.Redis, now: float, seconds: float) -> Held:
+    """Per model, memory-time over the window's minutes (as lookup_counts.read_window), one round trip."""
+    pipe = r.pipeline(transaction=False)
+    for m in range(minute_of(now - seconds + 60), minute_of(now) + 1, 60):
+        pipe.hgetall(keys.memory_minute(m))
+    out = Held()
+    for raw in pipe.execute():
+        for k, v in raw.items():
+            what, _, model = k.decode().partition(":")
+            (out.byte_seconds if what == "bytes" else out.gpu_seconds)[model] += float(v)
+    return out
