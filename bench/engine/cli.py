@@ -21,7 +21,12 @@ def fmt_report(r: dict[str, Any]) -> str:
             "                      seconds",
             f"cold start (total)    {_s(c['total_seconds'])}",
             f"  process start       {_s(c['process_start_seconds'])}",
-            f"  weight load         {_s(c['weight_load_seconds'])}",
+            f"  weight load         {_s(c['weight_load_seconds'])}"
+            + ("   (spawn -> /health: the engine's imports, processes, weights, init)" if "engine_log" in c else ""),
+            *([f"    weights (its log) {_s(c['engine_log']['weights_seconds'])}",
+               f"    init (its log)    {_s(c['engine_log']['engine_init_seconds'])}   (profile, KV cache, "
+               "compile)"]
+              if "engine_log" in c else []),
             f"  warmup              {_s(c['warmup_seconds'])}",
             f"warm request (p50)    {_s(w['p50_seconds'])}   ({w['requests']} requests)"]
     h = r["host_promotion"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -14,6 +15,21 @@ NO_HOST_TIER = {
     "transformers": "none in prewarm yet: the host cache stages torch models only, so a transformers replica "
                     "always loads from storage",
 }
+
+
+# What the vLLM engine's own log says of its load (0.32's wording), to split its start -> /health.
+ENGINE_LOG_FIGURES = {"weights_seconds": re.compile(r"Loading weights took ([\d.]+) seconds"),
+                      "engine_init_seconds": re.compile(r"init engine \(.*?\) took ([\d.]+) s")}
+
+
+def engine_log_figures(text: str) -> dict[str, float | None]:
+    """The engine's own weight-load and init (profile, KV cache, compile) seconds from its log; None for
+    a figure the log does not give (another vLLM version's wording)."""
+    out: dict[str, float | None] = {}
+    for name, rx in ENGINE_LOG_FIGURES.items():
+        m = rx.search(text)
+        out[name] = float(m.group(1)) if m else None
+    return out
 
 
 class BenchError(RuntimeError):
@@ -99,6 +115,13 @@ def run_bench(entry: ModelEntry, *, device: str = "cpu", requests: int = 5,
         log(f"{entry.key}: cold start ({entry.runtime}) ...")
         cold = _cold(rt)
         held = rt.measure()
+        log_path = getattr(rt, "log_path", None)
+        if log_path is not None:
+            try:
+                text = log_path.read_text(errors="replace")
+            except OSError:
+                text = ""  # the figures then read None: the split is the engine's to give
+            cold["engine_log"] = engine_log_figures(text)
         lat = []
         for _ in range(requests):
             t0 = time.perf_counter()

@@ -53,3 +53,13 @@ def test_bench_engine_table_and_unknown_model(catalog: Path, capsys) -> None:  #
     assert "cold start (total)" in out and "warm request (p50)" in out and "promotion (total)" in out
     assert main(["bench", "engine", "no-such-model", "--catalog", str(catalog)]) == 2
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_engine_log_figures_read_vllms_own_lines() -> None:
+    from bench.engine.run import engine_log_figures
+
+    text = ("(Worker pid=8684) INFO 12-01 11:19:56 [default_loader.py:501] Loading weights took 0.01 seconds\n"
+            "(EngineCore pid=8520) INFO 12-01 11:20:27 [core.py:402] init engine (profile, create kv cache, "
+            "warmup model) took 30.72 s\n")
+    assert engine_log_figures(text) == {"weights_seconds": 0.01, "engine_init_seconds": 30.72}
+    assert engine_log_figures("another version's wording") == {"weights_seconds": None, "engine_init_seconds": None}
