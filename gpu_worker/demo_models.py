@@ -11,7 +11,10 @@ The modules hold no non-persistent buffers, so a module built on the meta device
 `load_state_dict(..., assign=True)` owns exactly the bytes of its weights file (what the worker measures).
 
 `write_demo(out)` writes every model's weights (one file, or HF-style shards plus
-`model.safetensors.index.json`) and `catalog.toml`. Weights are drawn from a torch generator seeded per
+`model.safetensors.index.json`) and `catalog.toml`. Beside them it writes the checkpoint demos
+(`CHECKPOINTS`, gpu_worker/demo_hf.py's tiny Llama with its local tokenizer): one served by
+`transformers` always, one served by `vllm` only when that engine is installed (prewarm/engines.py);
+without it the catalog says so in a comment and `log` says how to install it. Weights are drawn from a torch generator seeded per
 model, so the same command writes the same bytes; an up-to-date directory is left as it is.
 """
 
@@ -183,6 +186,35 @@ def demo_set(small: bool = False) -> list[DemoModel]:
     return SMALL if small else FULL
 
 
+@dataclass(frozen=True)
+class CheckpointDemo:
+    """A Hugging Face checkpoint demo (the tiny Llama, a few MB): served by `runtime`, not by a builder."""
+
+    id: str
+    version: str
+    runtime: str  # "transformers" or "vllm"
+    seed: int
+    description: str
+    # Token warmup: one short prompt and a small batch, enough to warm without minutes of CPU time.
+    warmup: tuple[dict[str, int], ...] = ({"prompt_tokens": 16, "batch": 1}, {"prompt_tokens": 64, "batch": 2})
+
+
+# Both in the full and the small demo (they are tiny either way); the vllm one only with the engine.
+CHECKPOINTS: list[CheckpointDemo] = [
+    CheckpointDemo("tiny-llama-hf", "v1", "transformers", 11,
+                   "tiny random Llama (HF checkpoint, local tokenizer) served by transformers in the worker"),
+    CheckpointDemo("tiny-llama-vllm", "v1", "vllm", 12,
+                   "tiny random Llama served by a vLLM engine process (a replica holds ~2 GB on CPU)"),
+]
+VLLM_MISSING = ("the vllm demo model (tiny-llama-vllm) is left out: the vLLM engine is not installed; "
+                "run `prewarm engines install vllm`, then `prewarm models demo` again to add it")
+
+
+def checkpoint_set(vllm: bool) -> list[CheckpointDemo]:
+    """The checkpoint demos to write: the vllm one only when its engine is installed."""
+    return [c for c in CHECKPOINTS if c.runtime != "vllm" or vllm]
+
+
 # --- writing -----------------------------------------------------------------------------------------
 def _seed(model: DemoModel) -> int:
     return int.from_bytes(hashlib.sha256(f"{model.id}@{model.version}".encode()).digest()[:8], "little") >> 1
@@ -269,21 +301,40 @@ def catalog_entry(model: DemoModel, weights: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spec_hash(models: list[DemoModel]) -> str:
+def checkpoint_entry(c: CheckpointDemo, path: str) -> str:
+    lines = ["[[models]]", f"id = {_toml_value(c.id)}", f"version = {_toml_value(c.version)}",
+             f"runtime = {_toml_value(c.runtime)}", f"path = {_toml_value(path)}",
+             f"description = {_toml_value(c.description)}"]
+    for w in c.warmup:
+        lines.append("[[models.warmup]]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in w.items())
+    return "\n".join(lines) + "\n"
+
+
+def _spec_hash(models: list[DemoModel], checkpoints: list[CheckpointDemo] | None = None) -> str:
     text = json.dumps([[m.id, m.version, m.builder, m.args, m.warmup, m.shards, m.description] for m in models],
                       sort_keys=True)
-    return hashlib.sha256(("demo-v3" + text).encode()).hexdigest()
+    # The checkpoint demos count too: installing the vLLM engine later makes the next run add its model.
+    ck = json.dumps([[c.id, c.version, c.runtime, c.seed, list(c.warmup), c.description]
+                     for c in checkpoints or []], sort_keys=True)
+    return hashlib.sha256(("demo-v3" + text + ck).encode()).hexdigest()
 
 
 def write_demo(out: Path | str, *, small: bool = False, force: bool = False,
-               log: Callable[[str], None] | None = None) -> Path:
+               log: Callable[[str], None] | None = None, vllm: bool | None = None) -> Path:
     """Write the demo models and `catalog.toml` into `out`; returns the catalog path.
 
+    `vllm`: whether to add the vllm demo model (default: whether the engine is installed here).
     A directory already holding this exact demo set (same spec, every weights file present) is left alone.
     """
+    from prewarm.engines import engine_status
+
     out = Path(out)
     models = demo_set(small)
-    spec = _spec_hash(models)
+    if vllm is None:
+        vllm = engine_status("vllm").available
+    checkpoints = checkpoint_set(vllm)
+    spec = _spec_hash(models, checkpoints)
     catalog = out / CATALOG_NAME
     stamp = out / _STAMP_NAME
     if not force and catalog.exists() and stamp.exists() and stamp.read_text().strip() == spec:
@@ -300,11 +351,37 @@ def write_demo(out: Path | str, *, small: bool = False, force: bool = False,
             size = sum(f.stat().st_size for f in (out / rel).glob("*.safetensors"))
             log(f"{m.id}@{m.version}: {size / 1e6:.1f} MB in {max(1, m.shards)} file(s), "
                 f"{time.perf_counter() - t0:.1f} s")
+    entries.extend(_write_checkpoints(out, checkpoints, log))
+    if not vllm:
+        entries.append(f"# {VLLM_MISSING}\n")
+        if log:
+            log(f"prewarm: {VLLM_MISSING}")
     tmp = catalog.with_suffix(".toml.tmp")
     tmp.write_text("\n".join(entries))
     tmp.replace(catalog)
     stamp.write_text(spec + "\n")
     return catalog
+
+
+def _write_checkpoints(out: Path, checkpoints: list[CheckpointDemo],
+                       log: Callable[[str], None] | None) -> list[str]:
+    """Write each checkpoint demo's directory; returns their catalog entries."""
+    import shutil
+
+    from gpu_worker.demo_hf import write_tiny_llama
+
+    entries = []
+    for c in checkpoints:
+        t0 = time.perf_counter()
+        rel = f"{c.id}-{c.version}"
+        shutil.rmtree(out / rel, ignore_errors=True)  # no stale shard of an earlier layout left beside
+        write_tiny_llama(out / rel, seed=c.seed)
+        entries.append(checkpoint_entry(c, rel))
+        if log:
+            size = sum(f.stat().st_size for f in (out / rel).glob("*.safetensors"))
+            log(f"{c.id}@{c.version} ({c.runtime}): {size / 1e6:.1f} MB checkpoint with tokenizer, "
+                f"{time.perf_counter() - t0:.1f} s")
+    return entries
 
 
 def param_count(model: DemoModel) -> int:

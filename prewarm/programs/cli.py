@@ -18,6 +18,7 @@ _REGISTRARS = (
     "gpu_worker.cli",  # worker, models demo
     "bench.load.cli",  # bench load
     "bench.tick.cli",  # bench tick
+    "bench.engine.cli",  # bench engine
     "scheduler.cli",  # scheduler
     "web.cli",  # web
     "prewarm.programs.up",  # up, replay

@@ -79,6 +79,15 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
     return out
 
 
+def light_requests(models: list[str], span: float, every: float) -> list[Request]:
+    """One request every `every` trace seconds for each of `models` over `span` trace seconds: steady
+    light traffic that keeps a model with a slow start (an engine) warm instead of loading it in bursts."""
+    if every <= 0:
+        raise ValueError(f"light interval {every!r} must be positive")
+    n = max(1, int(span // every))
+    return [Request(i * every, m) for m in models for i in range(n)]
+
+
 def load_requests_csv(path: Path) -> list[Request]:
     from datetime import datetime
 
@@ -253,9 +262,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.format == "requests":
         reqs = load_requests_csv(trace)
     else:
+        light = [m for m in args.light if m in models]
+        models = [m for m in models if m not in light]  # light models get a steady stream, not a trace's
         if args.models:
             models = models[: args.models]
         reqs = load_azure_minutes(trace, models, rng, target_rate=args.rate, speed=args.speed)
+        if light:
+            span = (reqs[-1].t + 1) if reqs else args.light_interval * args.speed
+            reqs = sorted(reqs + light_requests(light, span, args.light_interval * args.speed))
     celery = None if args.no_infer else make_celery(args.redis_url or redis_url(settings, start=False))
     player = Player(router, celery, cold_timeout=args.cold_timeout)
     per_model = Counter(r.model for r in reqs)
@@ -283,6 +297,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis-url", help="Redis of the fleet, to run infer (default PREWARM_REDIS_URL)")
     p.add_argument("--rate", type=float, default=4.0, help="azure-minute: scale counts to about this many req/s")
     p.add_argument("--models", type=int, help="azure-minute: map onto the first N catalog models")
+    p.add_argument("--light", action="append", default=[], metavar="MODEL",
+                   help="azure-minute: give MODEL one request every --light-interval seconds instead of a "
+                        "trace's bursts (a model slow to start, such as a vLLM engine; repeatable)")
+    p.add_argument("--light-interval", type=float, default=20.0,
+                   help="real seconds between a --light model's requests (default 20)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, help="stop after this many real seconds")
     p.add_argument("--loop", action="store_true", help="start over at the end of the trace")

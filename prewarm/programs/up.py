@@ -25,6 +25,27 @@ def _procfile(path: Path) -> dict[str, str]:
     return dict(parse_procfile(path.read_text()).processes)
 
 
+DEFAULT_DEVICES = "cpu:0=1536MiB,cpu:1=1536MiB"
+# A vLLM replica holds ~2 GB on CPU (the engine process tree's PSS, measured), more than either default
+# virtual GPU: a catalog with a vllm model gets this third device for it.
+ENGINE_DEVICE = "cpu:2=4GiB"
+
+
+def engine_models(catalog: Path) -> list[str]:
+    """The ids of the catalog's models served by an engine process (runtime vllm)."""
+    from prewarm.catalog import load_catalog
+
+    return [m.id for m in load_catalog(catalog, check_files=False).models if m.runtime == "vllm"]
+
+
+def choose_devices(given: str | None, engines: list[str]) -> str:
+    """The devices given (--devices or PREWARM_DEVICES), else the defaults plus ENGINE_DEVICE when an
+    engine model is in the catalog."""
+    if given:
+        return given
+    return f"{DEFAULT_DEVICES},{ENGINE_DEVICE}" if engines else DEFAULT_DEVICES
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from honcho.manager import Manager
 
@@ -37,12 +58,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         if not os.environ.get("PREWARM_CATALOG"):
             catalog = settings.data_dir / "demo-models" / "catalog.toml"
+            # Every time: a no-op when up to date, and it adds the vllm demo model once the engine is installed.
             if not catalog.exists():
                 print(f"prewarm: generating the demo models in {catalog.parent} (once)", flush=True)
-                subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "models", "demo", "--out",
-                                str(catalog.parent)], check=True)
+            subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "models", "demo", "--out",
+                            str(catalog.parent)], check=True)
             env["PREWARM_CATALOG"] = str(catalog)
-        env.setdefault("PREWARM_DEVICES", args.devices)
+        engines = engine_models(Path(env["PREWARM_CATALOG"]))
+        env["PREWARM_DEVICES"] = choose_devices(env.get("PREWARM_DEVICES") or args.devices, engines)
         env.setdefault("PREWARM_NODE", "node-a")
         token = env.get("PREWARM_ADMIN_TOKEN") or secrets.token_urlsafe(12)
         env["PREWARM_ADMIN_TOKEN"] = token
@@ -62,6 +85,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.no_traffic:
             replay = [sys.executable, "-m", "prewarm.programs.cli", "replay", "--url", f"http://127.0.0.1:{port}",
                       "--speed", str(args.speed), "--rate", str(args.rate), "--loop"]
+            for m in engines:  # an engine starts in 30-160 s here: steady light traffic, never thrashed
+                replay += ["--light", m]
             if args.trace:
                 replay.insert(4, args.trace)
             manager.add_process("traffic", shlex.join(replay), env=env, cwd=str(repo_root()))
@@ -77,11 +102,18 @@ def cmd_up(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from prewarm.programs import replay
 
-    p = sub.add_parser("up", help="run the whole system here: Redis, web, scheduler, worker, demo traffic")
+    p = sub.add_parser("up", help="run the whole system here: Redis, web, scheduler, worker, demo traffic",
+                       description="Run the whole system here. The demo catalog serves a Hugging Face checkpoint "
+                                   "with transformers always, and a vLLM model when the engine is installed "
+                                   "(`prewarm engines install vllm`; the next ./run adds it). With a vllm "
+                                   f"model in the catalog and no --devices given, a third device {ENGINE_DEVICE} "
+                                   "is added (a vLLM replica holds ~2 GB on CPU) and the traffic player gives "
+                                   "that model one request every 20 s instead of bursts.")
     p.add_argument("--port", type=int, help="web port (default PORT or 8000)")
     # Two CPU virtual GPUs that together hold a little less than the demo catalog (3.1 GB): the
     # scheduler has to choose, so the console shows evictions as well as preloads.
-    p.add_argument("--devices", default="cpu:0=1536MiB,cpu:1=1536MiB", help="worker devices (PREWARM_DEVICES wins)")
+    p.add_argument("--devices", help=f"worker devices (PREWARM_DEVICES wins; default {DEFAULT_DEVICES}, plus "
+                                     f"{ENGINE_DEVICE} when the catalog has a vllm model)")
     p.add_argument("--speed", type=float, default=60.0, help="trace seconds per real second")
     p.add_argument("--rate", type=float, default=3.0, help="approximate demo requests per real second")
     p.add_argument("--trace", help="trace to replay (default: the bundled Azure sample)")

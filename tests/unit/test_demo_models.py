@@ -28,10 +28,11 @@ def test_full_demo_set_spans_20mb_to_1gb_with_sharded_models() -> None:
 
 
 def test_small_demo_writes_a_valid_catalog(tmp_path: Path) -> None:
-    cat_path = dm.write_demo(tmp_path / "demo", small=True)
+    cat_path = dm.write_demo(tmp_path / "demo", small=True, vllm=False)
     cat = load_catalog(cat_path)
-    assert [m.key for m in cat.models] == [f"{m.id}@{m.version}" for m in dm.SMALL]
-    for m in cat.models:
+    torch_models = [m for m in cat.models if m.runtime == "torch"]
+    assert [m.key for m in torch_models] == [f"{m.id}@{m.version}" for m in dm.SMALL]
+    for m in torch_models:
         spec = next(d for d in dm.SMALL if d.id == m.id and d.version == m.version)
         assert m.size_bytes == dm.param_count(spec) * DTYPE_BYTES[spec.args.get("dtype", "float32")]
         assert m.shards == spec.shards
@@ -69,8 +70,8 @@ def test_weights_are_seeded_and_an_up_to_date_folder_is_left_alone(tmp_path: Pat
 def test_modules_built_from_the_weights_run(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    cat = load_catalog(dm.write_demo(tmp_path / "d", small=True))
-    for entry in cat.models:
+    cat = load_catalog(dm.write_demo(tmp_path / "d", small=True, vllm=False))
+    for entry in (e for e in cat.models if e.runtime == "torch"):
         fn = getattr(dm, entry.builder.split(":")[1])
         with torch.device("meta"):
             module = fn(**entry.builder_args)
@@ -97,3 +98,47 @@ def test_cli_models_demo(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     listed = json.loads(capsys.readouterr().out)["models"]
     assert {m["id"] for m in listed} >= {"tiny-lm", "tiny-sharded", "tiny-mlp"}
     assert next(m for m in listed if m["id"] == "tiny-sharded")["shards"] == 2
+    runtimes = {m["id"]: m["runtime"] for m in listed}
+    assert runtimes["tiny-lm"] == "torch" and runtimes["tiny-llama-hf"] == "transformers"
+
+
+def test_demo_checkpoint_is_served_by_transformers_and_loads(tmp_path: Path) -> None:
+    from gpu_worker.runtimes import ReplicaSpec, TokenWarmup
+    from gpu_worker.runtimes.hf import HFRuntime
+    from gpu_worker.runtimes.warmup import WarmupPolicy
+
+    cat = load_catalog(dm.write_demo(tmp_path / "d", small=True, vllm=False))
+    entry = cat.get("tiny-llama-hf")
+    assert entry.runtime == "transformers"
+    assert (entry.weights / "config.json").is_file() and (entry.weights / "tokenizer.json").is_file()
+    assert entry.size_bytes == sum(f.stat().st_size for f in entry.files) - sum(
+        8 + int.from_bytes(f.read_bytes()[:8], "little") for f in entry.files)  # data bytes: file minus header
+    rt = HFRuntime(ReplicaSpec(model=entry.id, version=entry.version, path=entry.weights, gpu="t/cpu:0",
+                               warmup=tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup),
+                               policy=WarmupPolicy(min_passes=2, max_passes=3, max_seconds=5.0)))
+    try:
+        assert rt.required_bytes() == entry.size_bytes
+        assert rt.load() >= entry.size_bytes
+        assert [f["prompt_tokens"] for f in rt.warm()] == [16, 64]
+        answer = rt.serve({"prompt": "hello world", "max_tokens": 3})
+        assert isinstance(answer.get("text"), str)
+    finally:
+        rt.release()
+
+
+def test_vllm_demo_model_only_when_the_engine_is_installed(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    venv = tmp_path / "vllm-env"
+    monkeypatch.setenv("PREWARM_VLLM_VENV", str(venv))
+    logged: list[str] = []
+    cat_path = dm.write_demo(tmp_path / "without", small=True, log=logged.append)
+    assert "tiny-llama-vllm" not in {m.id for m in load_catalog(cat_path).models}
+    assert dm.VLLM_MISSING in cat_path.read_text() and any("prewarm engines install vllm" in m for m in logged)
+
+    # A finished engine install (its python and stamp, as scripts/install-vllm.sh leaves them).
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / ".prewarm-engine").write_text("ok\nvllm 0.32.0 (cpu)\n")
+    cat_path = dm.write_demo(tmp_path / "without", small=True)  # the same folder: no longer up to date
+    entry = load_catalog(cat_path).get("tiny-llama-vllm")
+    assert entry.runtime == "vllm" and entry.kv_cache_bytes > 0
+    assert (entry.weights / "config.json").is_file() and dm.VLLM_MISSING not in cat_path.read_text()

@@ -1,0 +1,95 @@
+"""`prewarm bench engine` and `python -m bench.engine`: parse the options, run, print.
+
+Nothing here imports torch at import time (the `prewarm` command's registrars must start fast)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _s(x: float | None) -> str:
+    return "      -" if x is None else f"{x:7.3f}"
+
+
+def fmt_report(r: dict[str, Any]) -> str:
+    c, w = r["cold_start"], r["warm_request"]
+    rows = [f"{r['model']} ({r['runtime']}, {r['mode']}{', primed' if r['primed'] else ''}), "
+            f"{r['held_bytes'] / 1e6:.1f} MB held on {r['device']}",
+            "                      seconds",
+            f"cold start (total)    {_s(c['total_seconds'])}",
+            f"  process start       {_s(c['process_start_seconds'])}",
+            f"  weight load         {_s(c['weight_load_seconds'])}"
+            + ("   (spawn -> /health: the engine's imports, processes, weights, init)" if "engine_log" in c else ""),
+            *([f"    weights (its log) {_s(c['engine_log']['weights_seconds'])}",
+               f"    init (its log)    {_s(c['engine_log']['engine_init_seconds'])}   (profile, KV cache, "
+               "compile)"]
+              if "engine_log" in c else []),
+            f"  warmup              {_s(c['warmup_seconds'])}",
+            f"warm request (p50)    {_s(w['p50_seconds'])}   ({w['requests']} requests)"]
+    h = r["host_promotion"]
+    if h is None:
+        rows.append(f"host tier             {r['host_tier']}")
+    else:
+        rows += [f"host stage            {_s(h['stage_seconds'])}   (storage -> node host cache, once)",
+                 f"promotion (total)     {_s(h['total_seconds'])}",
+                 f"  promote             {_s(h['weight_load_seconds'])}",
+                 f"  warmup              {_s(h['warmup_seconds'])}"]
+    rows.append(f"cold start / warm request: {c['total_seconds'] / max(w['p50_seconds'], 1e-9):,.0f}x")
+    return "\n".join(rows)
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from prewarm.catalog import CatalogError, load_catalog
+    from prewarm.config import Settings
+
+    try:
+        catalog = load_catalog(args.catalog or Settings.from_env().catalog)
+        model, _, version = args.model.partition("@")
+        entry = catalog.get(model, version or None)
+    except (CatalogError, KeyError, OSError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"prewarm bench engine: {msg}", file=sys.stderr)
+        return 2
+    from .run import BenchError, run_bench
+
+    log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
+    try:
+        r = run_bench(entry, device=args.device, requests=args.requests, log=log)
+    except BenchError as exc:
+        print(f"prewarm bench engine: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(r, sort_keys=True) if args.json else fmt_report(r))
+    return 0
+
+
+def add_engine_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = group.add_parser("engine", help="a replica's cold start (process start, weight load, warmup) against "
+                                        "a warm request, and a host-tier promotion where there is one")
+    p.add_argument("model", metavar="MODEL", help="catalog model id or id@version")
+    p.add_argument("--catalog", help="catalog file (default PREWARM_CATALOG, else the demo catalog)")
+    p.add_argument("--device", default="cpu", help="torch device the replica runs on (default cpu)")
+    p.add_argument("--requests", type=int, default=5, help="warm requests, their median reported (default 5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_engine)
+    return p
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `bench engine` to the `bench` group `bench load` made."""
+    from prewarm.commands import subgroup
+
+    add_engine_parser(subgroup(subparsers, "bench", "benchmarks"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_engine_parser(sub)
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)

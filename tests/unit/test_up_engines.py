@@ -1,0 +1,24 @@
+"""`prewarm up` with an engine model in the catalog: the device it adds and the traffic it gives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_worker import demo_models as dm
+from prewarm.programs.replay import Request, light_requests
+from prewarm.programs.up import DEFAULT_DEVICES, ENGINE_DEVICE, choose_devices, engine_models
+
+
+def test_a_vllm_model_in_the_catalog_adds_the_engine_device(tmp_path: Path) -> None:
+    with_engine = dm.write_demo(tmp_path / "a", small=True, vllm=True)
+    without = dm.write_demo(tmp_path / "b", small=True, vllm=False)
+    assert engine_models(with_engine) == ["tiny-llama-vllm"] and engine_models(without) == []
+    assert choose_devices(None, ["tiny-llama-vllm"]) == f"{DEFAULT_DEVICES},{ENGINE_DEVICE}"
+    assert choose_devices(None, []) == DEFAULT_DEVICES
+    assert choose_devices("cpu:0=8GiB", ["tiny-llama-vllm"]) == "cpu:0=8GiB"  # what the operator gave wins
+
+
+def test_light_traffic_is_one_request_per_interval() -> None:
+    reqs = light_requests(["engine"], span=600.0, every=120.0)
+    assert reqs == [Request(t, "engine") for t in (0.0, 120.0, 240.0, 360.0, 480.0)]
+    assert light_requests(["engine"], span=10.0, every=120.0) == [Request(0.0, "engine")]
