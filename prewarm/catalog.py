@@ -25,13 +25,15 @@ A Hugging Face checkpoint is served by another runtime (default `runtime = "torc
     runtime = "transformers"         # or "vllm": an engine process per replica (prewarm engines)
     path = "tiny-chat"               # the checkpoint directory: config.json + model.safetensors (or shards)
     kv_cache_bytes = 268435456       # vllm only: the engine's KV cache on top of the weights
+    engine_bytes = 2147483648        # vllm only: what the engine's processes hold besides (default 2 GiB)
     [[models.warmup]]
     prompt_tokens = 16               # a batch of `batch` prompts of this many tokens
     batch = 1
 
 A checkpoint's config.json is read by its runtime when a replica is loaded (a missing one fails that
 replica with the reason); here only its weights' headers are validated. A vllm entry's size_bytes is its
-weights plus kv_cache_bytes: what a replica reserves on its GPU before the engine measures itself.
+weights plus kv_cache_bytes plus engine_bytes: what the placement gives it room for (the worker then commits
+what the engine measures itself to hold).
 
 Loading validates every entry and names the entry and field at fault. Sizes come from the safetensors
 headers (exact data bytes), read without torch so web and scheduler can load the catalog too.
@@ -47,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prewarm.engines import DEFAULT_KV_CACHE_BYTES, RUNTIMES
+from prewarm.engines import DEFAULT_KV_CACHE_BYTES, DEFAULT_VLLM_ENGINE_BYTES, RUNTIMES
 from prewarm.model_roots import within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
@@ -57,7 +59,7 @@ _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", 
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
 _RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args"},
                  "transformers": {"path"},
-                 "vllm": {"path", "kv_cache_bytes"}}
+                 "vllm": {"path", "kv_cache_bytes", "engine_bytes"}}
 _MODEL_KEYS = _COMMON_KEYS | set().union(*_RUNTIME_KEYS.values())
 _WARMUP_KEYS = {"shape", "dtype", "high"}
 _TOKEN_WARMUP_KEYS = {"prompt_tokens", "batch"}
@@ -232,11 +234,14 @@ def _parse_checkpoint_entry(where: str, raw: dict[str, Any], runtime: str, base:
     path = (base / path_raw).resolve()
     if not within(path, roots):
         raise _fail(where, f"path {path_raw!r} lies outside the model roots {[str(r) for r in roots]}")
-    kv = 0
+    kv = engine = 0
     if runtime == "vllm":
         kv = raw.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)
         if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
             raise _fail(where, f"kv_cache_bytes {kv!r} must be a positive integer (bytes)")
+        engine = raw.get("engine_bytes", DEFAULT_VLLM_ENGINE_BYTES)
+        if not isinstance(engine, int) or isinstance(engine, bool) or engine < 0:
+            raise _fail(where, f"engine_bytes {engine!r} must be a non-negative integer (bytes)")
     files: tuple[Path, ...] = ()
     size = 0
     if check_files:
@@ -248,7 +253,7 @@ def _parse_checkpoint_entry(where: str, raw: dict[str, Any], runtime: str, base:
                 size += read_header(f, roots).data_bytes
         except SafetensorsError as exc:
             raise _fail(where, f"checkpoint weights: {exc}") from None
-    return path, files, size + kv, kv, _parse_token_warmup(where, raw.get("warmup"))
+    return path, files, size + kv + engine, kv, _parse_token_warmup(where, raw.get("warmup"))
 
 
 def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files: bool) -> ModelEntry:

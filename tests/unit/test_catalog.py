@@ -120,12 +120,14 @@ def test_a_checkpoint_runtime_entry_has_its_path_size_and_token_warmup(tmp_path:
     hf = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "transformers"\npath = "ck"\n' + warm)).get("chat")
     assert (hf.runtime, hf.weights, hf.size_bytes, hf.kv_cache_bytes) == ("transformers", tmp_path / "ck", 1024, 0)
     assert hf.summary()["warmup"] == [{"prompt_tokens": 32, "batch": 2}] and hf.summary()["runtime"] == "transformers"
-    # vllm: the KV cache (default prewarm.engines.DEFAULT_KV_CACHE_BYTES) is part of what a replica needs.
-    from prewarm.engines import DEFAULT_KV_CACHE_BYTES
+    # vllm: the KV cache and the engine's own processes (defaults in prewarm.engines) are part of what a
+    # replica needs.
+    from prewarm.engines import DEFAULT_KV_CACHE_BYTES, DEFAULT_VLLM_ENGINE_BYTES
 
     vl = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "vllm"\npath = "ck"\n' + warm)).get("chat")
-    assert (vl.kv_cache_bytes, vl.size_bytes) == (DEFAULT_KV_CACHE_BYTES, 1024 + DEFAULT_KV_CACHE_BYTES)
-    vl = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "vllm"\npath = "ck"\nkv_cache_bytes = 4096\n' + warm)).get("chat")
+    assert (vl.kv_cache_bytes, vl.size_bytes) == (DEFAULT_KV_CACHE_BYTES,
+                                                  1024 + DEFAULT_KV_CACHE_BYTES + DEFAULT_VLLM_ENGINE_BYTES)
+    vl = load_catalog(_checkpoint_catalog(tmp_path, 'runtime = "vllm"\npath = "ck"\nkv_cache_bytes = 4096\nengine_bytes = 0\n' + warm)).get("chat")
     assert (vl.kv_cache_bytes, vl.size_bytes) == (4096, 1024 + 4096)
 
 
@@ -139,6 +141,7 @@ def test_a_torch_entry_defaults_to_the_torch_runtime(cat: Path) -> None:
     ('runtime = "transformers"\npath = "ck"\nkv_cache_bytes = 5\n', "key 'kv_cache_bytes' does not apply to runtime 'transformers'"),
     ('runtime = "vllm"\npath = "ck"\nbuilder = "json:loads"\n', "key 'builder' does not apply to runtime 'vllm'"),
     ('runtime = "vllm"\npath = "ck"\nkv_cache_bytes = -1\n', "kv_cache_bytes -1 must be a positive integer"),
+    ('runtime = "vllm"\npath = "ck"\nengine_bytes = -1\n', "engine_bytes -1 must be a non-negative integer"),
     ('runtime = "vllm"\npath = "missing"\n', "is not a directory"),
 ])
 def test_bad_runtime_fields_name_the_entry_and_what_is_allowed(tmp_path: Path, body: str, needle: str) -> None:
