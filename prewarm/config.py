@@ -12,6 +12,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prewarm import policy_names
+
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
 
@@ -120,6 +122,8 @@ class Settings:
     # client address and from all clients together, before the web answers 429
     login_max_failures: int = 10
     login_max_failures_global: int = 100
+    # the scheduler's policy (PREWARM_POLICY): prewarm's plan or one of the baselines, prewarm.policy_names
+    policy: str = policy_names.DEFAULT
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -146,9 +150,11 @@ class Settings:
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=int(e.get("PREWARM_LOGIN_MAX_FAILURES") or 10),
             login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),
+            policy=(e.get("PREWARM_POLICY") or policy_names.DEFAULT).strip(),
         )
 
     def __post_init__(self) -> None:
+        policy_names.check(self.policy)
         if not 0.0 <= self.speculative_share <= 1.0:
             raise ValueError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")

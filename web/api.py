@@ -27,6 +27,7 @@ from flask.typing import ResponseReturnValue
 from prewarm import events, rooms, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.store import cold_starts, load_times, overlays
+from prewarm.store import policy as running_policy
 from web.auth import require_admin
 from web.metrics import memory_split
 from web.schemas import EvictBody, PreloadBody
@@ -89,7 +90,17 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
         d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,
                          "reason": i.reason} for i in intents if i.gpu == state.host_id(n.node)]
         nodes.append(d)
-    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now}
+    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now, "policy": policy_view()}
+
+
+def policy_view() -> dict[str, Any]:
+    """The policy the leader scheduler runs (its own record); before any scheduler led, the one this
+    process's PREWARM_POLICY names (`source` says which)."""
+    c = ctx()
+    run = running_policy.running(c.r)
+    if run is None:
+        return {"name": c.settings.policy, "since": None, "scheduler": None, "source": "settings"}
+    return {"name": run.name, "since": run.since, "scheduler": run.scheduler, "source": "scheduler"}
 
 
 @bp.get("/api/fleet")
