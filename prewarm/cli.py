@@ -17,6 +17,7 @@ _REGISTRARS = (
     "prewarm.ops_cli",  # models list, fleet, preload, evict, pin, unpin, events
     "gpu_worker.cli",  # worker, models demo
     "bench.load.cli",  # bench load
+    "bench.live.cli",  # bench live
     "scheduler.cli",  # scheduler
     "web.cli",  # web
     "prewarm.up",  # up, replay
