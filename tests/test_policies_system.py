@@ -49,7 +49,10 @@ def test_on_demand_lru_loads_on_a_cold_lookup_and_evicts_the_least_recently_used
     for m in (a, b):  # a cold lookup loads it (the route hook's on-demand preload: there is room)
         assert route(web, m)["state"] == "cold"
         wait_for(lambda m=m: ready(r, m), 60, what=f"{m} ready", log=w.log)
-    # a is used after b loaded: b is the least recently used
+    # a is used after b loaded: b is the least recently used (the traffic store counts per second, so the
+    # report goes in a later second than b's load start)
+    b_start = max(x.created_at for x in state.read_fleet(r).replicas(b))
+    wait_for(lambda: time.time() >= int(b_start) + 1, 5, what="the second after b's load started")
     assert requests.post(f"{web.url}/hooks/requests", json={"model": a, "count": 3},
                          timeout=10).status_code == 202
     posted = time.time()

@@ -4,7 +4,7 @@ does becomes Preload / Evict actions for the same dispatch path prewarm's plan u
 Per `decide(snapshot, now, arrivals)` call, in this order (the simulator delivers the same events at their
 exact times; live they arrive once a tick):
 1. the requests reported since the last call (`arrivals`: the traffic store's per-second counts, as fed
-   to prewarm's history) in time order, each an `on_request` (warm when the model had a ready replica),
+   to prewarm's history, each at the middle of its second) in time order, each an `on_request` (warm when the model had a ready replica),
    with the rule's timers that fell due before each one (`on_timer`);
 2. the timers due by `now`;
 3. replicas that turned ready since the last call: `on_ready`;
@@ -204,10 +204,11 @@ class BaselinePolicy:
             if rule.tick_s:
                 self.next_tick = now + rule.tick_s  # the simulator's tick at 0 sees no finished period either
         rule.fleet = fleet
-        for model, t, count in sorted(arrivals, key=lambda a: a[1]):
+        for model, second, count in sorted(arrivals, key=lambda a: a[1]):
             m = self.index.get(model)
             if m is None:
                 continue
+            t = second + 0.5  # the store counts per second: a request of second s came within [s, s + 1)
             self._fire(t)
             for _ in range(count):
                 r = fleet.ready(m)
