@@ -147,7 +147,7 @@ class SnapshotFleet:
         r = self.replicas[m].get(gi)
         if r is None or r.state != "ready":
             return False
-        self._evict(r, "quiet", f"{self.policy}: keep-alive over for {self.names[m]}")
+        self._evict(r, "quiet", f"{self.policy}: its rule unloads {self.names[m]} (keep-alive over, or unloaded until its pre-warm window)")
         return True
 
     def _evict(self, r: LiveReplica, kind: str, reason: str) -> None:
