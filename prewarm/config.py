@@ -13,6 +13,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prewarm import policy_names
+
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
 
@@ -185,6 +187,8 @@ class Settings:
     cold_start_slo: ColdStartSlo | None = None  # None: the speculative budget stays where it is set
     # price of one GPU-hour of memory, for /api/roi (0: memory-time shown in GiB·h only)
     gpu_hour_cost: float = 0.0
+    # the scheduler's policy (PREWARM_POLICY): prewarm's plan or one of the baselines, prewarm.policy_names
+    policy: str = policy_names.DEFAULT
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -213,9 +217,11 @@ class Settings:
             login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),
             cold_start_slo=parse_slo(e.get("PREWARM_COLD_START_SLO")),
             gpu_hour_cost=float(e.get("PREWARM_GPU_HOUR_COST") or 0.0),
+            policy=(e.get("PREWARM_POLICY") or policy_names.DEFAULT).strip(),
         )
 
     def __post_init__(self) -> None:
+        policy_names.check(self.policy)
         if not 0.0 <= self.speculative_share <= 1.0:
             raise ValueError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")

@@ -38,9 +38,11 @@ from prewarm.context import Context
 from prewarm.dispatch import Dispatched
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import memory_time
+from prewarm.store import policy as running_policy
 from scheduler.leader import Leadership
-from scheduler.policy import Action, Evict, PolicyConfig, PolicyState, Preload, Stage, Unstage, plan
+from scheduler.policy import Action, Evict, PolicyConfig, Preload, Stage, Unstage
 from scheduler.policy import native as policy_native
+from scheduler.policy.choice import Policy, make_policy
 from scheduler.snapshot import SnapshotReader
 from scheduler.steering import Steering
 
@@ -74,7 +76,7 @@ class Scheduler:
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
-        self.policy_state: PolicyState | None = None
+        self.policy: Policy | None = None
         self._tick_lock = threading.Lock()  # periodic and woken ticks never run at once
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
@@ -86,10 +88,24 @@ class Scheduler:
         # A fresh history and policy cache whenever we (re)gain the lead: what a previous term fed may be
         # stale, and Redis may have been wiped in between.
         self.reader = SnapshotReader(self.ctx.r, self.config)
-        self.policy_state = PolicyState()
         self._accounted_at = None
         if self.steering is not None:
             self.steering.reset()
+        self.policy = self._choose_policy()
+
+    def _choose_policy(self) -> Policy:
+        """The policy PREWARM_POLICY names, fresh for this term. Starting with another one than the last
+        leader recorded is an operator's change of policy: an event in the decision log."""
+        name = self.ctx.settings.policy
+        before = running_policy.swap(self.ctx.r, name, self.ident)
+        if before is not None and before.name != name:
+            events.record(self.ctx.r, "policy", "operator",
+                          reason=f"scheduler policy changed from {before.name} to {name} (PREWARM_POLICY; "
+                                 f"scheduler {self.ident})",
+                          numbers={"from": before.name, "to": name, "scheduler": self.ident},
+                          maxlen=self.ctx.settings.event_log_max)
+            log.info("policy changed from %s to %s", before.name, name)
+        return make_policy(name, self.config)
 
     def tick(self, now: float | None = None, *, woken_by: Sequence[str] = ()) -> TickResult:
         """One planning round. `woken_by`: the models whose cold route lookups asked for this extra tick
@@ -113,7 +129,8 @@ class Scheduler:
         memory_time.account(self.ctx.r, fleet, self._accounted_at, now)
         self._accounted_at = now
         t_plan = time.perf_counter()
-        actions = plan(snap, now, self.policy_state)
+        assert self.policy is not None
+        actions = self.policy.decide(snap, now, self.reader.arrivals)
         t_dispatch = time.perf_counter()
         result = TickResult(True, actions=len(actions), woken_by=list(woken_by))
         gpus = {g.id: g for g in fleet.alive()}
@@ -133,7 +150,7 @@ class Scheduler:
         self.ctx.r.hset(keys.SCHEDULER_STATUS, mapping={
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched,
-            "trigger": "wake" if woken_by else "interval"})
+            "trigger": "wake" if woken_by else "interval", "policy": self.policy.name})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
 
@@ -268,8 +285,8 @@ class Scheduler:
         sched.add_job(self.safe_tick, "interval", seconds=self.ctx.settings.tick_seconds, max_instances=1,
                       coalesce=True)
         log.info("scheduler %s ticking every %.1f s (leader lock TTL %.0f s), woken at once by cold route "
-                 "lookups; policy %s", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl,
-                 "native build" if policy_native.active() else "pure Python (python -m scheduler.policy build)")
+                 "lookups; policy %s (%s)", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl,
+                 self.ctx.settings.policy, "native build" if policy_native.active() else "pure Python (python -m scheduler.policy build)")
         self.safe_tick()
         self.start_listener()
         try:

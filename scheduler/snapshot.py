@@ -78,6 +78,8 @@ class SnapshotReader:
         self.refs: dict[str, ModelRef] = {}
         self._carry: dict[str, float] = {}
         self.measured = load_times.Recent()  # every model's load times, re-read only when written
+        # (model key, second, count) fed by the last feed_traffic: a baseline's per-request events
+        self.arrivals: list[tuple[str, float, int]] = []
 
     # --- traffic -----------------------------------------------------------------------------
     def _warm_history(self, now: float) -> None:
@@ -107,6 +109,7 @@ class SnapshotReader:
     def feed_traffic(self, now: float, rollouts: dict[str, tuple[str, float]] | None = None) -> int:
         """Feed per-second counts since the last call; returns the requests fed. `rollouts` maps a model
         to (its new version's key, traffic fraction)."""
+        self.arrivals = []
         if self.fed_until is None:
             self._warm_history(now)
         assert self.fed_until is not None
@@ -124,6 +127,7 @@ class SnapshotReader:
                     for key, part in self._split(model, c, rollouts or {}):
                         if part:
                             self.history.add_bucket(key, t, part)
+                            self.arrivals.append((key, t, part))
                     fed += c
         self.fed_until = end
         return fed

@@ -41,6 +41,7 @@ from typing import Protocol
 import numpy as np
 
 from scheduler.policy import PolicyConfig
+from scheduler.policy.baselines.placement import choose
 
 from .trace import GIB, Trace
 
@@ -468,45 +469,23 @@ class Simulation:
             if tick and t + tick <= end:
                 self.push(t + tick, _TICK, ())
 
-    # ---- placement helper for the baselines -----------------------------------------------
+    # ---- the baselines' Fleet (scheduler.policy.baselines.base.Fleet) ---------------------
     def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
-        """Load model m on a GPU that has room — as the live route hook picks one: a GPU with a free
-        load slot first, then the most free memory — else on the GPU whose victims, taken in
-        ascending `key(replica)` order until the model fits, have the smallest largest key (the
-        closest to evicting in one global order; ties: a free slot first, then most free memory).
+        """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
+        with room, a free load slot first, then the most free memory; else the GPU whose victims in
+        ascending `key(replica)` order reach least far), evicting its victims first.
         `only_if(replica)` limits who may be evicted."""
-        size = self.sizes[m]
-        best: tuple | None = None
-        for g in self.gpus:
-            if g.capacity < size or m in g.residents:
-                continue
-            free = g.capacity - g.used
-            busy = self.slots_busy(g.index)
-            if free >= size:
-                cand = (0, 0.0, busy, -free, g.index, [])
-            else:
-                victims = []
-                freed = 0
-                worst = -math.inf
-                for r in sorted(
-                    (r for r in g.residents.values() if r.state == "ready" and (only_if is None or only_if(r))),
-                    key=lambda r: (key(r), r.model),
-                ):
-                    victims.append(r)
-                    freed += r.bytes
-                    worst = max(worst, key(r))
-                    if free + freed >= size:
-                        break
-                if free + freed < size:
-                    continue
-                cand = (1, worst, busy, -free, g.index, victims)
-            if best is None or cand[:5] < best[:5]:
-                best = cand
+        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.slots_busy)
         if best is None:
             return None
-        for r in best[5]:
+        gi, victims = best
+        for r in victims:
             self.evict(r.model, r.gpu)
-        return self.start_load(m, best[4], kind)
+        return self.start_load(m, gi, kind)
+
+    def resident_keys(self) -> set[tuple[int, int]]:
+        """(model, gpu) of every replica held, in any state."""
+        return {(r.model, r.gpu) for g in self.gpus for r in g.residents.values()}
 
     # ---- results --------------------------------------------------------------------------
     def results(self) -> dict:

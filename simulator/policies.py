@@ -1,4 +1,6 @@
-"""The policies the simulator compares. Baselines are implemented as published, never tuned.
+"""The policies the simulator compares. Baselines are implemented as published, never tuned; their
+decision rules live in `scheduler.policy.baselines` (the live scheduler runs the same ones) and run here
+against the engine (`Simulation` implements their `Fleet`). Here: the oracle and prewarm's adapter.
 
 Multi-GPU adaptation shared by the baselines (the papers describe one memory pool): a model is
 loaded on a GPU with room if there is one; otherwise on the GPU whose victims — taken in the
@@ -12,7 +14,6 @@ are implemented as published and never stage, so with a host tier on their figur
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -34,241 +35,10 @@ from scheduler.policy import (
     Unstage,
     plan,
 )
+from scheduler.policy.baselines import RULES
 
 from .engine import Replica, Simulation
-from .forecast import Forecast
 from .policy_base import _Base
-
-
-class OnDemandLRU(_Base):
-    """on-demand-lru: load on the first request (a miss), keep the model until memory is needed,
-    then evict the least recently used (classic LRU caching; the default of most model servers).
-    Recency = the replica's last request, or its load start if it never served one."""
-
-    name = "on-demand-lru"
-
-    def _key(self, r: Replica) -> float:
-        return r.last_request if r.last_request is not None else r.since
-
-    def on_miss(self, t: float, m: int) -> None:
-        self.sim.place_evicting(m, self._key, kind="demand")
-
-
-class KeepAlive(OnDemandLRU):
-    """keepalive-10m: on-demand LRU plus a fixed keep-alive: a model idle for 10 minutes is
-    unloaded (the fixed keep-alive of AWS Lambda / Azure Functions, as described in Shahrad et al.,
-    ATC 2020, section 2, and Fuerst & Sharma, ASPLOS 2021)."""
-
-    name = "keepalive-10m"
-    keepalive_s = 600.0
-
-    def attach(self, sim: Simulation) -> None:
-        super().attach(sim)
-        self.pending: set[int] = set()
-
-    def _arm(self, t: float, m: int) -> None:
-        if m not in self.pending:
-            self.pending.add(m)
-            self.sim.timer(t + self.keepalive_s, ("ka", m))
-
-    def on_request(self, t: float, m: int, warm: bool) -> None:
-        if warm:
-            self._arm(t, m)
-
-    def on_ready(self, t: float, r: Replica) -> None:
-        self._arm(t, r.model)
-
-    def on_timer(self, t: float, payload: tuple) -> None:
-        _tag, m = payload
-        self.pending.discard(m)
-        for gi, r in list(self.sim.replicas[m].items()):
-            if r.state != "ready":
-                continue
-            last = self._key(r)
-            if t - last >= self.keepalive_s - 1e-9:
-                self.sim.evict(m, gi)
-            else:
-                self._arm(last, m)
-
-
-class SeedPool(_Base):
-    """seed-pool: the preload pool of prewarm's original design sketch — preload a model the first
-    time it is seen (its first request, here: the trace gives nothing earlier), keep a pool under
-    the memory cap, and evict the oldest-loaded model (FIFO by load start, not by last use)."""
-
-    name = "seed-pool"
-
-    def on_miss(self, t: float, m: int) -> None:
-        self.sim.place_evicting(m, lambda r: r.since, kind="demand")
-
-
-class FaasCache(_Base):
-    """faascache: Fuerst & Sharma, "FaasCache: Keeping Serverless Computing Alive with Greedy-Dual
-    Caching", ASPLOS 2021 — Greedy-Dual keep-alive. Each resident function has
-    priority = clock + frequency × cost / size, recomputed on every invocation; frequency counts
-    the function's invocations while it is resident (reset when it is evicted); cost = its cold-start
-    (load) time; size = its memory. When space is needed the lowest priority is evicted and the clock
-    becomes the priority of the last evicted function."""
-
-    name = "faascache"
-
-    def attach(self, sim: Simulation) -> None:
-        super().attach(sim)
-        self.clock = 0.0
-        self.freq = [0] * sim.n_models
-        self.prio: dict[tuple[int, int], float] = {}
-
-    def _set(self, m: int, gi: int) -> None:
-        s = self.sim
-        self.prio[(m, gi)] = self.clock + self.freq[m] * s.load_s[m] / (s.sizes[m] / (1 << 30))
-
-    def on_request(self, t: float, m: int, warm: bool) -> None:
-        self.freq[m] += 1
-        for gi in self.sim.replicas[m]:
-            self._set(m, gi)
-
-    def on_miss(self, t: float, m: int) -> None:
-        s = self.sim
-
-        def key(r: Replica) -> float:
-            return self.prio.get((r.model, r.gpu), self.clock)
-
-        before = {(r.model, r.gpu) for g in s.gpus for r in g.residents.values()}
-        rep = s.place_evicting(m, key, kind="demand")
-        if rep is None:
-            return
-        gone = before - {(r.model, r.gpu) for g in s.gpus for r in g.residents.values()}
-        if gone:
-            self.clock = max(self.clock, max(self.prio.get(k, self.clock) for k in gone))
-            for k in gone:
-                self.prio.pop(k, None)
-                if not s.replicas[k[0]]:
-                    self.freq[k[0]] = 0
-        self._set(m, rep.gpu)
-
-
-class HybridHistogram(_Base):
-    """hybrid-histogram: Shahrad et al., "Serverless in the Wild", USENIX ATC 2020, section 4.
-    Per function an idle-time histogram (1-minute bins over 4 hours). After each invocation:
-    - not representative (fewer than 5 idle times, or coefficient of variation of the bin counts
-      below 2) → no pre-warm, keep-alive 4 hours;
-    - out-of-bounds idle times (≥ 4 h) are ≥ 50 % of all → predict the next idle time and keep the
-      function loaded from 0.85× to 1.15× of it (the paper uses ARIMA; here the documented simpler
-      forecaster is the mean of the last 5 idle times);
-    - else pre-warm window = 0.9 × 5th percentile ("head" with a 10 % margin), keep-alive =
-      1.1 × 99th percentile minus the pre-warm window ("tail" with a 10 % margin): if the pre-warm
-      window is non-zero the function is unloaded after the invocation and loaded again when the
-      window ends, then kept for the keep-alive; otherwise kept loaded for the keep-alive.
-    Loads and reloads evict least recently used functions when memory runs out."""
-
-    name = "hybrid-histogram"
-    bins = 240
-    bin_s = 60.0
-
-    def attach(self, sim: Simulation) -> None:
-        super().attach(sim)
-        n = sim.n_models
-        self.hist = [[0] * self.bins for _ in range(n)]
-        self.n_in = [0] * n
-        self.sumsq = [0] * n  # sum of squared bin counts: the CV without a pass over the bins
-        self.oob = [0] * n
-        self.last: list[float | None] = [None] * n
-        self.recent_idle: list[deque[float]] = [deque(maxlen=5) for _ in range(n)]
-        self.gen = [0] * n  # invalidates pre-warm timers of older invocations
-        self.unload_at: list[float] = [math.inf] * n
-        self.unload_pending = [False] * n  # one keep-alive timer per model, re-armed lazily
-
-    def _key(self, r: Replica) -> float:
-        return r.last_request if r.last_request is not None else r.since
-
-    def windows(self, m: int) -> tuple[float, float]:
-        """(pre-warm window, keep-alive window) in seconds after the invocation."""
-        n_in = self.n_in[m]
-        total = n_in + self.oob[m]
-        if total < 5:
-            return 0.0, 4 * 3600.0
-        if self.oob[m] / total >= 0.5:
-            pred = sum(self.recent_idle[m]) / len(self.recent_idle[m])
-            return 0.85 * pred, 0.3 * pred
-        mean = n_in / self.bins
-        var = self.sumsq[m] / self.bins - mean * mean
-        cv = math.sqrt(max(var, 0.0)) / mean if mean > 0 else 0.0
-        if cv < 2.0:
-            return 0.0, 4 * 3600.0
-        h = self.hist[m]
-        head_bin = tail_bin = -1
-        cum = 0
-        for i, c in enumerate(h):
-            cum += c
-            if head_bin < 0 and cum >= 0.05 * n_in:
-                head_bin = i
-            if cum >= 0.99 * n_in:
-                tail_bin = i
-                break
-        head = head_bin * self.bin_s  # lower edge of the 5th-percentile bin
-        tail = (tail_bin + 1) * self.bin_s  # upper edge of the 99th-percentile bin
-        prewarm = 0.9 * head
-        return prewarm, 1.1 * tail - prewarm
-
-    def on_request(self, t: float, m: int, warm: bool) -> None:
-        last = self.last[m]
-        if last is not None:
-            idle = t - last
-            b = int(idle // self.bin_s)
-            if b < self.bins:
-                c = self.hist[m][b]
-                self.hist[m][b] = c + 1
-                self.n_in[m] += 1
-                self.sumsq[m] += 2 * c + 1
-            else:
-                self.oob[m] += 1
-            self.recent_idle[m].append(idle)
-        self.last[m] = t
-        self.gen[m] += 1
-        pw, ka = self.windows(m)
-        g = self.gen[m]
-        if pw > 0:
-            # unload after this invocation (it takes no time here); if it is still loading, the
-            # unload happens when it becomes ready (on_ready checks unload_at)
-            self.unload_at[m] = t
-            for gi, r in list(self.sim.replicas[m].items()):
-                if r.state == "ready":
-                    self.sim.evict(m, gi)
-            self.sim.timer(t + pw, ("load", m, g, ka))
-        else:
-            self._keep_until(m, t + ka)
-
-    def _keep_until(self, m: int, until: float) -> None:
-        self.unload_at[m] = until
-        if not self.unload_pending[m]:
-            self.unload_pending[m] = True
-            self.sim.timer(until, ("unload", m))
-
-    def on_ready(self, t: float, r: Replica) -> None:
-        if t >= self.unload_at[r.model]:
-            # the invocation that asked for an unload ran on this load (it had to wait for it)
-            self.sim.evict(r.model, r.gpu)
-
-    def on_miss(self, t: float, m: int) -> None:
-        self.sim.place_evicting(m, self._key, kind="demand")
-
-    def on_timer(self, t: float, payload: tuple) -> None:
-        if payload[0] == "load":
-            _tag, m, g, ka = payload
-            if g != self.gen[m]:
-                return
-            if not self.sim.replicas[m]:
-                self.sim.place_evicting(m, self._key, kind="prewarm")
-            self._keep_until(m, t + ka)
-        else:
-            _tag, m = payload
-            self.unload_pending[m] = False
-            if self.unload_at[m] > t:  # a later invocation extended the keep-alive
-                self._keep_until(m, self.unload_at[m])
-                return
-            for gi, r in list(self.sim.replicas[m].items()):
-                if r.state == "ready":
-                    self.sim.evict(m, gi)
 
 
 class Oracle(_Base):
@@ -437,13 +207,8 @@ class Prewarm(_Base):
                     s.unstage(m, ni)
 
 
-POLICIES = {
-    "on-demand-lru": OnDemandLRU,
-    "keepalive-10m": KeepAlive,
-    "hybrid-histogram": HybridHistogram,
-    "faascache": FaasCache,
-    "seed-pool": SeedPool,
-    "forecast": Forecast,
+POLICIES: dict[str, type] = {
+    **RULES,
     "oracle": Oracle,
     "prewarm": Prewarm,
 }

@@ -31,6 +31,7 @@ from flask.typing import ResponseReturnValue
 from prewarm import eta, events, replica_states, roi, rooms, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.store import cold_starts, load_times, overlays, slo_state
+from prewarm.store import policy as running_policy
 from web.auth import require_admin
 from web.metrics import memory_split
 from web.schemas import EvictBody, PreloadBody
@@ -108,7 +109,8 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
     by_node = [{"node": name, "host_cache": next((n for n in nodes if n["node"] == name), None),
                 "gpus": [g for g in gpus if g["node"] == name]}
                for name in sorted({g["node"] for g in gpus} | {n["node"] for n in nodes})]
-    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now, "slo": slo, "by_node": by_node}
+    return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now, "slo": slo, "by_node": by_node,
+            "policy": policy_view()}
 
 
 SLO_FRESH_S = 60.0  # an SLO record the leader has not refreshed for this long is not steering any more
@@ -131,6 +133,16 @@ def last_decisions(limit: int = 500) -> dict[tuple[str, str], dict[str, Any]]:
             out.setdefault((ev.model, ev.gpu), {"kind": ev.kind, "actor": ev.actor, "reason": ev.reason,
                                                 "ts": ev.ts})
     return out
+
+
+def policy_view() -> dict[str, Any]:
+    """The policy the leader scheduler runs (its own record); before any scheduler led, the one this
+    process's PREWARM_POLICY names (`source` says which)."""
+    c = ctx()
+    run = running_policy.running(c.r)
+    if run is None:
+        return {"name": c.settings.policy, "since": None, "scheduler": None, "source": "settings"}
+    return {"name": run.name, "since": run.since, "scheduler": run.scheduler, "source": "scheduler"}
 
 
 @bp.get("/api/fleet")

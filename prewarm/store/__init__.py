@@ -9,6 +9,7 @@ One module per record family:
     histograms       Redis-backed Prometheus histograms (observed in any process, exposed by web)
     overlays         operator pins and rollouts
     dispatch_counts  actions dispatched, per action and kind
+    policy           the policy the leader scheduler runs (PREWARM_POLICY), for the API and console
 
 The fleet's records (GPUs, replicas, host caches, intents) have their store in prewarm/state.py.
 """

@@ -45,8 +45,8 @@ def test_two_slots_queue_the_third_load_fifo_with_its_memory_reserved() -> None:
         def on_miss(self, t, m):  # C's state right after its load was sent
             super().on_miss(t, m)
             if m == 2:
-                g = self.sim.gpus[0]
-                seen["state"] = self.sim.replicas[2][0].state
+                g = self.fleet.gpus[0]
+                seen["state"] = self.fleet.replicas[2][0].state
                 seen["used"] = g.used
                 seen["queue"] = [r.model for r in g.queue]
 

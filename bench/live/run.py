@@ -1,0 +1,106 @@
+"""One `bench live` run: per policy a fresh fleet and a live replay, then the simulator on the same work."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from prewarm.catalog import load_catalog
+from prewarm.config import Settings
+from prewarm.store import load_times
+from scheduler.policy import PolicyConfig
+from simulator.engine import Simulation
+from simulator.policies import POLICIES
+
+from . import router, workload
+from .fleet import Fleet
+
+MIB = 1 << 20
+
+
+def _waits(w: list[float]) -> dict:
+    if not w:
+        return {"p50": 0.0, "p95": 0.0}
+    a = np.array(w, dtype=float)
+    return {"p50": round(float(np.percentile(a, 50)), 3), "p95": round(float(np.percentile(a, 95)), 3)}
+
+
+def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_models: int, rate: float, gpus: int,
+        gpu_mib: int | None, seed: int, log: Callable[[str], None]) -> dict:
+    wl = workload.build(trace, minutes, speed, n_models, rate, seed)
+    data = Settings.from_env().data_dir
+    catalog = workload.write_catalog(data / "bench-live-models", wl.models)
+    sizes = [(workload.SIZES_MIB[i % len(workload.SIZES_MIB)]) for i in range(len(wl.models))]
+    # the fleet holds about a third of the catalog: memory is short, so the eviction rule matters
+    per_gpu = gpu_mib or max(max(sizes) + 8, sum(sizes) // (3 * gpus))
+    devices = ",".join(f"cpu:{i}={per_gpu}MiB" for i in range(gpus))
+    measured: dict[str, list[float]] = {m: [] for m in wl.models}  # the worker's load + warmup
+    cold_path: dict[str, list[float]] = {m: [] for m in wl.models}  # cold lookup -> ready, as a router sees it
+    live: dict[str, dict] = {}
+    load1 = []
+    log(f"bench live: {len(wl.times)} requests over {len(wl.models)} models, {minutes:g} trace minutes at "
+        f"x{speed:g} ({wl.span_s:.0f} s a policy); {gpus} GPUs of {per_gpu} MiB")
+    for name in policies:
+        fleet = Fleet(catalog, devices, name, log)
+        try:
+            t0 = time.monotonic()
+            fleet.start_web_and_worker(gpus)
+            for m, xs in fleet.measure_loads(wl.models).items():
+                cold_path[m].extend(xs)
+            for m, x in load_times.recent(fleet.r, wl.models).items():
+                measured[m].extend(x.load)
+            fleet.start_scheduler()
+            log(f"  {name}: fleet up and load times measured in {time.monotonic() - t0:.0f} s; replaying")
+            res = router.replay(fleet.url, wl.models, wl.times, wl.mids)
+            load1.append(os.getloadavg()[0])
+            live[name] = res
+            log(f"  {name}: {res['cold_starts']} cold starts live of {res['requests']} requests "
+                f"({res['failed']} failed, the last cold waits drained {res['drain_s']} s after the last request was due)")
+        finally:
+            fleet.stop()
+    worker_s = [statistics.median(measured[m]) if measured[m] else 1.0 for m in wl.models]
+    # The simulator's load time: the cold path the router measured (the worker's own figure leaves out the
+    # dispatch, the queue hop and the ready answer: the simulator given that misses most of a live wait)
+    load_s = [statistics.median(cold_path[m]) for m in wl.models]
+    out: dict = {"policies": {}}
+    sim_trace = wl.sim_trace(str(trace))
+    cat = load_catalog(catalog)
+    catalog_sizes = np.array([cat.get(m).size_bytes for m in wl.models])  # the bytes the worker holds
+    def simulate(name: str, loads: list[float]) -> dict:
+        sim = Simulation(sim_trace, catalog_sizes, np.array(loads), gpus, per_gpu * MIB,
+                         load_slots=PolicyConfig().max_loads_per_gpu)
+        sim.run(POLICIES[name]())
+        return sim.results()
+
+    worker_only = {}
+    for name in policies:
+        s = simulate(name, load_s)
+        w = simulate(name, worker_s)
+        worker_only[name] = {"cold_starts": w["cold_starts"], "wait_seconds": {
+            "p50": round(w["wait_seconds"]["p50"], 3), "p95": round(w["wait_seconds"]["p95"], 3)}}
+        lv = live[name]
+        out["policies"][name] = {
+            "live": {"requests": lv["requests"], "cold_starts": lv["cold_starts"], "wait_seconds": _waits(lv["waits"])},
+            "simulated": {"requests": s["requests"], "cold_starts": s["cold_starts"],
+                          "wait_seconds": {"p50": round(s["wait_seconds"]["p50"], 3),
+                                           "p95": round(s["wait_seconds"]["p95"], 3)}},
+        }
+    out["trace"] = {"source": str(trace), "minutes": minutes, "speed": speed, "models": len(wl.models),
+                    "requests": int(len(wl.times)), "requests_before_thinning": wl.trace_requests,
+                    "rate_per_s": rate, "seed": seed, "span_s": wl.span_s,
+                    "mapping": dict(zip(wl.models, wl.functions, strict=True))}
+    out["fleet"] = {"gpus": gpus, "gpu_bytes": per_gpu * MIB, "devices": devices,
+                    "load_slots": PolicyConfig().max_loads_per_gpu, "tick_s": Settings.from_env().tick_seconds,
+                    "model_bytes": {m: int(b) for m, b in zip(wl.models, catalog_sizes, strict=True)},
+                    "load_seconds": {m: round(x, 4) for m, x in zip(wl.models, load_s, strict=True)},
+                    "worker_load_seconds": {m: round(x, 4) for m, x in zip(wl.models, worker_s, strict=True)},
+                    "simulated_with_worker_load_seconds": worker_only,
+                    "load_average_1m": [round(x, 2) for x in load1],
+                    "failed": {n: live[n]["failed"] for n in policies},
+                    "errors": {n: live[n]["errors"] for n in policies if live[n]["errors"]}}
+    return out

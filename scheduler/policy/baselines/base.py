@@ -1,0 +1,82 @@
+"""The one interface every baseline's decision rule implements, and what a rule may ask of the fleet.
+
+A rule reacts to events — a request, a miss (a request with no replica of its model), a replica turning
+ready, its own timers, a periodic tick — and acts through a `Fleet`: place a load (evicting in the rule's
+own order), evict a ready replica, arm a timer. Two fleets implement it: the simulator's engine
+(`simulator.engine.Simulation`, a virtual clock, events at their exact times) and the live scheduler's
+(`baselines.live.SnapshotFleet`: each tick's snapshot, the actions turned into Preload/Evict for dispatch).
+Models and GPUs are small integers (indexes) on both sides, so a rule's state can live in lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+
+class ReplicaLike(Protocol):
+    model: int
+    gpu: int
+    bytes: int
+    since: float  # load start
+    state: str  # "pending" | "loading" | "ready" (live also "warming", "evicting")
+    last_request: float | None
+
+
+class Fleet(Protocol):
+    n_models: int
+    sizes: Sequence[int]  # bytes per model
+    load_s: Sequence[float]  # load time per model (seconds, alone on its GPU)
+    replicas: Sequence[Mapping[int, Any]]  # model -> gpu -> its replica (a ReplicaLike)
+    stalled: Mapping[int, Any]  # models whose requests wait with no load (in arrival order)
+
+    def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
+                       kind: str = "") -> Any: ...
+
+    def evict(self, m: int, gi: int) -> bool: ...
+
+    def timer(self, t: float, payload: tuple) -> None: ...
+
+    def resident_keys(self) -> set[tuple[int, int]]: ...
+
+
+class Rule:
+    """The do-nothing base of every baseline: one hook per event. `tick_s`: how often on_tick runs (None:
+    never)."""
+
+    name = "base"
+    tick_s: float | None = None
+
+    def attach(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def on_request(self, t: float, m: int, warm: bool) -> None:
+        pass
+
+    def on_miss(self, t: float, m: int) -> None:
+        pass
+
+    def on_stalled(self, t: float, models: list[int]) -> None:
+        for m in models:
+            if m in self.fleet.stalled and not self.fleet.replicas[m]:
+                self.on_miss(t, m)
+
+    def on_ready(self, t: float, r: Any) -> None:
+        pass
+
+    def on_load_start(self, t: float, r: Any) -> None:
+        pass  # a queued ("pending") load got a load slot
+
+    def on_staged(self, t: float, c: Any) -> None:
+        pass
+
+    def on_tick(self, t: float) -> None:
+        pass
+
+    def on_timer(self, t: float, payload: tuple) -> None:
+        pass
+
+
+def recency(r: ReplicaLike) -> float:
+    """LRU's key: the replica's last request, or its load start if it never served one."""
+    return r.last_request if r.last_request is not None else r.since

@@ -1,0 +1,132 @@
+"""hybrid-histogram: Shahrad et al., "Serverless in the Wild", USENIX ATC 2020, section 4."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .base import Fleet, ReplicaLike, Rule, recency
+
+
+class HybridHistogram(Rule):
+    """hybrid-histogram: Shahrad et al., "Serverless in the Wild", USENIX ATC 2020, section 4.
+    Per function an idle-time histogram (1-minute bins over 4 hours). After each invocation:
+    - not representative (fewer than 5 idle times, or coefficient of variation of the bin counts
+      below 2) → no pre-warm, keep-alive 4 hours;
+    - out-of-bounds idle times (≥ 4 h) are ≥ 50 % of all → predict the next idle time and keep the
+      function loaded from 0.85× to 1.15× of it (the paper uses ARIMA; here the documented simpler
+      forecaster is the mean of the last 5 idle times);
+    - else pre-warm window = 0.9 × 5th percentile ("head" with a 10 % margin), keep-alive =
+      1.1 × 99th percentile minus the pre-warm window ("tail" with a 10 % margin): if the pre-warm
+      window is non-zero the function is unloaded after the invocation and loaded again when the
+      window ends, then kept for the keep-alive; otherwise kept loaded for the keep-alive.
+    Loads and reloads evict least recently used functions when memory runs out."""
+
+    name = "hybrid-histogram"
+    bins = 240
+    bin_s = 60.0
+
+    def attach(self, fleet: Fleet) -> None:
+        super().attach(fleet)
+        n = fleet.n_models
+        self.hist = [[0] * self.bins for _ in range(n)]
+        self.n_in = [0] * n
+        self.sumsq = [0] * n  # sum of squared bin counts: the CV without a pass over the bins
+        self.oob = [0] * n
+        self.last: list[float | None] = [None] * n
+        self.recent_idle: list[deque[float]] = [deque(maxlen=5) for _ in range(n)]
+        self.gen = [0] * n  # invalidates pre-warm timers of older invocations
+        self.unload_at: list[float] = [math.inf] * n
+        self.unload_pending = [False] * n  # one keep-alive timer per model, re-armed lazily
+
+    def _key(self, r: ReplicaLike) -> float:
+        return recency(r)
+
+    def windows(self, m: int) -> tuple[float, float]:
+        """(pre-warm window, keep-alive window) in seconds after the invocation."""
+        n_in = self.n_in[m]
+        total = n_in + self.oob[m]
+        if total < 5:
+            return 0.0, 4 * 3600.0
+        if self.oob[m] / total >= 0.5:
+            pred = sum(self.recent_idle[m]) / len(self.recent_idle[m])
+            return 0.85 * pred, 0.3 * pred
+        mean = n_in / self.bins
+        var = self.sumsq[m] / self.bins - mean * mean
+        cv = math.sqrt(max(var, 0.0)) / mean if mean > 0 else 0.0
+        if cv < 2.0:
+            return 0.0, 4 * 3600.0
+        h = self.hist[m]
+        head_bin = tail_bin = -1
+        cum = 0
+        for i, c in enumerate(h):
+            cum += c
+            if head_bin < 0 and cum >= 0.05 * n_in:
+                head_bin = i
+            if cum >= 0.99 * n_in:
+                tail_bin = i
+                break
+        head = head_bin * self.bin_s  # lower edge of the 5th-percentile bin
+        tail = (tail_bin + 1) * self.bin_s  # upper edge of the 99th-percentile bin
+        prewarm = 0.9 * head
+        return prewarm, 1.1 * tail - prewarm
+
+    def on_request(self, t: float, m: int, warm: bool) -> None:
+        last = self.last[m]
+        if last is not None:
+            idle = t - last
+            b = int(idle // self.bin_s)
+            if b < self.bins:
+                c = self.hist[m][b]
+                self.hist[m][b] = c + 1
+                self.n_in[m] += 1
+                self.sumsq[m] += 2 * c + 1
+            else:
+                self.oob[m] += 1
+            self.recent_idle[m].append(idle)
+        self.last[m] = t
+        self.gen[m] += 1
+        pw, ka = self.windows(m)
+        g = self.gen[m]
+        if pw > 0:
+            # unload after this invocation (it takes no time here); if it is still loading, the
+            # unload happens when it becomes ready (on_ready checks unload_at)
+            self.unload_at[m] = t
+            for gi, r in list(self.fleet.replicas[m].items()):
+                if r.state == "ready":
+                    self.fleet.evict(m, gi)
+            self.fleet.timer(t + pw, ("load", m, g, ka))
+        else:
+            self._keep_until(m, t + ka)
+
+    def _keep_until(self, m: int, until: float) -> None:
+        self.unload_at[m] = until
+        if not self.unload_pending[m]:
+            self.unload_pending[m] = True
+            self.fleet.timer(until, ("unload", m))
+
+    def on_ready(self, t: float, r: ReplicaLike) -> None:
+        if t >= self.unload_at[r.model]:
+            # the invocation that asked for an unload ran on this load (it had to wait for it)
+            self.fleet.evict(r.model, r.gpu)
+
+    def on_miss(self, t: float, m: int) -> None:
+        self.fleet.place_evicting(m, self._key, kind="demand")
+
+    def on_timer(self, t: float, payload: tuple) -> None:
+        if payload[0] == "load":
+            _tag, m, g, ka = payload
+            if g != self.gen[m]:
+                return
+            if not self.fleet.replicas[m]:
+                self.fleet.place_evicting(m, self._key, kind="prewarm")
+            self._keep_until(m, t + ka)
+        else:
+            _tag, m = payload
+            self.unload_pending[m] = False
+            if self.unload_at[m] > t:  # a later invocation extended the keep-alive
+                self._keep_until(m, self.unload_at[m])
+                return
+            for gi, r in list(self.fleet.replicas[m].items()):
+                if r.state == "ready":
+                    self.fleet.evict(m, gi)

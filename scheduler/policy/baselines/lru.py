@@ -1,0 +1,67 @@
+"""Load on demand and evict by recency or age: on-demand-lru, keepalive-10m, seed-pool."""
+
+from __future__ import annotations
+
+from .base import Fleet, ReplicaLike, Rule, recency
+
+
+class OnDemandLRU(Rule):
+    """on-demand-lru: load on the first request (a miss), keep the model until memory is needed,
+    then evict the least recently used (classic LRU caching; the default of most model servers).
+    Recency = the replica's last request, or its load start if it never served one."""
+
+    name = "on-demand-lru"
+
+    def _key(self, r: ReplicaLike) -> float:
+        return recency(r)
+
+    def on_miss(self, t: float, m: int) -> None:
+        self.fleet.place_evicting(m, self._key, kind="demand")
+
+
+class KeepAlive(OnDemandLRU):
+    """keepalive-10m: on-demand LRU plus a fixed keep-alive: a model idle for 10 minutes is
+    unloaded (the fixed keep-alive of AWS Lambda / Azure Functions, as described in Shahrad et al.,
+    ATC 2020, section 2, and Fuerst & Sharma, ASPLOS 2021)."""
+
+    name = "keepalive-10m"
+    keepalive_s = 600.0
+
+    def attach(self, fleet: Fleet) -> None:
+        super().attach(fleet)
+        self.pending: set[int] = set()
+
+    def _arm(self, t: float, m: int) -> None:
+        if m not in self.pending:
+            self.pending.add(m)
+            self.fleet.timer(t + self.keepalive_s, ("ka", m))
+
+    def on_request(self, t: float, m: int, warm: bool) -> None:
+        if warm:
+            self._arm(t, m)
+
+    def on_ready(self, t: float, r: ReplicaLike) -> None:
+        self._arm(t, r.model)
+
+    def on_timer(self, t: float, payload: tuple) -> None:
+        _tag, m = payload
+        self.pending.discard(m)
+        for gi, r in list(self.fleet.replicas[m].items()):
+            if r.state != "ready":
+                continue
+            last = self._key(r)
+            if t - last >= self.keepalive_s - 1e-9:
+                self.fleet.evict(m, gi)
+            else:
+                self._arm(last, m)
+
+
+class SeedPool(Rule):
+    """seed-pool: the preload pool of prewarm's original design sketch — preload a model the first
+    time it is seen (its first request, here: the trace gives nothing earlier), keep a pool under
+    the memory cap, and evict the oldest-loaded model (FIFO by load start, not by last use)."""
+
+    name = "seed-pool"
+
+    def on_miss(self, t: float, m: int) -> None:
+        self.fleet.place_evicting(m, lambda r: r.since, kind="demand")

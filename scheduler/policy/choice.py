@@ -1,0 +1,50 @@
+"""The one interface the live scheduler calls for every policy — prewarm's plan and each baseline's rule —
+and the choice among them by name (PREWARM_POLICY, `prewarm.policy_names`).
+
+    policy = make_policy(name, config)                    # once per term as leader (fresh state)
+    actions = policy.decide(snapshot, now, arrivals)      # every tick: snapshot -> actions -> dispatch
+
+`arrivals`: the requests the traffic store reported since the previous call, (model, second, count), the
+same ones fed into `snapshot.traffic`. prewarm reads them from the history; a baseline replays them as
+its per-request events (`baselines.live`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from prewarm.policy_names import DEFAULT, check
+
+from .baselines import RULES
+from .baselines.live import Arrival, BaselinePolicy
+from .planner import PolicyState, plan
+from .types import Action, PolicyConfig, Snapshot
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]: ...
+
+
+class PrewarmPolicy:
+    """prewarm's own plan(), with its cache kept between ticks."""
+
+    name = DEFAULT
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self.state = PolicyState()
+
+    def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]:
+        return plan(snap, now, self.state)
+
+
+def make_policy(name: str, config: PolicyConfig) -> Policy:
+    """A fresh policy named as PREWARM_POLICY names it (ValueError lists the names)."""
+    check(name)
+    if name == DEFAULT:
+        return PrewarmPolicy(config)
+    return BaselinePolicy(name, RULES[name](), config)
+
