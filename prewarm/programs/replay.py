@@ -29,7 +29,7 @@ from pathlib import Path
 
 import requests
 
-BUNDLED_TRACE = Path(__file__).parent / "data" / "traces" / "azure2019-500" / "invocations.csv"
+BUNDLED_TRACE = Path(__file__).parents[1] / "data" / "traces" / "azure2019-500" / "invocations.csv"  # prewarm/data
 
 
 @dataclass(order=True)

@@ -72,3 +72,10 @@ def test_the_rules_catch_what_the_design_forbids(tmp_path: Path) -> None:
     assert _violations("scheduler.policy.tick", {"redis"}) == ["scheduler.policy.tick imports redis"]
     assert _violations("prewarm.rooms", {"scheduler.policy.placement"}) == []  # the pure layer is below
     assert _violations("prewarm.programs.up", names) == []
+
+
+def test_the_bundled_trace_is_where_the_traffic_player_looks() -> None:
+    # The player moved into prewarm/programs/; the trace is package data of prewarm/ (found by ./run).
+    from prewarm.programs.replay import BUNDLED_TRACE
+
+    assert BUNDLED_TRACE.is_file(), BUNDLED_TRACE
