@@ -34,4 +34,7 @@ def test_bench_engine_on_the_vllm_demo_model(tmp_path: Path) -> None:
     assert c["engine_log"]["weights_seconds"] is not None and c["engine_log"]["engine_init_seconds"] is not None
     assert r["host_promotion"] is None and "not supported" in r["host_tier"]
     # The engine's process tree, measured: far more than its weights (the engine's runtime, the KV cache).
-    assert r["held_bytes"] > r["size_bytes"]
+    # More than the weights and KV cache it was asked for: the engine's own processes (what the catalog's
+    # engine_bytes stands for).
+    from prewarm.engines import DEFAULT_VLLM_ENGINE_BYTES
+    assert r["held_bytes"] > r["size_bytes"] - DEFAULT_VLLM_ENGINE_BYTES
