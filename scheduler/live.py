@@ -60,7 +60,8 @@ class Scheduler:
         self.ident = ident or f"{socket.gethostname()}:{os.getpid()}"
         self.config = config or PolicyConfig(tick_s=ctx.settings.tick_seconds,
                                              speculative_share=ctx.settings.speculative_share,
-                                             max_loads_per_gpu=ctx.settings.max_loads_per_gpu)
+                                             max_loads_per_gpu=ctx.settings.max_loads_per_gpu,
+                                             idle_memory_budget=ctx.settings.idle_memory_budget)
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
         self.policy_state: PolicyState | None = None

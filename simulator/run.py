@@ -7,10 +7,10 @@ import sys
 import time
 from typing import Any
 
-from scheduler.policy import native
+from scheduler.policy import PolicyConfig, native
 
 from .engine import Simulation
-from .policies import POLICIES
+from .policies import POLICIES, Prewarm
 from .trace import GIB, Trace, load_profile
 
 
@@ -26,7 +26,9 @@ def simulate(
     stage_bandwidth: float = 2.0 * GIB,
     promote_bandwidth: float | None = None,
     load_slots: int = 2,
+    idle_memory_budget: float | None = None,
 ) -> dict:
+    """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited)."""
     sizes, loads = load_profile(profile, trace.models)
     out: dict[str, Any] = {
         "trace": {
@@ -38,6 +40,7 @@ def simulate(
                   "fleet_bytes": gpus * gpu_bytes, "host_bytes": host_bytes,
                   "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth,
                   "load_slots": load_slots},
+        "idle_memory_budget": idle_memory_budget,  # prewarm's; None: unlimited
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
@@ -46,7 +49,8 @@ def simulate(
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
                          load_slots=load_slots)
-        pol = POLICIES[name]()
+        pol = (Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget)) if name == "prewarm"
+               else POLICIES[name]())
         t0 = time.perf_counter()
         sim.run(pol)
         res = sim.results()

@@ -159,3 +159,13 @@ def test_a_router_waiting_on_a_cold_model_is_demand(ctx: Context) -> None:
     assert res.leader
     preloads = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.preload"]
     assert [json.loads(t["argsrepr"].replace("'", '"')) for t in preloads] == [["other", "v1"]]
+
+
+def test_idle_memory_budget_reaches_the_live_policy_and_a_bad_one_is_refused(redis_url: str, tmp_path: Path) -> None:
+    base = {"PREWARM_REDIS_URL": redis_url, "PREWARM_DATA_DIR": str(tmp_path / "var")}
+    assert Scheduler(Context(Settings.from_env(base)), ident="s1").config.idle_memory_budget is None
+    for text, share in (("0.25", 0.25), ("25%", 0.25), ("unlimited", None)):
+        ctx = Context(Settings.from_env({**base, "PREWARM_IDLE_MEMORY_BUDGET": text}))
+        assert Scheduler(ctx, ident="s1").config.idle_memory_budget == share, text
+    with pytest.raises(ValueError, match=r"PREWARM_IDLE_MEMORY_BUDGET='1.5': write a share of each GPU from 0 to 1"):
+        Settings.from_env({**base, "PREWARM_IDLE_MEMORY_BUDGET": "1.5"})

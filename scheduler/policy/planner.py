@@ -1,7 +1,10 @@
 """plan(): the warming policy. Pure: reads a Snapshot and `now`, returns actions; no I/O, no clock.
 
 Order of work in one call (each step sees the tentative effect of the previous ones):
-1. release quiet replicas (idle-time model says no request for a long while);
+1. idle-memory budget: a replica is never evicted for being quiet (the idle-time model says no
+   request for a long while); it stays resident as the first victim of a load that needs its
+   memory. Only over an explicit budget (PolicyConfig.idle_memory_budget: the share of a GPU that
+   replicas with no expected demand may hold) are the least valuable of them evicted;
 2. demand: a model with a request in the last demand_window_s and no replica → load it now,
    evicting the lowest expected value per byte if no GPU has room; every load goes to a GPU with
    fewer than max_loads_per_gpu loads in flight (loads sharing a link slow each other down, and
@@ -52,13 +55,12 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl = Tick(snapshot, now, st)
     advance(pl)
     # Only resident models can be released; others leave the due set (they re-enter on arrival).
-    due = []
     for m in list(st.due):
         if m in pl.fleet.of_model and pl.fleet.of_model[m]:
-            due.append(m)
+            pl.quiet.add(m)
         else:
             del st.due[m]
-    step_release(pl, due)
+    step_release(pl)
     step_demand(pl, sorted(set(st.recent) | set(snapshot.waiting)))
     step_floor(pl)
     step_scale(pl)
