@@ -43,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm only: share of each GPU that replicas with no expected demand may hold "
                    "(default unlimited)")
     p.add_argument("--keep", metavar="SWEEP_JSON",
-                   help="an earlier sweep.json: its rows of the policies not run now are kept, so that "
-                   "e.g. --policies prewarm --keep docs/simulation-sweep.json reruns prewarm alone and "
-                   "writes the whole table")
+                   help="an earlier sweep.json: its rows of every sweep point and policy not run now are "
+                   "kept, so that e.g. --policies prewarm --keep docs/simulation-sweep.json reruns prewarm "
+                   "alone and writes the whole table")
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
     p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
 
@@ -160,9 +160,10 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[str]) -> list[dict]:
-    """The rows of an earlier sweep.json for the policies not rerun; refused (ValueError) when that
-    sweep ran on other GPUs or load slots, whose figures would not compare."""
+def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[tuple[str, int, int, str]]) -> list[dict]:
+    """The rows of an earlier sweep.json for every (sample, gpus, seed, policy) not rerun now;
+    refused (ValueError) when that sweep ran on other GPUs or load slots, whose figures would not
+    compare."""
     try:
         old = json.loads(Path(path).read_text())
         rows = old["rows"]
@@ -172,7 +173,7 @@ def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[str]) -> list[di
         raise ValueError(f"--keep {path}: it ran with gpu_bytes={old.get('gpu_bytes')}, load_slots="
                          f"{old.get('load_slots')}; this sweep has {gpu_bytes} and {slots}: rerun with the same "
                          "--gpu-memory and --load-slots")
-    return [r for r in rows if r.get("policy") not in rerun]
+    return [r for r in rows if (r.get("sample"), r.get("gpus"), r.get("seed"), r.get("policy")) not in rerun]
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -202,13 +203,14 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"simulate-sweep: missing {', '.join(missing)} (set --traces to the folder holding the samples)",
               file=sys.stderr)
         return 2
+    jobs = [(s, str(folders[s]), g, gpu_bytes, seed, p, args.load_slots, idle_budget)
+            for s in samples for g in gpus for seed in seeds for p in names]
     try:
-        rows: list[dict] = [] if args.keep is None else kept_rows(args.keep, gpu_bytes, args.load_slots, set(names))
+        rows: list[dict] = [] if args.keep is None else kept_rows(
+            args.keep, gpu_bytes, args.load_slots, {(j[0], j[2], j[4], j[5]) for j in jobs})
     except ValueError as e:
         print(f"simulate-sweep: {e}", file=sys.stderr)
         return 2
-    jobs = [(s, str(folders[s]), g, gpu_bytes, seed, p, args.load_slots, idle_budget)
-            for s in samples for g in gpus for seed in seeds for p in names]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
