@@ -210,12 +210,14 @@ def hourly_world(cfg: PolicyConfig = CFG) -> tuple[World, dict[int, list[tuple[s
 def test_hourly_model_stays_resident_through_its_quiet_hour_while_no_load_needs_the_memory() -> None:
     """Issue 12: releasing memory nobody needs cannot save a cold start. With no idle-memory
     budget (the default) the quiet hourly model stays on its GPU (6 of 8 GiB free all hour) and
-    the next hour's request finds it ready: no eviction, no reload."""
+    the next hour's request finds it ready: no eviction, no reload (the one preload is the free
+    memory's fill with `other`, never requested)."""
     w, _ = hourly_world()
     t0 = 7 * 3600 + 5.0
     w.add_replica("hourly", "n1/cuda:0", since=t0 - 6.0)
     w.run(t0 + 1, t0 + 3600 + 30, {int(t0 + 3600): [("hourly", 1)]})
-    assert w.evictions() == [] and w.preloads() == []
+    assert w.evictions() == []
+    assert [(a.model, a.kind) for _t, a in w.preloads()] == [("other", "fill")]
     assert w.ready("hourly") == ["n1/cuda:0"]
 
 
@@ -314,6 +316,36 @@ def test_the_idle_budget_evicts_the_least_valuable_idle_replicas_until_within_it
     assert acts[1].numbers["idle_gib"] == 3.0 and acts[1].numbers["budget_gib"] == pytest.approx(1.5)
     assert w.tick(10802.5) == []  # within the budget now
     assert w.ready("q_small") == ["n1/cuda:0"] and w.ready("busy") == ["n1/cuda:0"]
+
+
+def fill_world(gib: float, cfg: PolicyConfig = CFG) -> World:
+    """One GPU and three models never requested: a (1 GiB, 3 s), b (2 GiB, 2 s), c (5 GiB, 1 s)."""
+    return World([spec("a", 1, load_s=3.0), spec("b", 2, load_s=2.0), spec("c", 5, load_s=1.0)],
+                 [gpu("n1/cuda:0", gib)], cfg=cfg)
+
+
+def test_ample_free_memory_takes_unrequested_models_shortest_load_first_one_per_idle_link() -> None:
+    """20 GiB: the fill's room is speculative_share (60 %) = 12 GiB, which holds all three (8 GiB):
+    c (the shortest load) at 0 s; while it loads the link is busy, so nothing more; then b at 1 s
+    (c ready), a at 3 s (b ready)."""
+    w = fill_world(20)
+    assert [(a.model, a.kind) for a in w.tick(0.0)] == [("c", "fill")]
+    assert w.tick(0.5) == []  # c loading: the link is not idle
+    acts = w.tick(1.0)
+    assert [(a.model, a.kind) for a in acts] == [("b", "fill")]
+    assert acts[0].numbers["room_gib"] == pytest.approx(7.0) and "no request yet" in acts[0].reason
+    assert [a.model for a in w.tick(3.0)] == ["a"]
+    assert w.tick(6.0) == []
+
+
+def test_no_fill_where_memory_could_not_hold_every_unrequested_model() -> None:
+    """10 GiB: room 6 GiB < the 8 GiB of unrequested models, so memory is not ample: nothing is
+    loaded (a fill would take memory that demand loads will want). On 20 GiB an idle-memory budget
+    of 35 % (7 GiB) does the same."""
+    w = fill_world(10)
+    assert w.tick(0.0) == [] and w.tick(2.0) == []
+    w = fill_world(20, PolicyConfig(idle_memory_budget=0.35))
+    assert w.tick(0.0) == [] and w.tick(2.0) == []
 
 
 def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:

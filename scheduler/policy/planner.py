@@ -40,7 +40,15 @@ from __future__ import annotations
 
 from .memo import PolicyState
 from .staging import step_stage
-from .steps import step_demand, step_floor, step_new_gpu, step_release, step_scale, step_speculative
+from .steps import (
+    step_demand,
+    step_fill,
+    step_floor,
+    step_new_gpu,
+    step_release,
+    step_scale,
+    step_speculative,
+)
 from .tick import Tick
 from .timeline import advance
 from .types import Action, Snapshot
@@ -68,6 +76,8 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
     if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         step_speculative(pl, st.awake)
+    if snapshot.config.fill_free_memory and st.unrequested:
+        step_fill(pl, st.unrequested)
     if pl.fleet.nodes:
         likely = [m for m, (end, _a) in st.awake.items() if end > now]
         step_stage(pl, [*pl.evicted_now, *likely])

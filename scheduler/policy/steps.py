@@ -205,3 +205,56 @@ def step_speculative(pl: Tick, awake: dict[str, tuple[float, float]]) -> None:
         )
 
 
+def step_fill(pl: Tick, unrequested: list[tuple[float, str]]) -> None:
+    """Free memory takes catalog models never requested (issue 12: with memory to spare, a first
+    request need not be cold). `unrequested`: (load time, model) of the catalog's models with no
+    request yet, shortest first (with no traffic one is as likely as another, so the most models
+    per link-second; the timeline keeps it). Only into memory no load needs
+    (no eviction; a GPU at most speculative_share full after the load, within the idle-memory
+    budget), only while that room could hold every unrequested model (memory is ample: a fill
+    never takes memory a demand load will want), one load per GPU whose link is idle, and only
+    while no request waits for a replica: a fill load must not take bandwidth from a demand load."""
+    cfg = pl.cfg
+    f = pl.fleet
+    idle = [g for g in sorted(f.gpus) if f.loading[g] == 0]
+    if not idle or pl.s.waiting:
+        return
+    budget = cfg.idle_memory_budget
+    rooms: dict[str, float] = {}
+    for gid in sorted(f.gpus):
+        total = f.gpus[gid].total_bytes
+        room: float = min(float(f.avail(gid)), cfg.speculative_share * total - f.used[gid])
+        if budget is not None:
+            held = sum(r.bytes for m, r in f.on_gpu[gid].items()
+                       if (m, gid) not in f.evicting and not pl.expects_demand(m))
+            room = min(room, budget * total - held)
+        rooms[gid] = max(0.0, room)
+    # only where memory is ample: the room could hold every unrequested model not yet resident, so
+    # a fill never takes memory a demand load will want
+    cands = [x for x in unrequested if not f.count(x[1])]
+    want = 0
+    for _ld, m in cands:
+        want += pl.s.models[m].size_bytes
+    spare = 0.0
+    for x in rooms.values():
+        spare += x
+    if want > spare:
+        return
+    now = pl.now
+    for gid in idle:
+        if not cands:
+            break
+        room = rooms[gid]
+        for i, (ld, m) in enumerate(cands):
+            spec = pl.s.models[m]
+            if spec.size_bytes > room or (m, gid) in f.evicting:
+                continue
+            ev = pl.s.recent_evictions.get(m)
+            if ev is not None and now - ev < cfg.eviction_cooldown_s:
+                continue
+            pl.do_preload(spec, gid, "fill",
+                          f"{gid} has {room / GIB:.1f} GiB no load needs and an idle link; {m} has no "
+                          f"request yet (the shortest load, {ld:.1f} s, of the catalog's unrequested models) "
+                          f"→ preload on {gid}", {"load_s": ld, "room_gib": room / GIB})
+            del cands[i]
+            break

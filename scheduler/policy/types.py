@@ -57,6 +57,9 @@ class PolicyConfig:
     # GPU that replicas with no expected demand (quiet, or never requested) may hold; over it,
     # the least valuable go first. None: unlimited (PREWARM_IDLE_MEMORY_BUDGET).
     idle_memory_budget: float | None = None
+    # Free memory no load needs takes catalog models never requested, shortest load first, one per
+    # idle link while no request waits (a first request need not be cold; they are the first victims)
+    fill_free_memory: bool = True
     prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
