@@ -16,7 +16,10 @@ Order of work in one call (each step sees the tentative effect of the previous o
 6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
    within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
    evicting only residents worth `prefetch_margin` times less;
-7. staging tier (only when the snapshot has host caches): models this call evicted and hot models
+7. fill: where memory is ample (the room up to speculative_share of each GPU could hold every
+   catalog model not requested yet), one such model per idle link, shortest load first, while no
+   request waits: a first request need not be cold (steps.step_fill);
+8. staging tier (only when the snapshot has host caches): models this call evicted and hot models
    that got no GPU are staged in a node's host memory, best value per byte first, replacing staged
    models worth `stage_margin` times less; a load of a staged model goes to its node (a promotion,
    `promote_seconds`, instead of a storage load), and a staged resident is the cheaper victim.
@@ -33,7 +36,7 @@ A request that arrived before the model's last eviction is not demand (it was se
 
 Where each part lives: memo (PolicyState, kept between calls), timeline (hot/cold segments),
 fleet (the tentative fleet), value (load times, loss(), victim order), placement (a GPU for a
-load), tick (one call's working state and actions), steps (1-6), staging (7), words (reason text).
+load), tick (one call's working state and actions), steps (1-7), staging (8), words (reason text).
 """
 
 from __future__ import annotations

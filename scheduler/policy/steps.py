@@ -231,15 +231,17 @@ def step_fill(pl: Tick, unrequested: list[tuple[float, str]]) -> None:
         rooms[gid] = max(0.0, room)
     # only where memory is ample: the room could hold every unrequested model not yet resident, so
     # a fill never takes memory a demand load will want
-    cands = [x for x in unrequested if not f.count(x[1])]
-    want = 0
-    for _ld, m in cands:
-        want += pl.s.models[m].size_bytes
     spare = 0.0
     for x in rooms.values():
         spare += x
-    if want > spare:
-        return
+    cands: list[tuple[float, str]] = []
+    want = 0
+    for c in unrequested:
+        if not f.count(c[1]):
+            want += pl.s.models[c[1]].size_bytes
+            if want > spare:
+                return  # stop at the first proof (the usual case on a fleet short of memory)
+            cands.append(c)
     now = pl.now
     for gid in idle:
         if not cands:
