@@ -94,6 +94,23 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("PREWARM_DATA_DIR") or repo_root() / "var")
 
 
+def parse_idle_memory_budget(text: str | None, name: str = "PREWARM_IDLE_MEMORY_BUDGET") -> float | None:
+    """The share of each GPU that replicas with no expected demand may hold: '0.25' or '25%';
+    unset, empty or 'unlimited': None (no budget: such replicas are evicted only when a load needs
+    their memory)."""
+    t = (text or "").strip().lower()
+    if t in ("", "unlimited", "none"):
+        return None
+    try:
+        v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v <= 1.0:  # NaN fails too
+        raise ValueError(f"{name}={text!r}: write a share of each GPU from 0 to 1 (e.g. 0.25 or 25%), "
+                         "or 'unlimited'")
+    return v
+
+
 MIN_SECRET_KEY_CHARS = 32
 
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -178,6 +195,8 @@ class Settings:
     # loads one GPU runs at once: the worker queues more, and the policy sends no more (a load
     # waits for whichever GPU's link frees first instead of slowing the ones in flight)
     max_loads_per_gpu: int
+    # share of each GPU that replicas with no expected demand may hold (None: unlimited)
+    idle_memory_budget: float | None = None
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
     secret_key: str | None = field(default=None, repr=False)
     # failed admin-token tries (console login or API bearer) allowed per 10-minute window, from one
@@ -212,6 +231,7 @@ class Settings:
             event_log_max=int(e.get("PREWARM_EVENT_LOG_MAX") or 5000),
             speculative_share=float(e.get("PREWARM_SPECULATIVE_SHARE") or 0.6),
             max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
+            idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=int(e.get("PREWARM_LOGIN_MAX_FAILURES") or 10),
             login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),

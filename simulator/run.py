@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 from prewarm.config import ColdStartSlo
-from scheduler.policy import native
+from scheduler.policy import PolicyConfig, native
 
 from .engine import Simulation
-from .policies import POLICIES
+from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
 from .trace import GIB, Trace, load_profile
 
@@ -29,7 +29,9 @@ def simulate(
     promote_bandwidth: float | None = None,
     load_slots: int = 2,
     slo: ColdStartSlo | None = None,
+    idle_memory_budget: float | None = None,
 ) -> dict:
+    """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited)."""
     sizes, loads = load_profile(profile, trace.models)
     out: dict[str, Any] = {
         "trace": {
@@ -41,6 +43,7 @@ def simulate(
                   "fleet_bytes": gpus * gpu_bytes, "host_bytes": host_bytes,
                   "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth,
                   "load_slots": load_slots},
+        "idle_memory_budget": idle_memory_budget,  # prewarm's; None: unlimited
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
@@ -50,7 +53,11 @@ def simulate(
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
                          load_slots=load_slots)
-        pol = SloPrewarm(slo) if slo is not None and name == "prewarm" else POLICIES[name]()
+        if name == "prewarm":
+            pol = (SloPrewarm(slo) if slo is not None
+                   else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget)))
+        else:
+            pol = POLICIES[name]()
         t0 = time.perf_counter()
         sim.run(pol)
         res = sim.results()

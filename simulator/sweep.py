@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from prewarm.config import parse_idle_memory_budget
 from scheduler.policy import PolicyConfig
 
 from .policies import POLICIES
@@ -38,6 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
     p.add_argument("--load-slots", type=int, default=PolicyConfig().max_loads_per_gpu,
                    help="loads one GPU runs at once, for every policy (default %(default)s)")
+    p.add_argument("--idle-memory-budget", default=None,
+                   help="prewarm only: share of each GPU that replicas with no expected demand may hold "
+                   "(default unlimited)")
+    p.add_argument("--keep", metavar="SWEEP_JSON",
+                   help="an earlier sweep.json: its rows of every sweep point and policy not run now are "
+                   "kept, so that e.g. --policies prewarm --keep docs/simulation-sweep.json reruns prewarm "
+                   "alone and writes the whole table")
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
     p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
 
@@ -57,11 +65,12 @@ def _trace(path: str, seed: int) -> Trace:
     return load_azure_minute(path, seed)
 
 
-def run_one(job: tuple[str, str, int, int, int, str, int]) -> dict[str, Any]:
+def run_one(job: tuple[str, str, int, int, int, str, int, float | None]) -> dict[str, Any]:
     """One policy on one sweep point (runs in a worker process)."""
-    sample, folder, gpus, gpu_bytes, seed, policy, slots = job
+    sample, folder, gpus, gpu_bytes, seed, policy, slots, idle_budget = job
     trace = _trace(str(Path(folder) / "invocations.csv"), seed)
-    out = simulate(trace, str(Path(folder) / "profile.csv"), [policy], gpus, gpu_bytes, load_slots=slots)
+    out = simulate(trace, str(Path(folder) / "profile.csv"), [policy], gpus, gpu_bytes, load_slots=slots,
+                   idle_memory_budget=idle_budget)
     res = out["policies"][policy]
     return {"sample": sample, "gpus": gpus, "seed": seed, "policy": policy, "models": len(trace.models),
             "requests": trace.requests, **{k: res[k] for k in
@@ -151,11 +160,28 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[tuple[str, int, int, str]]) -> list[dict]:
+    """The rows of an earlier sweep.json for every (sample, gpus, seed, policy) not rerun now;
+    refused (ValueError) when that sweep ran on other GPUs or load slots, whose figures would not
+    compare."""
+    try:
+        old = json.loads(Path(path).read_text())
+        rows = old["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--keep {path}: not a sweep.json this command wrote ({e})") from None
+    if old.get("gpu_bytes") != gpu_bytes or old.get("load_slots") != slots:
+        raise ValueError(f"--keep {path}: it ran with gpu_bytes={old.get('gpu_bytes')}, load_slots="
+                         f"{old.get('load_slots')}; this sweep has {gpu_bytes} and {slots}: rerun with the same "
+                         "--gpu-memory and --load-slots")
+    return [r for r in rows if (r.get("sample"), r.get("gpus"), r.get("seed"), r.get("policy")) not in rerun]
+
+
 def run_cli(args: argparse.Namespace) -> int:
     try:
         gpus = _ints(args.gpus, "gpus")
         seeds = _ints(args.seeds, "seeds")
         gpu_bytes = parse_bytes(args.gpu_memory)
+        idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
     except ValueError as e:
         print(f"simulate-sweep: {e}", file=sys.stderr)
         return 2
@@ -177,20 +203,29 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"simulate-sweep: missing {', '.join(missing)} (set --traces to the folder holding the samples)",
               file=sys.stderr)
         return 2
-    jobs = [(s, str(folders[s]), g, gpu_bytes, seed, p, args.load_slots)
+    jobs = [(s, str(folders[s]), g, gpu_bytes, seed, p, args.load_slots, idle_budget)
             for s in samples for g in gpus for seed in seeds for p in names]
+    try:
+        rows: list[dict] = [] if args.keep is None else kept_rows(
+            args.keep, gpu_bytes, args.load_slots, {(j[0], j[2], j[4], j[5]) for j in jobs})
+    except ValueError as e:
+        print(f"simulate-sweep: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows: list[dict] = []
+    ran: list[dict] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for r in pool.map(run_one, jobs):
-            rows.append(r)
+            ran.append(r)
             print(f"  {r['sample']} × {r['gpus']} seed {r['seed']} {r['policy']}: {r['cold_starts']:,} cold "
                   f"starts in {r['runtime_s']} s", file=sys.stderr)
+    rows += ran
     (out / "sweep.json").write_text(json.dumps(
-        {"load_slots": args.load_slots, "gpu_bytes": gpu_bytes, "rows": rows,
-         "cpu_seconds": round(sum(r["runtime_s"] for r in rows), 1),
+        {"load_slots": args.load_slots, "gpu_bytes": gpu_bytes, "idle_memory_budget": idle_budget,
+         "rows": rows, "kept_from": args.keep,
+         # of the runs made now (kept rows carry their own runtime_s)
+         "cpu_seconds": round(sum(r["runtime_s"] for r in ran), 1),
          "wall_seconds": round(time.perf_counter() - t0, 1)}, indent=2) + "\n")
     md = markdown(rows, args.load_slots)
     (out / "sweep.md").write_text(md)

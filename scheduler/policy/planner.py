@@ -1,7 +1,10 @@
 """plan(): the warming policy. Pure: reads a Snapshot and `now`, returns actions; no I/O, no clock.
 
 Order of work in one call (each step sees the tentative effect of the previous ones):
-1. release quiet replicas (idle-time model says no request for a long while);
+1. idle-memory budget: a replica is never evicted for being quiet (the idle-time model says no
+   request for a long while); it stays resident as the first victim of a load that needs its
+   memory. Only over an explicit budget (PolicyConfig.idle_memory_budget: the share of a GPU that
+   replicas with no expected demand may hold) are the least valuable of them evicted;
 2. demand: a model with a request in the last demand_window_s and no replica → load it now,
    evicting the lowest expected value per byte if no GPU has room; every load goes to a GPU with
    fewer than max_loads_per_gpu loads in flight (loads sharing a link slow each other down, and
@@ -13,7 +16,10 @@ Order of work in one call (each step sees the tentative effect of the previous o
 6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
    within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
    evicting only residents worth `prefetch_margin` times less;
-7. staging tier (only when the snapshot has host caches): models this call evicted and hot models
+7. fill: where memory is ample (the room up to speculative_share of each GPU could hold every
+   catalog model not requested yet), one such model per idle link, shortest load first, while no
+   request waits: a first request need not be cold (steps.step_fill);
+8. staging tier (only when the snapshot has host caches): models this call evicted and hot models
    that got no GPU are staged in a node's host memory, best value per byte first, replacing staged
    models worth `stage_margin` times less; a load of a staged model goes to its node (a promotion,
    `promote_seconds`, instead of a storage load), and a staged resident is the cheaper victim.
@@ -30,14 +36,22 @@ A request that arrived before the model's last eviction is not demand (it was se
 
 Where each part lives: memo (PolicyState, kept between calls), timeline (hot/cold segments),
 fleet (the tentative fleet), value (load times, loss(), victim order), placement (a GPU for a
-load), tick (one call's working state and actions), steps (1-6), staging (7), words (reason text).
+load), tick (one call's working state and actions), steps (1-7), staging (8), words (reason text).
 """
 
 from __future__ import annotations
 
 from .memo import PolicyState
 from .staging import step_stage
-from .steps import step_demand, step_floor, step_new_gpu, step_release, step_scale, step_speculative
+from .steps import (
+    step_demand,
+    step_fill,
+    step_floor,
+    step_new_gpu,
+    step_release,
+    step_scale,
+    step_speculative,
+)
 from .tick import Tick
 from .timeline import advance
 from .types import Action, Snapshot
@@ -52,13 +66,12 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl = Tick(snapshot, now, st)
     advance(pl)
     # Only resident models can be released; others leave the due set (they re-enter on arrival).
-    due = []
     for m in list(st.due):
         if m in pl.fleet.of_model and pl.fleet.of_model[m]:
-            due.append(m)
+            pl.quiet.add(m)
         else:
             del st.due[m]
-    step_release(pl, due)
+    step_release(pl)
     step_demand(pl, sorted(set(st.recent) | set(snapshot.waiting)))
     step_floor(pl)
     step_scale(pl)
@@ -66,6 +79,8 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
     if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         step_speculative(pl, st.awake)
+    if snapshot.config.fill_free_memory and st.unrequested:
+        step_fill(pl, st.unrequested)
     if pl.fleet.nodes:
         likely = [m for m, (end, _a) in st.awake.items() if end > now]
         step_stage(pl, [*pl.evicted_now, *likely])

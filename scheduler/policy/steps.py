@@ -1,4 +1,4 @@
-"""plan()'s steps on GPUs, in the order it runs them: release quiet replicas, demand loads, floors
+"""plan()'s steps on GPUs, in the order it runs them: the idle-memory budget, demand loads, floors
 (pinned / min_replicas), scale-out of capped models, a new GPU's share of the hottest models, and
 speculative loads of models in a hot segment of their idle-time timeline."""
 
@@ -8,32 +8,46 @@ import math
 from collections.abc import Iterable
 
 from .tick import Tick
+from .types import GIB
 from .value import load_seconds
 from .words import fmt_s, num
 
 MAX_SPECULATIVE_TRIES = 24  # per tick, best first: bounds the work of one plan() call
 
 
-def step_release(pl: Tick, due: Iterable[str]) -> None:
-    for m in sorted(due):
-        if m not in pl.s.models:
+def step_release(pl: Tick) -> None:
+    """Evict without a load only over the idle-memory budget: on each GPU, while the replicas with
+    no expected demand (pl.quiet, or never requested) hold more than the budget's share of it,
+    the least valuable of them goes. No budget (the default): nothing is evicted here; a quiet
+    replica stays resident as the first victim of a load that needs its memory."""
+    budget = pl.cfg.idle_memory_budget
+    if budget is None:
+        return
+    f = pl.fleet
+    for gid in sorted(f.gpus):
+        cap = budget * f.gpus[gid].total_bytes
+        held = sum(r.bytes for m, r in f.on_gpu[gid].items()
+                   if r.state == "ready" and (m, gid) not in f.evicting and not pl.expects_demand(m))
+        if held <= cap:
             continue
-        d = pl.idle(m)
-        if d is None:
-            continue
-        am = pl.arrival(m)
-        for gid in sorted(pl.fleet.of_model.get(m, [])):
-            r = pl.fleet.on_gpu[gid].get(m)
-            if r is None or not pl.evictable(r):
+        for _key, m, r in pl.victim_list(gid):  # least valuable first
+            if held <= cap:
+                break
+            if pl.expects_demand(m):
                 continue
-            p = am.p_at(d)
+            d = pl.idle(m)
+            am = pl.arrival(m) if m in pl.s.models and d is not None else None
+            why = ("never requested" if d is None or am is None else
+                   f"quiet: idle {fmt_s(d)}, P(request within the next {fmt_s(pl.cfg.window_s)})="
+                   f"{am.p_at(d):.3f}, next request expected in {fmt_s(am.mrl_at(d))}")
             pl.do_evict(
-                r, "quiet",
-                f"quiet: idle {fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
-                f"P(request within the next {fmt_s(pl.cfg.window_s)})={p:.3f} for at least "
-                f"{fmt_s(pl.cfg.release_min_gap_s)}; next request expected in {fmt_s(am.mrl_at(d))}",
-                {"idle_s": d, "p_soon": p, "expected_next_s": num(am.mrl_at(d)), "gaps": am.samples},
+                r, "idle_budget",
+                f"idle-memory budget: replicas with no expected demand hold {held / GIB:.1f} GiB of "
+                f"{gid}, over its {budget:.0%} ({cap / GIB:.1f} GiB); {why}; least valuable of them",
+                {"idle_gib": held / GIB, "budget_gib": cap / GIB, "idle_s": num(d),
+                 "gib": r.bytes / GIB},
             )
+            held -= r.bytes
 
 
 def step_demand(pl: Tick, recent: Iterable[str]) -> None:
@@ -191,3 +205,58 @@ def step_speculative(pl: Tick, awake: dict[str, tuple[float, float]]) -> None:
         )
 
 
+def step_fill(pl: Tick, unrequested: list[tuple[float, str]]) -> None:
+    """Free memory takes catalog models never requested (issue 12: with memory to spare, a first
+    request need not be cold). `unrequested`: (load time, model) of the catalog's models with no
+    request yet, shortest first (with no traffic one is as likely as another, so the most models
+    per link-second; the timeline keeps it). Only into memory no load needs
+    (no eviction; a GPU at most speculative_share full after the load, within the idle-memory
+    budget), only while that room could hold every unrequested model (memory is ample: a fill
+    never takes memory a demand load will want), one load per GPU whose link is idle, and only
+    while no request waits for a replica: a fill load must not take bandwidth from a demand load."""
+    cfg = pl.cfg
+    f = pl.fleet
+    idle = [g for g in sorted(f.gpus) if f.loading[g] == 0]
+    if not idle or pl.s.waiting:
+        return
+    budget = cfg.idle_memory_budget
+    rooms: dict[str, float] = {}
+    for gid in sorted(f.gpus):
+        total = f.gpus[gid].total_bytes
+        room: float = min(float(f.avail(gid)), cfg.speculative_share * total - f.used[gid])
+        if budget is not None:
+            held = sum(r.bytes for m, r in f.on_gpu[gid].items()
+                       if (m, gid) not in f.evicting and not pl.expects_demand(m))
+            room = min(room, budget * total - held)
+        rooms[gid] = max(0.0, room)
+    # only where memory is ample: the room could hold every unrequested model not yet resident, so
+    # a fill never takes memory a demand load will want
+    spare = 0.0
+    for x in rooms.values():
+        spare += x
+    cands: list[tuple[float, str]] = []
+    want = 0
+    for c in unrequested:
+        if not f.count(c[1]):
+            want += pl.s.models[c[1]].size_bytes
+            if want > spare:
+                return  # stop at the first proof (the usual case on a fleet short of memory)
+            cands.append(c)
+    now = pl.now
+    for gid in idle:
+        if not cands:
+            break
+        room = rooms[gid]
+        for i, (ld, m) in enumerate(cands):
+            spec = pl.s.models[m]
+            if spec.size_bytes > room or (m, gid) in f.evicting:
+                continue
+            ev = pl.s.recent_evictions.get(m)
+            if ev is not None and now - ev < cfg.eviction_cooldown_s:
+                continue
+            pl.do_preload(spec, gid, "fill",
+                          f"{gid} has {room / GIB:.1f} GiB no load needs and an idle link; {m} has no "
+                          f"request yet (the shortest load, {ld:.1f} s, of the catalog's unrequested models) "
+                          f"→ preload on {gid}", {"load_s": ld, "room_gib": room / GIB})
+            del cands[i]
+            break

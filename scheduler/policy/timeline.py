@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from .value import Values
+from .value import Values, load_seconds
 
 
 def schedule(pl: Values, m: str) -> None:
@@ -52,9 +52,17 @@ def advance(pl: Values) -> None:
             m for m, s in snap.models.items() if s.pinned or s.min_replicas > 0 or s.max_rate_per_replica
         ))
         changed = tr.models()
+        st.unrequested = sorted((load_seconds(sp, pl.cfg), m) for m, sp in snap.models.items()
+                                if tr.last_arrival(m) is None)
+        st.unrequested_ids = {m for _ld, m in st.unrequested}
     else:
         since = tr.changed_since(st.seq)
         changed = tr.models() if since is None else since
+        # a model with a request leaves the fill's list (a set test per changed model, not a scan)
+        asked = st.unrequested_ids.intersection(changed)
+        if asked:
+            st.unrequested = [x for x in st.unrequested if x[1] not in asked]
+            st.unrequested_ids -= asked
     st.seq = tr.seq
     # a request moves a model's timeline: its hot/cold segments from the old anchor no longer hold,
     # nor do its value inputs

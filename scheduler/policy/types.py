@@ -50,8 +50,16 @@ class PolicyConfig:
     tail_mean_s: float = 4 * 3600.0  # mean idle beyond the histogram's range
     window_s: float = 60.0  # "hot" = P(request within lead + window_s) >= p_prefetch
     p_prefetch: float = 0.3
-    p_release: float = 0.02  # release when P(request within lead + window_s) stays below this ...
+    p_release: float = 0.02  # "quiet" when P(request within lead + window_s) stays below this ...
     release_min_gap_s: float = 600.0  # ... for at least this long
+    # Issue 12: a quiet replica is not evicted for being quiet; it stays resident as the first
+    # victim when a load needs memory. Only this budget evicts without a load: the share of each
+    # GPU that replicas with no expected demand (quiet, or never requested) may hold; over it,
+    # the least valuable go first. None: unlimited (PREWARM_IDLE_MEMORY_BUDGET).
+    idle_memory_budget: float | None = None
+    # Free memory no load needs takes catalog models never requested, shortest load first, one per
+    # idle link while no request waits (a first request need not be cold; they are the first victims)
+    fill_free_memory: bool = True
     prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
@@ -225,7 +233,7 @@ class Preload:
 class Evict:
     model: str
     gpu: str
-    kind: str  # "make_room" | "quiet"
+    kind: str  # "make_room" | "idle_budget"
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"

@@ -24,6 +24,11 @@ def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
     return min(p, load_seconds(spec, cfg))
 
 
+# A quiet replica's kept value counts this much of its loss(): it goes before every replica with
+# expected demand, the least valuable quiet one first (soft release, issue 12)
+QUIET_WEIGHT = 1e-3
+
+
 class Values:
     """The numbers one plan() call reads: per model (arrival model, request rate, reload cost,
     expected cold requests if absent), per GPU (the link's waiting requests) and the eviction order
@@ -41,6 +46,9 @@ class Values:
         self._loading_rate: dict[str, float] = {}
         self._link_rate: float | None = None
         self.grid_s = snap.config.grid_s
+        # models in a quiet stretch of their timeline (set by plan() once the timeline is brought
+        # up to now): their replicas stay resident but are the first victims (QUIET_WEIGHT)
+        self.quiet: set[str] = set()
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
@@ -160,6 +168,7 @@ class Values:
             of_model = f.of_model
             known = self._loss
             loss = self.loss
+            quiet = self.quiet
             for m, r in f.on_gpu[gpu].items():
                 # evictable(), inlined: this loop is the policy's hot path
                 if r.state != "ready" or r.in_flight > 0 or r.since > young or (evicting and (m, gpu) in evicting):
@@ -171,10 +180,17 @@ class Values:
                 value = known.get(m)
                 if value is None:
                     value = loss(m)
+                if m in quiet:
+                    value *= QUIET_WEIGHT
                 v.append((value / max(1, n) / max(r.bytes / GIB, 1e-3), m, r))
             v.sort()  # (value, model) is unique on a GPU: the replica is never compared
             self.fleet.victims[gpu] = v
         return v
+
+    def expects_demand(self, model: str) -> bool:
+        """False for a model in a quiet stretch of its timeline or never requested: what the
+        idle-memory budget counts."""
+        return model not in self.quiet and self.tr.last_arrival(model) is not None
 
     def is_speculative(self, r: ReplicaState) -> bool:
         """Loaded ahead of demand and not asked for since it started loading."""

@@ -70,10 +70,28 @@ def test_ramp_of_traffic_dispatches_one_preload_with_reason(ctx: Context) -> Non
     assert len(preloads2) == 1, res2
 
 
-def test_quiet_models_are_not_loaded(ctx: Context) -> None:
+def test_without_traffic_free_memory_takes_one_unrequested_model_at_a_time(ctx: Context) -> None:
+    """No traffic at all: the idle GPU's link takes one fill load, the shortest (other, 16 MiB);
+    the next tick sees it in flight and sends nothing more."""
     g = announce(ctx.r, "node-a", "cpu:0")
     sched = Scheduler(ctx, ident="s1")
-    res = sched.tick(time.time())
+    now = time.time()
+    res = sched.tick(now)
+    assert res.leader and res.dispatched == 1
+    preloads = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.preload"]
+    assert [json.loads(t["argsrepr"].replace("'", '"')) for t in preloads] == [["other", "v1"]]
+    ev = [e for e in events.read(ctx.r, kind="preload") if e.model == "other"]
+    assert ev and "no request yet" in ev[0].reason
+    assert sched.tick(now + 2).dispatched == 0
+
+
+def test_with_an_idle_budget_of_zero_models_without_traffic_are_not_loaded(ctx: Context) -> None:
+    g = announce(ctx.r, "node-a", "cpu:0")
+    settings = Settings.from_env({"PREWARM_REDIS_URL": ctx.settings.redis_url or "",
+                                  "PREWARM_CATALOG": str(ctx.settings.catalog), "PREWARM_LEADER_TTL": "1",
+                                  "PREWARM_DATA_DIR": str(ctx.settings.data_dir),
+                                  "PREWARM_IDLE_MEMORY_BUDGET": "0"})
+    res = Scheduler(Context(settings), ident="s1").tick(time.time())
     assert res.leader and res.dispatched == 0
     assert queued_tasks(ctx.r, g.queue) == []
 
@@ -159,3 +177,13 @@ def test_a_router_waiting_on_a_cold_model_is_demand(ctx: Context) -> None:
     assert res.leader
     preloads = [t for t in queued_tasks(ctx.r, g.queue) if t["task"] == "prewarm.preload"]
     assert [json.loads(t["argsrepr"].replace("'", '"')) for t in preloads] == [["other", "v1"]]
+
+
+def test_idle_memory_budget_reaches_the_live_policy_and_a_bad_one_is_refused(redis_url: str, tmp_path: Path) -> None:
+    base = {"PREWARM_REDIS_URL": redis_url, "PREWARM_DATA_DIR": str(tmp_path / "var")}
+    assert Scheduler(Context(Settings.from_env(base)), ident="s1").config.idle_memory_budget is None
+    for text, share in (("0.25", 0.25), ("25%", 0.25), ("unlimited", None)):
+        ctx = Context(Settings.from_env({**base, "PREWARM_IDLE_MEMORY_BUDGET": text}))
+        assert Scheduler(ctx, ident="s1").config.idle_memory_budget == share, text
+    with pytest.raises(ValueError, match=r"PREWARM_IDLE_MEMORY_BUDGET='1.5': write a share of each GPU from 0 to 1"):
+        Settings.from_env({**base, "PREWARM_IDLE_MEMORY_BUDGET": "1.5"})

@@ -199,23 +199,39 @@ def test_without_the_cap_every_demand_load_starts_at_once() -> None:
 
 # ---- learned periodic arrivals ------------------------------------------------------------
 
-def hourly_world() -> tuple[World, dict[int, list[tuple[str, int]]]]:
-    w = World([spec("hourly", 2, load_s=6.0), spec("other", 1)], [gpu("n1/cuda:0", 8)])
+def hourly_world(cfg: PolicyConfig = CFG) -> tuple[World, dict[int, list[tuple[str, int]]]]:
+    w = World([spec("hourly", 2, load_s=6.0), spec("other", 1)], [gpu("n1/cuda:0", 8)], cfg=cfg)
     # history: called at 5 s past each hour for 8 hours
     for h in range(8):
         w.traffic.add("hourly", h * 3600 + 5.0)
     return w, {}
 
 
-def test_hourly_model_is_warmed_shortly_before_the_hour_and_released_after() -> None:
+def test_hourly_model_stays_resident_through_its_quiet_hour_while_no_load_needs_the_memory() -> None:
+    """Issue 12: releasing memory nobody needs cannot save a cold start. With no idle-memory
+    budget (the default) the quiet hourly model stays on its GPU (6 of 8 GiB free all hour) and
+    the next hour's request finds it ready: no eviction, no reload (the one preload is the free
+    memory's fill with `other`, never requested)."""
     w, _ = hourly_world()
+    t0 = 7 * 3600 + 5.0
+    w.add_replica("hourly", "n1/cuda:0", since=t0 - 6.0)
+    w.run(t0 + 1, t0 + 3600 + 30, {int(t0 + 3600): [("hourly", 1)]})
+    assert w.evictions() == []
+    assert [(a.model, a.kind) for _t, a in w.preloads()] == [("other", "fill")]
+    assert w.ready("hourly") == ["n1/cuda:0"]
+
+
+def test_hourly_model_is_warmed_shortly_before_the_hour_and_released_after() -> None:
+    """With an idle-memory budget of 0 a quiet replica may hold nothing: the hourly model is
+    released in its quiet stretch and warmed again shortly before the hour."""
+    w, _ = hourly_world(PolicyConfig(idle_memory_budget=0.0))
     t0 = 7 * 3600 + 5.0  # its last call; it is resident from that call
     w.add_replica("hourly", "n1/cuda:0", since=t0 - 6.0)
     w.run(t0 + 1, t0 + 3600 - 60, None)
     ev = w.evictions("hourly")
-    assert len(ev) == 1 and ev[0][1].kind == "quiet"
+    assert len(ev) == 1 and ev[0][1].kind == "idle_budget"
     assert ev[0][0] < t0 + 15 * 60  # released well before the next hour
-    assert "histogram" in ev[0][1].reason
+    assert "idle-memory budget" in ev[0][1].reason and "quiet" in ev[0][1].reason
     w.run(t0 + 3600 - 60 + CFG.tick_s, t0 + 3600 + 30, {int(t0 + 3600): [("hourly", 1)]})
     pre = w.preloads("hourly", "speculative")
     assert len(pre) == 1
@@ -253,6 +269,83 @@ def test_evicts_lowest_value_per_byte_to_make_room() -> None:
     ev = next(a for a in acts if isinstance(a, Evict))
     assert ev.kind == "make_room" and "lowest value per byte" in ev.reason
     assert kinds.index(("Evict", "rare")) < kinds.index(("Preload", "new"))
+
+
+def idle_world(cfg: PolicyConfig = CFG) -> World:
+    """A 10 GiB GPU holding busy (3 GiB, a request every 5 s for 3 h: expected demand), two quiet
+    models requested once 3 h ago (q_big 2 GiB, q_small 1 GiB: the same history, so the same
+    value, and q_big has half q_small's value per byte) and never (1 GiB, never requested:
+    value 0). 7 GiB used, 3 GiB free; idle (no expected demand): q_big + q_small + never = 4 GiB."""
+    w = World([spec("busy", 3), spec("q_big", 2), spec("q_small", 1), spec("never", 1), spec("new", 5)],
+              [gpu("n1/cuda:0", 10)], cfg=cfg)
+    for s in range(0, 10800, 5):
+        w.traffic.add("busy", float(s))
+    w.traffic.add("q_big", 10.0)
+    w.traffic.add("q_small", 10.0)
+    for m in ("busy", "q_big", "q_small", "never"):
+        w.add_replica(m, "n1/cuda:0")
+    return w
+
+
+def test_ready_replicas_with_no_demand_are_not_evicted_while_no_load_needs_their_memory() -> None:
+    w = idle_world()
+    w.run(10800.0, 10800.0 + 1800.0)  # half an hour of ticks: q_big, q_small stay quiet, never unasked
+    assert w.log == []
+    assert all(w.ready(m) == ["n1/cuda:0"] for m in ("busy", "q_big", "q_small", "never"))
+
+
+def test_a_load_that_needs_memory_takes_the_idle_replicas_first_least_valuable_first() -> None:
+    """new (5 GiB) needs 2 GiB more than the 3 GiB free: never (value 0) frees 1 GiB, then q_big
+    (the least valuable per byte of the quiet ones) 2 GiB; q_small and busy stay."""
+    w = idle_world()
+    w.traffic.add("new", 10800.0)
+    acts = w.tick(10800.5)
+    assert [(type(a).__name__, a.model, a.kind) for a in acts] == [
+        ("Evict", "never", "make_room"), ("Evict", "q_big", "make_room"), ("Preload", "new", "demand")]
+
+
+def test_the_idle_budget_evicts_the_least_valuable_idle_replicas_until_within_it() -> None:
+    """Budget 15 % of 10 GiB = 1.5 GiB for replicas with no expected demand; they hold 4 GiB.
+    never (value 0) goes first → 3 GiB, still over; then q_big (half q_small's value per byte)
+    → 1 GiB, within. q_small stays, and busy (expected demand) is not counted or touched."""
+    w = idle_world(PolicyConfig(idle_memory_budget=0.15))
+    acts = w.tick(10800.5)
+    assert [(type(a).__name__, a.model, a.kind) for a in acts] == [
+        ("Evict", "never", "idle_budget"), ("Evict", "q_big", "idle_budget")]
+    assert "4.0 GiB" in acts[0].reason and "15%" in acts[0].reason and "never requested" in acts[0].reason
+    assert acts[1].numbers["idle_gib"] == 3.0 and acts[1].numbers["budget_gib"] == pytest.approx(1.5)
+    assert w.tick(10802.5) == []  # within the budget now
+    assert w.ready("q_small") == ["n1/cuda:0"] and w.ready("busy") == ["n1/cuda:0"]
+
+
+def fill_world(gib: float, cfg: PolicyConfig = CFG) -> World:
+    """One GPU and three models never requested: a (1 GiB, 3 s), b (2 GiB, 2 s), c (5 GiB, 1 s)."""
+    return World([spec("a", 1, load_s=3.0), spec("b", 2, load_s=2.0), spec("c", 5, load_s=1.0)],
+                 [gpu("n1/cuda:0", gib)], cfg=cfg)
+
+
+def test_ample_free_memory_takes_unrequested_models_shortest_load_first_one_per_idle_link() -> None:
+    """20 GiB: the fill's room is speculative_share (60 %) = 12 GiB, which holds all three (8 GiB):
+    c (the shortest load) at 0 s; while it loads the link is busy, so nothing more; then b at 1 s
+    (c ready), a at 3 s (b ready)."""
+    w = fill_world(20)
+    assert [(a.model, a.kind) for a in w.tick(0.0)] == [("c", "fill")]
+    assert w.tick(0.5) == []  # c loading: the link is not idle
+    acts = w.tick(1.0)
+    assert [(a.model, a.kind) for a in acts] == [("b", "fill")]
+    assert acts[0].numbers["room_gib"] == pytest.approx(7.0) and "no request yet" in acts[0].reason
+    assert [a.model for a in w.tick(3.0)] == ["a"]
+    assert w.tick(6.0) == []
+
+
+def test_no_fill_where_memory_could_not_hold_every_unrequested_model() -> None:
+    """10 GiB: room 6 GiB < the 8 GiB of unrequested models, so memory is not ample: nothing is
+    loaded (a fill would take memory that demand loads will want). On 20 GiB an idle-memory budget
+    of 35 % (7 GiB) does the same."""
+    w = fill_world(10)
+    assert w.tick(0.0) == [] and w.tick(2.0) == []
+    w = fill_world(20, PolicyConfig(idle_memory_budget=0.35))
+    assert w.tick(0.0) == [] and w.tick(2.0) == []
 
 
 def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:

@@ -242,6 +242,49 @@ def test_sweep_writes_the_table_json_and_plot(tmp_path) -> None:
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def tiny_sample(tmp_path):
+    d = tmp_path / "traces" / "tiny"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    counts = rng.poisson(0.6, (6, 30))
+    rows = ["HashOwner,HashApp,HashFunction," + ",".join(str(i + 1) for i in range(30))]
+    rows += [f"o,a,f{i}," + ",".join(str(int(c)) for c in counts[i]) for i in range(6)]
+    (d / "invocations.csv").write_text("\n".join(rows) + "\n")
+    (d / "profile.csv").write_text("model,size_bytes,load_seconds\n" + "".join(
+        f"f{i},{GIB},{3.0 + i}\n" for i in range(6)))
+    return tmp_path / "traces"
+
+
+def test_sweep_keep_reruns_one_policy_and_keeps_the_other_rows(tmp_path, capsys) -> None:
+    """--policies prewarm --keep OLD: prewarm's rows are run again (here with an idle-memory budget),
+    every other policy's row comes from OLD unchanged; OLD from another fleet is refused."""
+    traces = tiny_sample(tmp_path)
+    common = ["--traces", str(traces), "--samples", "tiny", "--gpus", "1", "--seeds", "0", "--gpu-memory", "2GiB"]
+    assert sweep_main([*common, "--policies", "faascache,prewarm", "--out", str(tmp_path / "a")]) == 0
+    old = json.loads((tmp_path / "a" / "sweep.json").read_text())
+    old["rows"] = [dict(r, cold_starts=10**6) if r["policy"] == "faascache" else r for r in old["rows"]]
+    (tmp_path / "a" / "sweep.json").write_text(json.dumps(old))  # marked: the kept row must be this one
+    assert sweep_main([*common, "--policies", "prewarm", "--idle-memory-budget", "0",
+                       "--keep", str(tmp_path / "a" / "sweep.json"), "--out", str(tmp_path / "b")]) == 0
+    new = json.loads((tmp_path / "b" / "sweep.json").read_text())
+    by = {r["policy"]: r for r in new["rows"]}
+    assert sorted(by) == ["faascache", "prewarm"] and by["faascache"]["cold_starts"] == 10**6
+    assert new["idle_memory_budget"] == 0.0 and new["kept_from"].endswith("sweep.json")
+    assert "faascache 1,000,000" in (tmp_path / "b" / "sweep.md").read_text()
+    capsys.readouterr()
+    assert sweep_main([*common[:-1], "4GiB", "--policies", "prewarm",
+                       "--keep", str(tmp_path / "a" / "sweep.json"), "--out", str(tmp_path / "c")]) == 2
+    assert "--gpu-memory" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_sweep_and_simulate_refuse_a_bad_idle_memory_budget(tmp_path, capsys) -> None:
+    traces = tiny_sample(tmp_path)
+    assert sweep_main(["--traces", str(traces), "--samples", "tiny", "--idle-memory-budget", "2"]) == 2
+    assert "--idle-memory-budget='2'" in capsys.readouterr().err
+    assert cli_main(["simulate", str(traces / "tiny" / "invocations.csv"), "--idle-memory-budget", "half"]) == 2
+    assert "from 0 to 1" in capsys.readouterr().err
+
+
 def test_sweep_best_baseline_excludes_prewarm_and_oracle() -> None:
     def row(p, cold):
         return {"sample": "s", "gpus": 8, "seed": 0, "policy": p, "cold_starts": cold, "bytes_loaded": GIB * 1024,
