@@ -106,6 +106,8 @@ COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at, version} of
 LAST_COLD_START = PREFIX + "last_cold_start"  # Hash model -> seconds of the last completed cold start.
 ETA_PROMISES = PREFIX + "eta_promises"  # Hash "<model>@<version>" -> JSON {at, eta}: the first ETA the route
 #                                        hook gave for it since it was last ready (prewarm.store.eta_promises).
+ETA_ERRORS = PREFIX + "eta_errors"  # List of JSON {model, version, at, promised, real}, newest first: the last
+#                                    eta_promises.KEPT closed promises (the histogram's events, one by one).
 
 
 def histogram(name: str) -> str:

@@ -9,6 +9,8 @@
     GET  /api/events[?model&gpu&actor&kind&limit]   the decision log, newest first
     GET  /api/roi[?window=3600]        per model: GPU memory-time (GiB·h), warm hits, cold starts, cold starts
                                        avoided, cost at PREWARM_GPU_HOUR_COST (prewarm.roi)
+    GET  /api/eta[?limit=50]           how the route hook's ETA promises held: the last 1,000 closed promises'
+                                       real − promised median / p95 (exact; the histogram only bounds them)
     POST /api/models/<id>/preload      {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 / 422
     POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 refused
                                        (an evict of a loading or pending replica cancels its load)
@@ -30,7 +32,7 @@ from flask.typing import ResponseReturnValue
 
 from prewarm import eta, events, replica_states, roi, rooms, state, traffic
 from prewarm.catalog import ModelEntry
-from prewarm.store import cold_starts, load_times, overlays, slo_state
+from prewarm.store import cold_starts, eta_promises, load_times, overlays, slo_state
 from prewarm.store import policy as running_policy
 from web.auth import require_admin
 from web.metrics import memory_split
@@ -229,6 +231,14 @@ def roi_view(window: int) -> dict[str, Any]:
 @bp.get("/api/roi")
 def api_roi() -> ResponseReturnValue:
     return jsonify(roi_view(roi_window(request.args.get("window"))))
+
+
+@bp.get("/api/eta")
+def api_eta() -> ResponseReturnValue:
+    raw = request.args.get("limit", "50")
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or int(raw) > eta_promises.KEPT:
+        raise ApiError(400, f"limit: must be an integer from 0 to {eta_promises.KEPT}", "limit")
+    return jsonify(eta_promises.report(ctx().r, int(raw)))
 
 
 def catalog_problems() -> dict[str, str]:

@@ -119,6 +119,17 @@ def spec() -> dict[str, Any]:
                                    "type": "object", "required": ["id", "gpu_memory_gib_hours", "warm_hits",
                                                                   "cold_starts", "cold_starts_avoided", "cost"]}},
                                "totals": {"type": "object"}}}), **_errors(400)}}},
+        "/api/eta": {"get": {
+            "summary": "How the route hook's ETA promises held: real − promised seconds of the last 1,000 "
+                       "closed promises (median, p95, mean |error|) and the newest ones",
+            "security": [],
+            "parameters": [{"name": "limit", "in": "query", "required": False,
+                            "schema": {"type": "integer", "minimum": 0, "maximum": 1000}}],
+            "responses": {"200": _resp("ETA error", {
+                "type": "object", "required": ["count", "kept", "error_seconds", "recent"],
+                "properties": {"count": {"type": "integer"}, "kept": {"type": "integer"},
+                               "error_seconds": {"type": ["object", "null"]},
+                               "recent": {"type": "array", "items": {"type": "object"}}}}), **_errors(400)}}},
         "/api/models/{model}/preload": {"post": _action("Preload the model onto a GPU (default: most free)",
                                                         PreloadBody)},
         "/api/models/{model}/evict": {"post": _action("Evict the model (from every GPU unless gpu is given)",

@@ -4,14 +4,18 @@ The route hook records the first ETA it gives for a model@version that has no re
 polling every second does not move the promise it first acted on); the replica turning ready
 (prewarm.store.ready, in its MULTI/EXEC) closes it and observes real − promised seconds in
 prewarm_route_eta_error_seconds. A promise older than ABANDON_AFTER_S (its loads kept failing) is dropped
-uncounted, like an abandoned cold start.
+uncounted, like an abandoned cold start. The last KEPT closed promises are also kept one by one
+(keys.ETA_ERRORS) so that `GET /api/eta` can give their exact median and p95, which the histogram's
+buckets only bound.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from redis.client import Pipeline
@@ -19,6 +23,8 @@ from redis.client import Pipeline
 from prewarm import keys, metrics_defs, state
 from prewarm.store import histograms
 from prewarm.store.cold_starts import ABANDON_AFTER_S
+
+KEPT = 1000  # closed promises kept one by one, newest first
 
 
 @dataclass(frozen=True)
@@ -68,20 +74,52 @@ def read(r: redis.Redis) -> dict[str, Promise]:
     return out
 
 
-def closing(pipe: Pipeline, model: str, version: str, ready_at: float) -> tuple[bool, float | None]:
-    """In a transaction watching keys.ETA_PROMISES, before its MULTI: (is there a promise to close, its
-    error real − promised in seconds or None when dropped uncounted)."""
+def closing(pipe: Pipeline, model: str, version: str, ready_at: float) -> tuple[bool, Promise | None]:
+    """In a transaction watching keys.ETA_PROMISES, before its MULTI: (is there a promise to close, the
+    promise to count or None when it is dropped uncounted)."""
     raw = pipe.hget(keys.ETA_PROMISES, state.replica_field(model, version))
     if raw is None:
         return False, None
     p = Promise.parse(raw)
     if p is None or ready_at < p.at or ready_at - p.at > ABANDON_AFTER_S:
         return True, None  # unreadable, given after this replica was ready, or abandoned
-    return True, (ready_at - p.at) - p.eta
+    return True, p
 
 
-def queue_close(pipe: Pipeline, model: str, version: str, error: float | None) -> None:
-    """Queue the close on `pipe` (after MULTI): the promise goes; its error is observed when counted."""
+def queue_close(pipe: Pipeline, model: str, version: str, ready_at: float, p: Promise | None) -> None:
+    """Queue the close on `pipe` (after MULTI): the promise goes; a counted one's error, real − promised,
+    is observed and kept."""
     pipe.hdel(keys.ETA_PROMISES, state.replica_field(model, version))
-    if error is not None:
-        histograms.observe(pipe, metrics_defs.ETA_ERROR, error)
+    if p is None:
+        return
+    real = ready_at - p.at
+    histograms.observe(pipe, metrics_defs.ETA_ERROR, real - p.eta)
+    pipe.lpush(keys.ETA_ERRORS, json.dumps({"model": model, "version": version, "at": p.at,
+                                            "promised": p.eta, "real": round(real, 3)}))
+    pipe.ltrim(keys.ETA_ERRORS, 0, KEPT - 1)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def report(r: redis.Redis, limit: int = 50) -> dict[str, Any]:
+    """The kept closed promises: how many, real − promised median / p95 / mean |error| in seconds, and the
+    `limit` newest (each with its error)."""
+    recent = []
+    for raw in r.lrange(keys.ETA_ERRORS, 0, KEPT - 1):
+        try:
+            rec = json.loads(raw)
+            rec["error"] = round(float(rec["real"]) - float(rec["promised"]), 3)
+        except (ValueError, KeyError, TypeError):
+            continue  # a record this version cannot read is left out, not fatal
+        recent.append(rec)
+    errs = [x["error"] for x in recent]
+    summary = ({"median": round(statistics.median(errs), 3), "p95": round(_quantile(errs, 0.95), 3),
+                "mean_abs": round(statistics.fmean(abs(x) for x in errs), 3)} if errs else None)
+    return {"count": len(errs), "kept": KEPT, "error_seconds": summary, "recent": recent[:limit]}

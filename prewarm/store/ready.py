@@ -21,10 +21,10 @@ def replica_ready(r: redis.Redis, replica: state.Replica) -> float | None:
 
     def txn(pipe: Pipeline) -> float | None:
         closing = cold_starts.closing(pipe, replica.model, replica.version, replica.since)
-        promised, eta_error = eta_promises.closing(pipe, replica.model, replica.version, replica.since)
+        promised, counted = eta_promises.closing(pipe, replica.model, replica.version, replica.since)
         pipe.multi()
         if promised:
-            eta_promises.queue_close(pipe, replica.model, replica.version, eta_error)
+            eta_promises.queue_close(pipe, replica.model, replica.version, replica.since, counted)
         load_times.push(pipe, replica)
         if replica.load_seconds is not None:
             histograms.observe(pipe, metrics_defs.MODEL_LOAD, replica.load_seconds)

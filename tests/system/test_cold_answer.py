@@ -133,6 +133,28 @@ def test_the_first_eta_given_is_closed_by_the_replica_turning_ready(client: Flas
     # a speculative load nobody was promised observes nothing
     replica_ready(r, replica("beta", GPU, "ready", mib=2))
     assert _eta_buckets(client)["+Inf"] == 1
+    # /api/eta keeps the closed promise itself, so its quantiles are exact, not bucket bounds
+    rep = client.get("/api/eta").get_json()
+    assert rep["count"] == 1 and rep["error_seconds"]["median"] == pytest.approx(3.0, abs=0.01)
+    assert [(x["model"], x["promised"], x["real"]) for x in rep["recent"]] == [("gamma", pytest.approx(7.0, abs=0.01),
+                                                                                  pytest.approx(10.0, abs=0.01))]
+    assert client.get("/api/eta?limit=x").status_code == 400
+
+
+def test_api_eta_gives_the_exact_median_and_p95_of_the_kept_errors(client: FlaskClient, r: redis.Redis) -> None:
+    """Errors 0..19 s (real 10 + e against a 10 s promise): median 9.5, p95 by linear interpolation
+    18.05; the report lists the newest first and keeps at most KEPT."""
+    for e in range(20):
+        with r.pipeline() as pipe:
+            pipe.multi()
+            eta_promises.queue_close(pipe, f"m{e}", "v1", 100.0 + 10.0 + e, eta_promises.Promise(100.0, 10.0))
+            pipe.execute()
+    rep = client.get("/api/eta?limit=3").get_json()
+    assert rep["count"] == 20
+    assert rep["error_seconds"]["median"] == pytest.approx(9.5)
+    assert rep["error_seconds"]["p95"] == pytest.approx(18.05)
+    assert [x["model"] for x in rep["recent"]] == ["m19", "m18", "m17"]
+    assert r.llen(keys.ETA_ERRORS) == 20 <= eta_promises.KEPT
 
 
 def _eta_buckets(client: FlaskClient) -> dict[str, float]:
