@@ -66,8 +66,9 @@ def step_demand(pl: Tick, recent: Iterable[str]) -> None:
             ev = pl.s.recent_evictions.get(m)
             if ev is not None and a + 1.0 <= ev:
                 continue
-        waited = pl.now - since[m] if m in pl.s.waiting and m in since else 0.0
-        if waited >= pl.cfg.overdue_wait_s:
+        bound = pl.cfg.overdue_wait_s
+        waited = pl.now - since[m] if bound is not None and m in pl.s.waiting and m in since else 0.0
+        if bound is not None and waited >= bound:
             cands.append((0, -waited, m))  # overdue: the longest waiting first
             continue
         # Smith's rule: most requests per second of load time first, which keeps the requests
