@@ -124,6 +124,21 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
 
 
+def parse_max_demand_wait(text: str | None, name: str = "PREWARM_MAX_DEMAND_WAIT") -> float | None:
+    """How long a request may wait for its model before the policy serves it next: '60s', '2m', '90';
+    unset, empty or 'off': None (the rule is off)."""
+    t = (text or "").strip().lower()
+    if t in ("", "off", "none"):
+        return None
+    try:
+        v = parse_duration(t)
+    except ValueError:
+        v = 0.0
+    if v <= 0:
+        raise ValueError(f"{name}={text!r}: write a positive duration such as 60s or 2m, or 'off'")
+    return v
+
+
 @dataclass(frozen=True)
 class ColdStartSlo:
     """PREWARM_COLD_START_SLO: the line the scheduler keeps cold starts under by steering its speculative
@@ -197,6 +212,8 @@ class Settings:
     max_loads_per_gpu: int
     # share of each GPU that replicas with no expected demand may hold (None: unlimited)
     idle_memory_budget: float | None = None
+    # PREWARM_MAX_DEMAND_WAIT: a request waiting this long is served next (PolicyConfig.overdue_wait_s)
+    max_demand_wait: float | None = None
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
     secret_key: str | None = field(default=None, repr=False)
     # failed admin-token tries (console login or API bearer) allowed per 10-minute window, from one
@@ -232,6 +249,7 @@ class Settings:
             speculative_share=float(e.get("PREWARM_SPECULATIVE_SHARE") or 0.6),
             max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
+            max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=int(e.get("PREWARM_LOGIN_MAX_FAILURES") or 10),
             login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),

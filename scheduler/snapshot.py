@@ -159,16 +159,16 @@ class SnapshotReader:
                 return None
         return key
 
-    def _waiting(self, catalog: Catalog, fleet: state.Fleet, now: float) -> dict[str, int]:
+    def _waiting(self, catalog: Catalog, fleet: state.Fleet, now: float) -> dict[str, float]:
         """Models a router is waiting on: the route hook answered "cold" (an open cold start) and no
-        replica of that version is ready yet."""
-        out: dict[str, int] = {}
+        replica of that version is ready yet; each with when its first cold lookup came."""
+        out: dict[str, float] = {}
         for model, c in cold_starts.read_open(self.r, now).items():
             if model not in catalog or now - c.seen_at > WAITING_MAX_AGE_S:
                 continue
             if any(x.state == replica_states.READY and x.version == c.version for x in fleet.replicas(model)):
                 continue
-            out[model_key(catalog, model, c.version)] = 1
+            out[model_key(catalog, model, c.version)] = c.seen_at
         return out
 
     def read(self, catalog: Catalog, now: float, *, full: bool = False) -> tuple[Snapshot, state.Fleet]:
@@ -242,11 +242,12 @@ class SnapshotReader:
             size = models[key].size_bytes if key in models else 0
             intents.append(Intent(model=key, gpu=target, kind=it.action, expires_at=it.expires_at,
                                   bytes=size, version=it.version))
-        waiting = self._waiting(catalog, fleet, now)
+        waiting_since = self._waiting(catalog, fleet, now)
         gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
                               joined_at=g.started_at, alive=True) for g in fleet.alive())
         snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
                         intents=tuple(intents), recent_evictions=dict(self.recent_evictions),
-                        waiting=waiting, config=self.config, nodes=tuple(nodes), staged=tuple(staged))
+                        waiting=dict.fromkeys(waiting_since, 1), waiting_since=waiting_since,
+                        config=self.config, nodes=tuple(nodes), staged=tuple(staged))
         return snap, fleet
 

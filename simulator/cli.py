@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prewarm.config import parse_idle_memory_budget, parse_slo
+from prewarm.config import parse_idle_memory_budget, parse_max_demand_wait, parse_slo
 from scheduler.policy import PolicyConfig
 
 from .policies import POLICIES
@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm only: share of each GPU that replicas with no expected demand may hold, "
                    "e.g. 0.25 (PREWARM_IDLE_MEMORY_BUDGET; default unlimited: such replicas are evicted "
                    "only when a load needs their memory)")
+    p.add_argument("--max-demand-wait", default=None,
+                   help="prewarm only: a request waiting this long (e.g. 60s) is served next, before the "
+                   "most valuable loads (PREWARM_MAX_DEMAND_WAIT; default off)")
     p.add_argument("--promote-bandwidth", default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
@@ -150,6 +153,7 @@ def run_cli(args: argparse.Namespace) -> int:
         promote_bw = None if args.promote_bandwidth is None else parse_rate(args.promote_bandwidth)
         slo = parse_slo(args.slo) if args.slo else None
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
+        max_wait = parse_max_demand_wait(args.max_demand_wait, "--max-demand-wait")
         trace = load_trace(args.trace, args.format, args.seed)
         if args.hours is not None:
             if args.hours <= 0:
@@ -170,7 +174,8 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
                    host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
-                   load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget)
+                   load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
+                   max_demand_wait=max_wait)
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

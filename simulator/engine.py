@@ -50,6 +50,9 @@ from .trace import GIB, Trace
 AHEAD_KINDS = frozenset(("speculative", "new_gpu", "scale", "prewarm", "prefetch"))
 
 
+# after the trace ends, ticks go on this long while requests wait (those still waiting are unserved)
+DRAIN_S = 600.0
+
 @dataclass(eq=False, slots=True)
 class Replica:
     model: int
@@ -434,10 +437,11 @@ class Simulation:
             if not replicas[m]:
                 self.stalled[m] = None
                 policy.on_miss(t, m)
-        # drain: finish loads so that every waiting request gets its wait; stop ticking at the end
+        # drain: finish loads so that every waiting request gets its wait; ticks go on only while
+        # a request waits with no load (as live, where the scheduler keeps ticking)
         while events:
             ev = heapq.heappop(events)
-            if ev[1] == _TICK:
+            if ev[1] == _TICK and not self.stalled:
                 continue
             if ev[1] == _TIMER and ev[0] > end:
                 continue
@@ -466,7 +470,7 @@ class Simulation:
             self.policy.on_tick(t)  # type: ignore[union-attr]
             self._retry_stalled()
             tick = self.policy.tick_s  # type: ignore[union-attr]
-            if tick and t + tick <= end:
+            if tick and (t + tick <= end or (self.stalled and t + tick <= end + DRAIN_S)):
                 self.push(t + tick, _TICK, ())
 
     # ---- the baselines' Fleet (scheduler.policy.baselines.base.Fleet) ---------------------

@@ -168,6 +168,7 @@ class Prewarm(_Base):
             GpuState(g.id, g.node, g.capacity, g.capacity - g.used, joined_at=-math.inf) for g in s.gpus
         )
         waiting = {names[m]: len(s.waiting[m]) for m in s.stalled}
+        since = {names[m]: s.waiting[m][0] for m in s.stalled if s.waiting[m]}
         if s.host_on and self._host[0] != s.host_version:  # rebuilt only when a host cache changed
             nodes = tuple(NodeState(n.id, n.capacity, n.capacity - n.used) for n in s.nodes)
             staged = tuple(
@@ -176,7 +177,7 @@ class Prewarm(_Base):
             )
             self._host = (s.host_version, nodes, staged)
         return Snapshot(self.specs, gpus, tuple(self.rs.values()), self.history,
-                        recent_evictions=self.evicted_at, waiting=waiting, config=self.cfg,
+                        recent_evictions=self.evicted_at, waiting=waiting, waiting_since=since, config=self.cfg,
                         nodes=self._host[1], staged=self._host[2])
 
     def _plan(self, t: float) -> None:

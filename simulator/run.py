@@ -30,8 +30,10 @@ def simulate(
     load_slots: int = 2,
     slo: ColdStartSlo | None = None,
     idle_memory_budget: float | None = None,
+    max_demand_wait: float | None = None,
 ) -> dict:
-    """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited)."""
+    """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
+    `max_demand_wait`: its overdue_wait_s (None: off)."""
     sizes, loads = load_profile(profile, trace.models)
     out: dict[str, Any] = {
         "trace": {
@@ -44,6 +46,7 @@ def simulate(
                   "stage_bandwidth": stage_bandwidth, "promote_bandwidth": promote_bandwidth,
                   "load_slots": load_slots},
         "idle_memory_budget": idle_memory_budget,  # prewarm's; None: unlimited
+        "max_demand_wait": max_demand_wait,  # prewarm's; None: off
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
@@ -55,7 +58,8 @@ def simulate(
                          load_slots=load_slots)
         if name == "prewarm":
             pol = (SloPrewarm(slo) if slo is not None
-                   else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget)))
+                   else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,
+                                             overdue_wait_s=max_demand_wait)))
         else:
             pol = POLICIES[name]()
         t0 = time.perf_counter()

@@ -56,7 +56,8 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> t
         # contention): take rank()'s first, with no need to cost evictions elsewhere
         # (a GPU hosting the model is on a node in nodes_with)
         idle = [Room(gid, f.gpus[gid].node, f.avail(gid), 0) for gid in order
-                if f.loading[gid] == 0 and f.gpus[gid].node not in nodes_with]
+                if f.loading[gid] == 0 and f.gpus[gid].node not in nodes_with
+                and v.held.get(gid, spec.id) == spec.id]
         easy = rank(idle, size, staged_on, {gid for gid in order if (spec.id, gid) in f.evicting})
         if easy:
             return easy[0].gpu, [], 0.0
@@ -67,6 +68,8 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> t
         g = f.gpus[gid]
         if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
             continue
+        if v.held.get(gid, spec.id) != spec.id:
+            continue  # held for an overdue model
         if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
             continue
         if cfg.max_loads_per_gpu and f.loading[gid] >= cfg.max_loads_per_gpu:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 
 from .tick import Tick
-from .types import GIB
+from .types import GIB, ModelSpec
 from .value import load_seconds
 from .words import fmt_s, num
 
@@ -52,6 +52,7 @@ def step_release(pl: Tick) -> None:
 
 def step_demand(pl: Tick, recent: Iterable[str]) -> None:
     cands = []
+    since = pl.s.waiting_since
     for m in recent:
         spec = pl.s.models.get(m)
         if spec is None or pl.fleet.count(m) > 0:
@@ -65,31 +66,82 @@ def step_demand(pl: Tick, recent: Iterable[str]) -> None:
             ev = pl.s.recent_evictions.get(m)
             if ev is not None and a + 1.0 <= ev:
                 continue
+        bound = pl.cfg.overdue_wait_s
+        waited = pl.now - since[m] if bound is not None and m in pl.s.waiting and m in since else 0.0
+        if bound is not None and waited >= bound:
+            cands.append((0, -waited, m))  # overdue: the longest waiting first
+            continue
         # Smith's rule: most requests per second of load time first, which keeps the requests
         # arriving while loads wait for a slot and run to a minimum
         rate = max(pl.request_rate(m), 1e-6)
-        cands.append((-rate / load_seconds(spec, pl.cfg), m))
-    failed_size = math.inf  # placement is monotone in size for demand: skip what cannot fit
-    for _c, m in sorted(cands):
+        cands.append((1, -rate / load_seconds(spec, pl.cfg), m))
+    # placement is monotone in size for demand (held GPUs only grow): skip what cannot fit
+    failed_size = math.inf
+    for overdue, _c, m in sorted(cands):
         spec = pl.s.models[m]
         if spec.size_bytes >= failed_size:
             continue
         choice = pl.place(spec, "demand")
+        if choice is None and overdue == 0:
+            choice = hold_for(pl, spec)
         if choice is None:
-            failed_size = float(spec.size_bytes)
+            if overdue:
+                failed_size = float(spec.size_bytes)
             continue
         # the reason is built only for a load that goes ahead
         rs, rl, rising = pl.rates(m)
         ld = load_seconds(spec, pl.cfg)
         trend = f" rising ×{rs / rl:.1f} vs {fmt_s(pl.cfg.long_window_s)} mean" if rising and rl > 0 else ""
         fc = pl.forecast(m, ld)
+        wait = f"oldest waited {fmt_s(pl.now - since[m])}, overdue; " if overdue == 0 else ""
         pl.commit(
             spec, "demand", choice,
             f"{pl.s.waiting.get(m, 1)} request(s) waiting (last {fmt_s(pl.now - (pl.tr.last_arrival(m) or pl.now))} ago), "
-            f"no replica; rate {rs:.2f}/s{trend}; "
+            f"{wait}no replica; rate {rs:.2f}/s{trend}; "
             f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
             {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
         )
+
+
+def hold_for(pl: Tick, spec: ModelSpec) -> tuple[str, list, float] | None:
+    """An overdue model that place() could not fit (its victims are too young to evict, or the
+    slots are busy) is given the GPU with the most memory it could ever free — free plus every
+    replica not held by a floor. If that GPU has a free slot and its ready replicas, young ones
+    included, make room, it goes there now (a request waiting this long outweighs the rule that
+    keeps a new replica from being evicted at once); otherwise the GPU is held: no other load goes
+    there, so its loads finish instead of being followed by new ones, and a later tick places it."""
+    f = pl.fleet
+    best: tuple[int, int, str] | None = None
+    for gid, g in f.gpus.items():
+        if gid in pl.held or g.total_bytes < spec.size_bytes or gid in f.of_model.get(spec.id, ()):
+            continue
+        freeable = f.avail(gid)
+        for m, r in f.on_gpu[gid].items():
+            if m not in pl.floors:  # pinned and min_replicas models
+                freeable += r.bytes
+        if freeable < spec.size_bytes:
+            continue
+        key = (-freeable, f.loading[gid], gid)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    gid = best[2]
+    pl.held[gid] = spec.id
+    if pl.cfg.max_loads_per_gpu and f.loading[gid] >= pl.cfg.max_loads_per_gpu:
+        return None
+    ready = sorted((pl.loss(m) / max(r.bytes / GIB, 1e-3), m, r) for m, r in f.on_gpu[gid].items()
+                   if m not in pl.floors and r.state == "ready" and r.in_flight == 0
+                   and (m, gid) not in f.evicting)
+    free, victims, loss = f.avail(gid), [], 0.0
+    for vpb, _m, r in ready:
+        if free >= spec.size_bytes:
+            break
+        victims.append(r)
+        free += r.bytes
+        loss += vpb * r.bytes / GIB
+    return (gid, victims, loss) if free >= spec.size_bytes else None
+
 
 def step_floor(pl: Tick) -> None:
     for m in pl.st.special:

@@ -40,6 +40,14 @@ class PolicyConfig:
     rise_factor: float = 2.0  # short rate > rise_factor × long rate ...
     rise_floor_per_s: float = 0.05  # ... and above this floor = rising
     demand_window_s: float = 10.0  # a request this recent with no replica is unmet demand
+    # A model whose oldest waiting request has waited this long is overdue: it is placed before
+    # every other load, and the GPU it will take is held for it (no other load goes there) until it
+    # fits, evicting replicas younger than min_residency_s if need be. Without it the
+    # most-requests-per-load-second order (which minimises cold starts) can starve a large, rarely
+    # requested model behind a stream of small ones. It bounds waits at a price in cold starts where
+    # load links are short (60 s: +6.4 % on the 1,350-model day on 8 GPUs), so it is the operator's
+    # choice (PREWARM_MAX_DEMAND_WAIT); None: off.
+    overdue_wait_s: float | None = None
     # Idle-time histogram (Shahrad et al. 2020): 1-minute bins over 4 hours.
     hist_bin_s: float = 60.0
     hist_bins: int = 240
@@ -212,6 +220,8 @@ class Snapshot:
     # models with requests waiting for a replica (the route hook answered "cold" and none is
     # loading yet): they are loaded as demand however old the request
     waiting: Mapping[str, int] = field(default_factory=dict)
+    # model -> when its oldest waiting request arrived (the route hook's first cold lookup)
+    waiting_since: Mapping[str, float] = field(default_factory=dict)
     config: PolicyConfig = field(default_factory=PolicyConfig)
     # the staging tier: each node's host cache and what it holds (empty: no staging tier)
     nodes: tuple[NodeState, ...] = ()

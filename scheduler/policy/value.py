@@ -49,6 +49,8 @@ class Values:
         # models in a quiet stretch of their timeline (set by plan() once the timeline is brought
         # up to now): their replicas stay resident but are the first victims (QUIET_WEIGHT)
         self.quiet: set[str] = set()
+        # GPU -> the overdue model it is held for (steps.hold_for): no other load goes there
+        self.held: dict[str, str] = {}
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)

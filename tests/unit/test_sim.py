@@ -144,6 +144,17 @@ def test_prewarm_goes_through_plan_and_serves_every_request() -> None:
     assert sim.policy.actions >= 2  # type: ignore[union-attr]
 
 
+def test_requests_still_waiting_when_the_trace_ends_are_served_by_later_ticks() -> None:
+    """A and B (1 GiB, 10 s loads) are asked for at 99.5 s of a 100 s trace on a 1 GiB GPU. A loads
+    on its miss; B waits: A is ready at 109.5 s and evictable at 109.5 + 10 (min residency), so the
+    tick at 110 s evicts it and loads B, ready at 120 s. Before, ticks stopped at the trace's end and
+    B's request counted as never served."""
+    sim = run("prewarm", [(99.5, "A"), (99.5, "B")], {"A": 1.0, "B": 1.0}, {"A": 10.0, "B": 10.0},
+              gpu_gib=1.0, span=100.0)
+    assert sim.results()["unserved"] == 0
+    assert sorted(sim.waits) == pytest.approx([10.0, 20.5])
+
+
 def test_loads_share_a_gpus_bandwidth() -> None:
     # A and B (4 s loads) requested together on one GPU: shared link → both ready at 8 s;
     # without contention → 4 s. On two GPUs they do not slow each other.
