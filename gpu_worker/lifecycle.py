@@ -42,6 +42,12 @@ DEFAULT_REQUESTS: dict[str, dict[str, Any]] = {"transformers": {"prompt_tokens":
                                                "vllm": {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0}}  # how long a preload that does not fit waits for an evict in flight on its GPU
 
 
+def _level(rank: int) -> str | None:
+    """A priority rank as the replica record shows it: its name, None for normal (as the message)."""
+    level = priorities.LEVELS[rank]
+    return None if level == priorities.DEFAULT else level
+
+
 class Lifecycle:
     """preload / evict / infer on a GpuSlot; publication, catalog and host cache are the other mixins'."""
 
@@ -85,6 +91,7 @@ class Lifecycle:
             if s is not None and s.queued:
                 s.priority, s.queued_seen = max(s.priority, rank), now
                 rank = s.priority
+                s.record.priority = _level(rank)
             ahead = defer and g.queued_ahead(key, rank, s.record.created_at if s is not None else now, now, stages)
             busy = defer and (staging or bool(ahead) or g.active_loads() >= self.options.max_loads_per_gpu)
             if s is not None and s.record.state == "ready":
@@ -102,7 +109,8 @@ class Lifecycle:
             else:
                 s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state="pending",
                                        total_bytes=entry.size_bytes, since=now, created_at=now,
-                                       reason=reason or None), queued=busy, priority=rank, queued_seen=now)
+                                       reason=reason or None, priority=_level(rank)), queued=busy, priority=rank,
+                         queued_seen=now)
                 if task_id:
                     s.task_ids.add(task_id)
                 g.replicas[key] = s

@@ -46,6 +46,9 @@ def test_a_high_priority_load_queued_last_takes_the_next_slot(r: redis.Redis, ce
                                                for x in gpu(r, g.id).replicas), 30, what=f"{model}@{version} queued",
                  log=w.log)
     assert rep(r, g.id, "tiny-sharded").state in ("loading", "warming"), "the first load ended too soon"
+    # the pending records show their priority (None: normal), which the route hook's ETA orders them by
+    assert {x.model: x.priority for x in gpu(r, g.id).replicas if x.state == "pending"} == \
+        {"tiny-lm": None, "tiny-mlp": None, "tiny-lm-wide": "high"}
     for x in sent:
         assert celery.AsyncResult(x.task_id).get(timeout=180)["state"] == "ready"
     ready = [(e.model, e.numbers.get("version")) for e in reversed(events.read(r, kind="ready", actor="worker"))]

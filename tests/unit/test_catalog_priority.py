@@ -67,3 +67,14 @@ def test_priority_ranks() -> None:
     assert priorities.rank(None) == priorities.rank("normal")  # a message from before priorities
     with pytest.raises(ValueError, match="priority 'x' is not one of low, normal, high"):
         priorities.check("x", "priority")
+
+
+def test_eta_queue_order_follows_the_worker_high_first() -> None:
+    """One slot, 10 s left on its load; a normal load queued first and a high one after: the high one is
+    ready at 10 + 5, the normal one after it (as the worker orders them)."""
+    from prewarm.eta import Waiting, queue_etas
+
+    waiting = [Waiting("a", "v1", (0, -priorities.rank(None), 1.0), 5.0),
+               Waiting("b", "v1", (0, -priorities.rank("high"), 2.0), 5.0),
+               Waiting("c", "v1", (1, -priorities.rank(None), 0.5), 5.0)]  # dispatched, not seen yet: last
+    assert queue_etas([10.0], waiting, 1) == {("b", "v1"): 15.0, ("a", "v1"): 20.0, ("c", "v1"): 25.0}
