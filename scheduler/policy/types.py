@@ -225,7 +225,7 @@ class Snapshot:
 class Preload:
     model: str
     gpu: str
-    kind: str  # "demand" | "speculative" | "min_replicas" | "scale" | "new_gpu"
+    kind: str  # "demand" | "speculative" | "min_replicas" | "scale" | "new_gpu" | "fill" | "refresh"
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
@@ -236,7 +236,7 @@ class Preload:
 class Evict:
     model: str
     gpu: str
-    kind: str  # "make_room" | "idle_budget"
+    kind: str  # "make_room" | "idle_budget" | "refresh"
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
