@@ -27,6 +27,7 @@ from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, WorkerOptions
 from gpu_worker.staging import HostCache
+from prewarm import priority as priorities
 from prewarm import state
 from prewarm.catalog import ModelEntry, TokenWarmupInput
 from prewarm.config import format_bytes
@@ -41,6 +42,12 @@ DEFAULT_REQUESTS: dict[str, dict[str, Any]] = {"transformers": {"prompt_tokens":
                                                "vllm": {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0}}  # how long a preload that does not fit waits for an evict in flight on its GPU
 
 
+def _level(rank: int) -> str | None:
+    """A priority rank as the replica record shows it: its name, None for normal (as the message)."""
+    level = priorities.LEVELS[rank]
+    return None if level == priorities.DEFAULT else level
+
+
 class Lifecycle:
     """preload / evict / infer on a GpuSlot; publication, catalog and host cache are the other mixins'."""
 
@@ -52,7 +59,7 @@ class Lifecycle:
 
     def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
                 kind: str = "", defer: bool = False, task_id: str | None = None,
-                intent_id: str = "") -> dict[str, Any]:
+                intent_id: str = "", priority: str | None = None) -> dict[str, Any]:
         """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py).
 
         With `defer`, raise Busy instead of waiting: when this model is already loading here (its outcome
@@ -62,6 +69,8 @@ class Lifecycle:
         then, so waiting preloads sit in the queue rather than on the threads inference needs. `task_id`
         lets an evict cancel a waiting preload; `intent_id` (the dispatch's intent) is the intent this preload
         releases when it ends, and lets an evict that superseded it cancel it before it starts.
+        `priority` (prewarm.priority; None: normal) orders the preloads queued for this GPU's load slots: a
+        free slot goes to the highest priority first, the earliest queued within one.
         """
         try:
             entry = self.entry(model, version)
@@ -71,13 +80,20 @@ class Lifecycle:
         key = entry.key
         now = time.time()
         placeholder: Slot | None = None
+        rank = priorities.rank(priority)
         with self._stage_lock:
             staging = key in self._stages
+            stages = set(self._stages)
         with g.lock:
             if (task_id and task_id in g.cancelled_tasks) or (intent_id and intent_id in g.cancelled_tasks):
                 raise Cancelled(f"preload of {key} on {g.id} was cancelled by an evict while it waited")
             s = g.replicas.get(key)
-            busy = defer and (staging or g.active_loads() >= self.options.max_loads_per_gpu)
+            if s is not None and s.queued:
+                s.priority, s.queued_seen = max(s.priority, rank), now
+                rank = s.priority
+                s.record.priority = _level(rank)
+            ahead = defer and g.queued_ahead(key, rank, s.record.created_at if s is not None else now, now, stages)
+            busy = defer and (staging or bool(ahead) or g.active_loads() >= self.options.max_loads_per_gpu)
             if s is not None and s.record.state == "ready":
                 owner, waiting = False, False
             elif s is not None and s.queued and not busy:
@@ -93,7 +109,8 @@ class Lifecycle:
             else:
                 s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state="pending",
                                        total_bytes=entry.size_bytes, since=now, created_at=now,
-                                       reason=reason or None), queued=busy)
+                                       reason=reason or None, priority=_level(rank)), queued=busy, priority=rank,
+                         queued_seen=now)
                 if task_id:
                     s.task_ids.add(task_id)
                 g.replicas[key] = s
@@ -104,6 +121,8 @@ class Lifecycle:
             self.publish(g, placeholder)
             if staging:
                 raise Busy(f"{key} is being staged on node {self.node}; the preload waits to promote it")
+            if ahead:
+                raise Busy(f"{key} is queued on {g.id} behind {ahead} (a higher priority, or queued earlier)")
             raise Busy(f"{g.id} runs {self.options.max_loads_per_gpu} load(s) already; {key} is queued")
         if not owner:
             if waiting:
@@ -205,7 +224,8 @@ class Lifecycle:
                 dev.commit_measured(key, after)
             with g.lock:
                 s.runtime = rt
-            self._set(g, s, state="ready", bytes=after, warmup_seconds=round(warmup_seconds, 4), endpoint=rt.endpoint)
+            self._set(g, s, state="ready", bytes=after, warmup_seconds=round(warmup_seconds, 4), endpoint=rt.endpoint,
+                      ready_at=time.time())
             log.info("%s ready on %s (%s): %d bytes, load %.2f s (from %s), warmup %.2f s", key, g.id, rt.name, after,
                      load_seconds, s.record.source, warmup_seconds)
             if s.record.source == "host":

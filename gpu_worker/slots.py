@@ -20,6 +20,9 @@ from prewarm import state
 from prewarm.config import DeviceSpec, Settings
 
 IN_FLIGHT = state.IN_FLIGHT_STATES
+# A queued preload's task retries every RETRY_BUSY_SECONDS (gpu_worker.tasks); one not seen for this long has
+# stopped coming back (dropped, or its worker thread stalled) and no longer holds its place in the queue.
+QUEUED_ALIVE_S = 10.0
 
 
 @dataclass
@@ -86,6 +89,11 @@ class Slot:
     # taken over by the first preload of it that may run.
     queued: bool = False
     task_ids: set[str] = field(default_factory=set)  # preload tasks waiting on this replica (see evict)
+    # A queued preload's place in the GPU's queue: its priority (prewarm.priority.rank; the highest of the
+    # tasks waiting on it), and when a task of it last asked for a slot (a placeholder whose task stopped
+    # coming back does not hold up the queue).
+    priority: int = 1
+    queued_seen: float = 0.0
 
 
     @property
@@ -114,6 +122,21 @@ class GpuSlot:
     def active_loads(self) -> int:
         """Loads running now (placeholders of queued preloads not counted). Call with `lock` held."""
         return sum(x.record.state in IN_FLIGHT and not x.queued for x in self.replicas.values())
+
+    def queued_ahead(self, key: str, rank: int, queued_at: float, now: float, skip: set[str]) -> str | None:
+        """The key of a queued preload that goes before `key` (priority `rank`, queued at `queued_at`) for
+        this GPU's next free load slot: a higher priority, or the same one queued earlier; None when `key`
+        is next. Placeholders in `skip` (waiting for a stage, not for a slot) and those whose task has not
+        asked for a slot in QUEUED_ALIVE_S are passed over. Call with `lock` held."""
+        best: tuple[int, float, str] | None = None
+        for k, x in self.replicas.items():
+            if k == key or not x.queued or k in skip or now - x.queued_seen > QUEUED_ALIVE_S:
+                continue
+            if x.priority > rank or (x.priority == rank and x.record.created_at < queued_at):
+                cand = (-x.priority, x.record.created_at, k)
+                if best is None or cand < best:
+                    best = cand
+        return None if best is None else best[2]
 
     def gpu_record(self) -> state.Gpu:
         inv = self.device.inventory()

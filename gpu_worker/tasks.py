@@ -4,7 +4,7 @@ Senders (scheduler, web, CLI) use `send_task(name, ...)` to the GPU's queue `gpu
 never import this module. The GPU a task is for is its `gpu` kwarg when given, else the queue it came
 from. Shapes:
 
-- preload(model, version=None, *, reason="", kind="", gpu=None)
+- preload(model, version=None, *, reason="", kind="", gpu=None, priority=None)
     -> {"model", "version", "gpu", "state": "ready", "bytes", "load_seconds", "warmup_seconds",
         "warmup": [{"shape", "dtype", "passes", "stable", "latency_ms", "first_ms"}], "noop"}
 - evict(model, *, version=None, reason="", gpu=None)
@@ -27,7 +27,9 @@ a `stale` event, errors.Stale, nothing else); one without an intent id always ru
 
 A preload that finds its GPU at `max_loads_per_gpu` loads (or its own model already loading) goes back to
 the queue for RETRY_BUSY_SECONDS instead of holding a thread (the replica shows `pending` meanwhile); the
-result is the same once it runs. An evict of the model cancels such waiting preloads.
+result is the same once it runs. An evict of the model cancels such waiting preloads. When a slot frees, the
+waiting preload with the highest `priority` (high | normal | low; absent, as from older senders: normal) takes
+it, the earliest queued within a priority.
 Failures raise gpu_worker.errors.* (importable without torch) with a message naming what and where.
 """
 
@@ -41,6 +43,7 @@ from celery import Celery, Task
 from gpu_worker import intents
 from gpu_worker.errors import Busy, WorkerError
 from gpu_worker.residency import GpuSlot, NodeWorker
+from prewarm import priority as priorities
 from prewarm import state
 from prewarm.celery_app import EVICT, INFER, PRELOAD, STAGE, UNSTAGE
 
@@ -82,7 +85,8 @@ def register(app: Celery, worker: NodeWorker) -> None:
     # `throws`: a WorkerError is a reported outcome (logged in one line by us), not a crash with a traceback.
     @app.task(name=PRELOAD, bind=True, max_retries=None, throws=(WorkerError,))
     def preload(self: Task, model: str, version: str | None = None, *, reason: str = "", kind: str = "",
-                gpu: str | None = None, intent_id: str = "", deadline: float | None = None) -> dict[str, Any]:
+                gpu: str | None = None, intent_id: str = "", deadline: float | None = None,
+                priority: str | None = None) -> dict[str, Any]:
         g = _gpu(worker, self, gpu)
         try:
             _check(worker, "preload", model, version, g.id, intent_id, deadline, g)
@@ -91,7 +95,8 @@ def register(app: Celery, worker: NodeWorker) -> None:
             raise
         try:
             return worker.preload(g, model, version, reason=reason, kind=kind, defer=True,
-                                  task_id=self.request.id, intent_id=intent_id)
+                                  task_id=self.request.id, intent_id=intent_id,
+                                  priority=priority if priority in priorities.LEVELS else None)
         except Busy:
             # Back to the queue for a moment: a thread waiting on another load could be serving infer.
             deadline = _keep_alive(worker, model, g.id, intent_id, deadline)

@@ -12,6 +12,8 @@
     min_replicas = 0                 # optional: replicas kept ready at all times
     max_rate_per_replica = 50.0      # optional: requests/s one replica serves; more traffic adds replicas
     fallback = "lm-tiny"             # optional: a model the router may serve from while this one is cold
+    priority = "normal"              # optional: high | normal | low: whose load goes first on a busy GPU
+    max_replica_age = "6h"           # optional: replace a replica this old (make-before-break): 90s, 30m, 6h
     [[models.warmup]]                # one or more sample inputs run before the replica is ready
     shape = [1, 64]
     dtype = "int64"
@@ -49,13 +51,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prewarm import priority as priorities
+from prewarm.config import parse_duration
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES, DEFAULT_VLLM_ENGINE_BYTES, RUNTIMES
 from prewarm.model_roots import within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
-                "description", "fallback"}
+                "description", "fallback", "priority", "max_replica_age"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
 _RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args"},
                  "transformers": {"path"},
@@ -102,6 +106,8 @@ class ModelEntry:
     max_rate_per_replica: float | None = None
     description: str = ""
     fallback: str | None = None  # a model id the route hook offers while this one is cold (no cycles)
+    priority: str = priorities.DEFAULT  # prewarm.priority.LEVELS: the order of loads waiting on a busy GPU
+    max_replica_age_s: float | None = None  # a replica older than this is replaced (make-before-break)
     # The catalog's model roots (resolved): every reader of the weights checks each file against them
     # when it opens it (prewarm.model_roots), not only here when the catalog is read.
     roots: tuple[Path, ...] = ()
@@ -123,7 +129,8 @@ class ModelEntry:
                 "warmup": [{"prompt_tokens": w.prompt_tokens, "batch": w.batch} if isinstance(w, TokenWarmupInput)
                            else {"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
                 "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "priority": self.priority,
+                "max_replica_age_s": self.max_replica_age_s}
 
 
 @dataclass
@@ -331,8 +338,32 @@ def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
     fallback = raw.get("fallback")
     if fallback is not None and (not isinstance(fallback, str) or not _ID_RE.fullmatch(fallback)):
         raise _fail(where, f"fallback {fallback!r} must be the id of another model in the catalog")
+    try:
+        priority = priorities.check(raw.get("priority", priorities.DEFAULT), "priority")
+    except ValueError:
+        raise _fail(where, f"priority {raw.get('priority')!r} must be one of {', '.join(priorities.LEVELS)} "
+                           f"(default {priorities.DEFAULT})") from None
     return {"pinned": pinned, "min_replicas": min_replicas, "max_rate_per_replica": float(cap) if cap else None,
-            "description": str(raw.get("description", "")), "fallback": fallback}
+            "description": str(raw.get("description", "")), "fallback": fallback, "priority": priority,
+            "max_replica_age_s": _max_age(where, raw.get("max_replica_age"))}
+
+
+MIN_REPLICA_AGE_S = 1.0  # a shorter limit would reload a replica about as fast as it loads
+
+
+def _max_age(where: str, raw: object) -> float | None:
+    """max_replica_age: a duration ("6h", "30m", "90s", or seconds as a number); None: never refreshed."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise _fail(where, f"max_replica_age {raw!r} must be a duration such as 90s, 30m or 6h")
+    try:
+        seconds = parse_duration(str(raw))
+    except ValueError:
+        raise _fail(where, f"max_replica_age {raw!r} must be a duration such as 90s, 30m or 6h") from None
+    if seconds < MIN_REPLICA_AGE_S:
+        raise _fail(where, f"max_replica_age {raw!r} must be at least {MIN_REPLICA_AGE_S:g} s")
+    return seconds
 
 
 def _fallback_problem(models: list[ModelEntry]) -> tuple[ModelEntry, str] | None:

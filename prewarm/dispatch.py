@@ -28,6 +28,7 @@ import redis
 from celery import Celery
 
 from prewarm import celery_app, events, state
+from prewarm import priority as priorities
 from prewarm.store import dispatch_counts, load_kinds
 
 
@@ -102,9 +103,13 @@ class Dispatcher:
                           intent_id=intent.id, held=held)
 
     def preload(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
-                numbers: dict[str, Any] | None = None, kind: str = "demand") -> Dispatched:
+                numbers: dict[str, Any] | None = None, kind: str = "demand", priority: str | None = None) -> Dispatched:
+        # priority only when not normal: a message without one is normal, to every worker version
+        extra = {"priority": priority} if priority not in (None, priorities.DEFAULT) else {}
+        if extra:
+            numbers = {**(numbers or {}), **extra}
         return self._send("preload", celery_app.PRELOAD, model, version, gpu, actor, reason, numbers, kind,
-                          [model, version], {"reason": reason, "kind": kind})
+                          [model, version], {"reason": reason, "kind": kind, **extra})
 
     def evict(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
               numbers: dict[str, Any] | None = None, kind: str = "") -> Dispatched:

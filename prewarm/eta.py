@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
+from prewarm import priority as priorities
 from prewarm import replica_states, state
 from prewarm.catalog import Catalog
 from prewarm.store import load_times
@@ -71,8 +72,9 @@ class Waiting:
 
     model: str
     version: str
-    order: tuple[int, float]  # the worker starts waiting loads first come, first served: (0, queued at)
-    #                           for its pending replicas, (1, dispatched at) for preloads it has not seen yet
+    order: tuple[int, int, float]  # the worker starts waiting loads highest priority first, then first come,
+    #   first served: (0, -priority rank, queued at) for its pending replicas, (1, -normal, dispatched at) for
+    #   preloads it has not seen yet (an intent does not say its priority)
     expected: float
 
 
@@ -116,7 +118,8 @@ def gpu_etas(catalog: Catalog, fleet: state.Fleet, gpu: state.Gpu, intents: list
             continue
         exp = expected_seconds(catalog, measured, rep.model, rep.version, key in staged_here)
         if rep.state == replica_states.PENDING:
-            waiting.append(Waiting(rep.model, rep.version, (0, rep.created_at or rep.since), exp))
+            waiting.append(Waiting(rep.model, rep.version, (0, -priorities.rank(rep.priority), rep.created_at or rep.since),
+                                   exp))
             continue
         left = remaining_seconds(rep, exp, _warmup_seconds(catalog, rep.model, rep.version, exp), now)
         active.append(left)
@@ -125,7 +128,7 @@ def gpu_etas(catalog: Catalog, fleet: state.Fleet, gpu: state.Gpu, intents: list
         key = (it.model, it.version)
         if it.action == "preload" and it.gpu == gpu.id and key not in seen:
             exp = expected_seconds(catalog, measured, it.model, it.version, key in staged_here)
-            waiting.append(Waiting(it.model, it.version, (1, it.created_at), exp))
+            waiting.append(Waiting(it.model, it.version, (1, -priorities.rank(None), it.created_at), exp))
     out.update(queue_etas(active, waiting, max_loads))
     return out
 

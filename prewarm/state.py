@@ -65,6 +65,8 @@ class Replica:
     error: str | None = None
     since: float = 0.0  # when it entered the current state
     created_at: float = 0.0  # when the load started
+    ready_at: float | None = None  # when it became ready: its age (catalog max_replica_age) counts from here
+    priority: str | None = None  # the load's priority (prewarm.priority) when not normal: a pending one's queue order
     in_flight: int = 0  # infer calls running now
     last_used: float | None = None  # last infer on this replica
     reason: str | None = None  # why it was loaded (the dispatching decision)

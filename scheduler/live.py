@@ -24,6 +24,7 @@ The listener resubscribes after Redis goes away, and stops with the process.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -40,13 +41,15 @@ from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
 from scheduler.leader import Leadership
-from scheduler.policy import Action, Evict, PolicyConfig, Preload, Stage, Unstage
+from scheduler.policy import Action, Evict, Keep, PolicyConfig, Preload, Stage, Unstage
 from scheduler.policy import native as policy_native
 from scheduler.policy.choice import Policy, make_policy
 from scheduler.snapshot import SnapshotReader
 from scheduler.steering import Steering
 
 log = logging.getLogger(__name__)
+
+KEEP_REPEAT_S = 600.0  # a decision to keep a replica as it is, logged again after this long
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Scheduler:
         slo_target = ctx.settings.cold_start_slo
         self.steering = None if slo_target is None else Steering(slo_target, self.config, ctx.settings.event_log_max)
         self._accounted_at: float | None = None  # memory-time is accounted up to here (memory_time)
+        self._kept: dict[tuple[str, str, str], float] = {}  # (model, gpu, kind) -> last `keep` event logged
 
     def _reset(self) -> None:
         # A fresh history and policy cache whenever we (re)gain the lead: what a previous term fed may be
@@ -193,9 +197,13 @@ class Scheduler:
             if g is None:
                 return None
             gpu, where = g, g.id
+            if isinstance(action, Keep):
+                self._record_keep(action, ref.id, now)
+                return None
             if isinstance(action, Preload):
                 d = self.ctx.dispatcher.preload(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
-                                                numbers=numbers, kind=action.kind)
+                                                numbers=numbers, kind=action.kind,
+                                                priority=self._priority(ref.id, ref.version))
             elif isinstance(action, Evict):
                 d = self.ctx.dispatcher.evict(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
                                               numbers=numbers, kind=action.kind)
@@ -207,6 +215,23 @@ class Scheduler:
             log.info("%s %s on %s (%s): %s", type(action).__name__.lower(), action.model, where, action.kind,
                      action.reason)
         return d
+
+    def _priority(self, model: str, version: str) -> str | None:
+        try:
+            return self.ctx.catalog.get(model, version).priority
+        except KeyError:
+            return None
+
+    def _record_keep(self, action: Keep, model: str, now: float | None) -> None:
+        """A `keep` event for a decision to leave a replica as it is (e.g. a refresh with no room): once per
+        replica and kind while the policy keeps deciding it, again after KEEP_REPEAT_S."""
+        at = time.time() if now is None else now
+        key = (action.model, action.gpu, action.kind)
+        if at - self._kept.get(key, -math.inf) < KEEP_REPEAT_S:
+            return
+        self._kept[key] = at
+        events.record(self.ctx.r, "keep", "scheduler", model=model, gpu=action.gpu, reason=action.reason,
+                      numbers={**action.numbers, "kind": action.kind}, maxlen=self.ctx.settings.event_log_max)
 
     def safe_tick(self, woken_by: Sequence[str] = ()) -> TickResult | None:
         with self._tick_lock:

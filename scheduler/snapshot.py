@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import redis
 
 from prewarm import events, replica_states, state, traffic
+from prewarm import priority as priorities
 from prewarm.catalog import Catalog, ModelEntry
 from prewarm.store import cold_starts, load_times, overlays
 from scheduler.policy import (
@@ -143,7 +144,8 @@ class SnapshotReader:
                          load_seconds=load_s.get(entry.id), pinned=entry.pinned or entry.id in pinned,
                          min_replicas=entry.min_replicas if min_replicas is None else min_replicas,
                          max_rate_per_replica=entry.max_rate_per_replica,
-                         promote_seconds=(promote_s or {}).get(entry.id))
+                         promote_seconds=(promote_s or {}).get(entry.id), priority=priorities.rank(entry.priority),
+                         max_replica_age_s=entry.max_replica_age_s)
 
     def _old_version(self, models: dict[str, ModelSpec], catalog: Catalog, model: str, version: str,
                      load_s: dict[str, float], pinned: set[str], promote_s: dict[str, float]) -> str | None:
@@ -216,7 +218,8 @@ class SnapshotReader:
                 held = max(rep.bytes, rep.total_bytes)
                 replicas.append(ReplicaState(model=key, gpu=g.id, state=rep.state, bytes=held,
                                              since=rep.created_at or rep.since, version=rep.version,
-                                             last_request=rep.last_used, in_flight=rep.in_flight))
+                                             last_request=rep.last_used, in_flight=rep.in_flight,
+                                             ready_at=rep.ready_at))
         nodes: list[NodeState] = []
         staged: list[StagedState] = []
         for n in fleet.nodes:  # live nodes only: read_fleet drops a node whose heartbeat expired

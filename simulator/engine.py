@@ -178,12 +178,16 @@ class Simulation:
         promote_s: np.ndarray | None = None,
         promote_bandwidth: float | None = None,
         load_slots: int = 2,
+        priority: list[int] | None = None,
+        max_replica_age: list[float | None] | None = None,
     ) -> None:
         """`host_bytes`: each node's host cache (0: no staging tier). `stage_bandwidth`: a node's
         storage → host bytes/s. Promotion time (host → GPU) per model: `promote_s` if given, else
         `PolicyConfig().default_promote_seconds(size)` (with `promote_bandwidth` in place of its
         host-to-device bandwidth if given); either way at most the model's load time.
-        `load_slots`: loads one GPU runs at once, the rest queue FIFO (0: no limit)."""
+        `load_slots`: loads one GPU runs at once, the rest queue FIFO (0: no limit) — highest
+        `priority` first (per model, prewarm.priority's rank; default all normal), as the worker.
+        `max_replica_age`: per model, the catalog field prewarm's policy refreshes by (None: none)."""
         if load_slots < 0:
             raise ValueError(f"load_slots must be 0 (no limit) or more, not {load_slots}")
         self.load_slots = int(load_slots)
@@ -191,6 +195,9 @@ class Simulation:
         self.sizes = [int(x) for x in sizes]
         self.load_s = [float(x) for x in load_s]
         self.n_models = len(trace.models)
+        self.priority = list(priority) if priority is not None else [1] * self.n_models
+        self.prio_on = len(set(self.priority)) > 1  # all equal: the queue is plain FIFO
+        self.max_replica_age = list(max_replica_age) if max_replica_age is not None else [None] * self.n_models
         self.shared = contention == "shared"
         per_node = 8 if nodes is None else max(1, math.ceil(gpus / nodes))
         self.gpus = [
@@ -313,6 +320,15 @@ class Simulation:
         last = r.last_request if r.last_request is not None else r.since
         self.mem_idle += r.bytes * (t - max(last, r.since))
 
+    def _next_queued(self, g: Gpu) -> Replica:
+        """The queued load a freed slot goes to: the highest priority, the oldest within it."""
+        if not self.prio_on:
+            return g.queue.popleft()
+        best = max(range(len(g.queue)), key=lambda i: (self.priority[g.queue[i].model], -i))
+        q = g.queue[best]
+        del g.queue[best]
+        return q
+
     def _load_done(self, gi: int, version: int) -> None:
         g = self.gpus[gi]
         if version != g.link.version:
@@ -321,7 +337,7 @@ class Simulation:
         done = g.link.finished(t, self.shared)
         started = []
         while g.queue and not self.slots_busy(gi):  # freed slots go to the oldest queued loads
-            q = g.queue.popleft()
+            q = self._next_queued(g)
             q.state = "loading"
             g.link.jobs.append(q)
             started.append(q)

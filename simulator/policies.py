@@ -22,6 +22,7 @@ from scheduler.policy import (
     Action,
     Evict,
     GpuState,
+    Keep,
     ModelSpec,
     NodeState,
     PolicyConfig,
@@ -116,7 +117,8 @@ class Prewarm(_Base):
         self.gpu_index = {g.id: g.index for g in sim.gpus}
         self.specs = {
             m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i],
-                         promote_seconds=sim.promote_s[i] if sim.host_on else None)
+                         promote_seconds=sim.promote_s[i] if sim.host_on else None,
+                         priority=sim.priority[i], max_replica_age_s=sim.max_replica_age[i])
             for i, m in enumerate(self.names)
         }
         self.node_index = {n.id: n.index for n in sim.nodes}
@@ -161,7 +163,7 @@ class Prewarm(_Base):
                 continue
             self.rs[key] = ReplicaState(
                 names[m], s.gpus[gi].id, r.state, r.bytes, r.since,
-                last_request=r.last_request,
+                last_request=r.last_request, ready_at=None if math.isnan(r.ready_at) else r.ready_at,
             )
         self.dirty.clear()
         gpus = tuple(
@@ -187,6 +189,8 @@ class Prewarm(_Base):
         """Play the worker for plan()'s actions (an action the fleet cannot take is ignored)."""
         s = self.sim
         for a in actions:
+            if isinstance(a, Keep):
+                continue  # nothing to play: a decision to leave a replica as it is
             self.actions += 1
             m = self.index[a.model]
             if isinstance(a, Evict):

@@ -13,7 +13,7 @@ from scheduler.policy import PolicyConfig, native
 from .engine import Simulation
 from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
-from .trace import GIB, Trace, load_profile
+from .trace import GIB, Trace, load_profile, load_profile_fields
 
 
 def simulate(
@@ -35,6 +35,7 @@ def simulate(
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
     `max_demand_wait`: its overdue_wait_s (None: off)."""
     sizes, loads = load_profile(profile, trace.models)
+    priority, max_age = load_profile_fields(profile, trace.models)
     out: dict[str, Any] = {
         "trace": {
             "source": trace.source, "format": trace.fmt, "models": len(trace.models),
@@ -55,7 +56,7 @@ def simulate(
     for name in policies:
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
-                         load_slots=load_slots)
+                         load_slots=load_slots, priority=priority, max_replica_age=max_age)
         if name == "prewarm":
             pol = (SloPrewarm(slo) if slo is not None
                    else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,

@@ -10,7 +10,8 @@ Formats:
 - requests: CSV with header `timestamp,model` (Unix seconds or ISO 8601), one row per request;
   other columns ignored. Time 0 is the first request.
 
-Profile CSV `model,size_bytes,load_seconds`. Without one (or for a model it lacks), sizes are
+Profile CSV `model,size_bytes,load_seconds[,priority][,max_replica_age]` (the last two: catalog fields,
+optional; see load_profile_fields). Without one (or for a model it lacks), sizes are
 drawn from a log-normal with median 1.5 GiB, sigma 1.2, clipped to 0.05..70 GiB, seeded by a hash
 of the model id; load time = 1.5 s + size at 2 GiB/s + 0.1 s warmup per GiB — the same rule that
 made the profiles in ../shared/traces.
@@ -153,6 +154,39 @@ def load_profile(path: str | Path | None, models: list[str]) -> tuple[np.ndarray
             sizes[i] = default_size(m)
             loads[i] = default_load_seconds(int(sizes[i]))
     return sizes, loads
+
+
+PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}  # as prewarm.priority.rank (the simulator stands alone)
+
+
+def load_profile_fields(path: str | Path | None, models: list[str]) -> tuple[list[int], list[float | None]]:
+    """The catalog fields a profile may carry besides size and load time, per model index: `priority`
+    (high | normal | low, as its rank; default normal) and `max_replica_age` (seconds, or with s/m/h;
+    empty: none). The bundled profiles have neither: every model is normal with no age limit."""
+    prio = [1] * len(models)
+    ages: list[float | None] = [None] * len(models)
+    if path is None:
+        return prio, ages
+    index = {m: i for i, m in enumerate(models)}
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            i = index.get(row["model"])
+            if i is None:
+                continue
+            p = (row.get("priority") or "").strip() or "normal"
+            if p not in PRIORITY_RANK:
+                raise ValueError(f"profile {path}: model {row['model']!r}: priority {p!r} is not one of "
+                                 f"{', '.join(PRIORITY_RANK)}")
+            prio[i] = PRIORITY_RANK[p]
+            a = (row.get("max_replica_age") or "").strip().lower()
+            if a:
+                m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smh]?)", a)
+                if not m or float(m.group(1)) <= 0:
+                    raise ValueError(f"profile {path}: model {row['model']!r}: max_replica_age {a!r} is not a "
+                                     "duration such as 90s, 30m or 6h")
+                ages[i] = float(m.group(1)) * units.get(m.group(2), 1.0)
+    return prio, ages
 
 
 def parse_bytes(s: str) -> int:

@@ -188,7 +188,8 @@ def models_view(window_s: float = 60.0, now: float | None = None) -> list[dict[s
             "rate_per_s": round(rates.get(m, 0.0), 4), "rate_window_s": window_s,
             "last_request": last.get(m), "replicas": reps,
             "pinned": entry.pinned or m in pinned, "pinned_in_catalog": entry.pinned,
-            "min_replicas": entry.min_replicas,
+            "min_replicas": entry.min_replicas, "priority": entry.priority,
+            "max_replica_age_s": entry.max_replica_age_s,
             "last_cold_start_s": last_cold.get(m), "cold_start_open_since": open_cold.get(m),
             "p95_load_s": _p95(loads[m]), "load_samples": len(loads[m]),
             "sparkline": {"start": spark.start, "resolution_s": spark.resolution_s,
@@ -292,7 +293,7 @@ def do_preload(model: str, body: PreloadBody) -> dict[str, Any]:
     if any(x.model == entry.id and x.version == entry.version for x in gpu.replicas):
         raise ApiError(409, f"{entry.key} is already on {gpu.id}", "gpu")
     d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="operator", kind="operator",
-                             reason=body.reason or "operator preload from the console")
+                             reason=body.reason or "operator preload from the console", priority=entry.priority)
     if not d.sent:
         raise ApiError(409, d.message, "gpu")
     return {"queued": True, "task_id": d.task_id, "gpu": d.gpu, "model": entry.id, "version": entry.version,

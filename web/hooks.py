@@ -2,12 +2,14 @@
 
     POST /hooks/requests   {"model", "count"=1, "ts"?} or {"events": [...]} (<= 10,000)
                            -> 202 {"accepted": <events>, "requests": <sum of counts>}; all-or-nothing
-    GET  /hooks/route?model=<id>[&version=<v>][&retry=1]
+    GET  /hooks/route?model=<id>[&version=<v>][&retry=1][&priority=high|normal|low]
                            -> 200 {"model", "version", "state": ready|loading|cold, "replicas": [...],
                                    "preload"?: {"queued", "gpu", "message"}}   ready replicas first
                            loading/cold also: "eta_seconds" (and a Retry-After header), and "fallback":
                            {"model", "version", "replicas": [ready ones]} when the catalog names one
                            (web.cold_answer)
+                           priority: this lookup's on-demand preload waits for a load slot at that
+                           priority instead of the model's catalog one (400 on another value)
                            retry=1: a repeat lookup while waiting for a cold model; not counted again in
                            prewarm_route_lookups_total (which counts requests, not polls)
                            a new cold episode also PUBLISHes <model>@<version> on keys.WAKE: the leader
@@ -27,6 +29,7 @@ from flask.typing import ResponseReturnValue
 from pydantic import ValidationError
 
 from prewarm import events, keys, replica_states, rooms, state, traffic
+from prewarm import priority as priorities
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
 from prewarm.store import cold_starts, overlays
@@ -98,6 +101,7 @@ def replica_view(rep: state.Replica, gpu: state.Gpu) -> dict[str, Any]:
 @require_hook_token
 def route_hook() -> ResponseReturnValue:
     entry, _ = _model_arg()
+    priority = _priority_arg(entry)
     c = ctx()
     fleet = state.read_fleet(c.r, include_stale=False)
     found = [(rep, g) for g in fleet.alive() for rep in g.replicas
@@ -115,7 +119,7 @@ def route_hook() -> ResponseReturnValue:
     else:
         body["state"] = "cold"
         new_episode = coldstarts.open_cold_start(c.r, entry.id, entry.version)
-        body["preload"] = _on_demand_preload(entry, fleet)
+        body["preload"] = _on_demand_preload(entry, fleet, priority)
         if new_episode:  # once per cold episode (its HSETNX claim), not on every router retry
             _wake_scheduler(entry)
     # One lookup per request: a router re-asking while it waits for a cold model passes retry=1, so the
@@ -143,7 +147,18 @@ def _preload_in_flight(entry: ModelEntry, fleet: state.Fleet) -> bool:
     return any(it.action == "preload" and it.version == entry.version for it in held)
 
 
-def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
+def _priority_arg(entry: ModelEntry) -> str:
+    """The lookup's `priority` parameter, else the model's catalog priority."""
+    raw = request.args.get("priority")
+    if raw is None:
+        return entry.priority
+    try:
+        return priorities.check(raw, "priority")
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "priority") from None
+
+
+def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet, priority: str) -> dict[str, Any]:
     c = ctx()
     claim = keys.cold_claim(entry.key)
     # One on-demand preload per cold episode, however many routers ask at once.
@@ -156,7 +171,7 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
         lock = c.r.lock(keys.ON_DEMAND_LOCK, timeout=5.0, blocking_timeout=2.0)
         if lock.acquire():
             try:
-                answer = _place_on_demand(entry, fleet)
+                answer = _place_on_demand(entry, fleet, priority)
             finally:
                 try:
                     lock.release()
@@ -168,7 +183,7 @@ def _on_demand_preload(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
             c.r.delete(claim)  # nothing sent (or it failed): let the next lookup try again
 
 
-def _place_on_demand(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
+def _place_on_demand(entry: ModelEntry, fleet: state.Fleet, priority: str) -> dict[str, Any]:
     c = ctx()
     # The placement rule's order (prewarm.rooms.ranked): a node holding a staged copy first (a promotion
     # from host memory, not a storage read), then a free load slot (on a full GPU the preload would queue
@@ -181,7 +196,7 @@ def _place_on_demand(entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any]:
         return {"queued": False, "message": where}
     staged = rooms.staged_nodes(fleet, entry)
     for gpu in order:
-        d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand",
+        d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand", priority=priority,
                                  reason="route lookup found the model cold: on-demand preload",
                                  numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
                                           "staged": gpu.node in staged})

@@ -70,7 +70,11 @@ def spec() -> dict[str, Any]:
             "parameters": [{"name": "model", "in": "query", "required": True, "schema": _MODEL_ID},
                            {"name": "version", "in": "query", "required": False, "schema": _MODEL_ID},
                            {"name": "retry", "in": "query", "required": False, "schema": {"enum": ["0", "1"]},
-                            "description": "1: a repeat lookup while waiting; not counted in the hit rate"}],
+                            "description": "1: a repeat lookup while waiting; not counted in the hit rate"},
+                           {"name": "priority", "in": "query", "required": False,
+                            "schema": {"enum": ["high", "normal", "low"]},
+                            "description": "the on-demand preload's place in the GPU's load queue; default: "
+                                           "the model's catalog priority"}],
             "responses": {"200": _resp("the model's state and replicas", {
                 "type": "object", "required": ["model", "version", "state", "replicas"],
                 "properties": {"model": {"type": "string"}, "version": {"type": "string"},

@@ -111,7 +111,8 @@ def cmd_preload(args: argparse.Namespace) -> int:
     except (KeyError, LookupError, CatalogError) as exc:
         return _lookup_err(exc)
     d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="operator",
-                               reason=args.reason or "operator preload from the CLI", kind="operator")
+                               reason=args.reason or "operator preload from the CLI", kind="operator",
+                               priority=entry.priority)
     if not d.sent:
         return _err(d.message)
     print(d.message)

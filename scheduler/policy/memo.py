@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .arrivals import ArrivalModel
@@ -55,3 +56,6 @@ class PolicyState:
     # the catalog's models with no request yet, (load s, model) shortest first, and their ids
     unrequested: list[tuple[float, str]] = field(default_factory=list)
     unrequested_ids: set[str] = field(default_factory=set)
+    # the catalog's models with a max_replica_age (refresh.py), and the models mapping they were read from
+    aged: tuple[str, ...] = ()
+    aged_of: Mapping[str, ModelSpec] | None = None

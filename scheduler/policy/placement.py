@@ -36,6 +36,13 @@ def rank(rooms: Iterable[Room], size: int, staged: Collection[str] = (), exclude
     return fits
 
 
+def outranks(v: Values, model: str, spec: ModelSpec) -> bool:
+    """A replica of `model` is never evicted for a speculative load of a lower-priority `spec`: a guess
+    about the future does not displace what the operator ranked above it (a demand load may)."""
+    other = v.s.models.get(model)
+    return other is not None and other.priority > spec.priority
+
+
 def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
     """Choose a GPU (and victims) for one more replica of spec. Returns (gpu, victims, loss)."""
     f = v.fleet
@@ -96,6 +103,8 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> t
             for vpb, _m, r in v.victim_list(gid):
                 if r.model in v.floors and not v.evictable(r):
                     continue  # its replica count dropped to its floor during this call
+                if speculative and outranks(v, r.model, spec):
+                    continue
                 if speculative and vpb * r.bytes / GIB * cfg.prefetch_margin > benefit:
                     break  # this victim alone is worth more than the prefetch
                 victims.append(r)

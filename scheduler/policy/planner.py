@@ -16,6 +16,8 @@ Order of work in one call (each step sees the tentative effect of the previous o
 6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
    within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
    evicting only residents worth `prefetch_margin` times less;
+6b. refresh (refresh.py): a replica older than its model's max_replica_age is replaced
+   make-before-break: a fresh replica loads where room and a link are free, then the old one goes;
 7. fill: where memory is ample (the room up to speculative_share of each GPU could hold every
    catalog model not requested yet), one such model per idle link, shortest load first, while no
    request waits: a first request need not be cold (steps.step_fill);
@@ -36,12 +38,14 @@ A request that arrived before the model's last eviction is not demand (it was se
 
 Where each part lives: memo (PolicyState, kept between calls), timeline (hot/cold segments),
 fleet (the tentative fleet), value (load times, loss(), victim order), placement (a GPU for a
-load), tick (one call's working state and actions), steps (1-7), staging (8), words (reason text).
+load; a speculative load never evicts a higher-priority model's replica), tick (one call's working
+state and actions), steps (1-7), refresh (6b), staging (8), words (reason text).
 """
 
 from __future__ import annotations
 
 from .memo import PolicyState
+from .refresh import step_refresh
 from .staging import step_stage
 from .steps import (
     step_demand,
@@ -76,6 +80,7 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     step_floor(pl)
     step_scale(pl)
     step_new_gpu(pl)
+    step_refresh(pl)
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
     if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         step_speculative(pl, st.awake)

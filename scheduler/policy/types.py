@@ -112,6 +112,8 @@ class ModelSpec:
     min_replicas: int = 0
     max_rate_per_replica: float | None = None  # requests/s one replica serves; None = unbounded
     promote_seconds: float | None = None  # measured p50 of host cache → device + warmup; None = derive
+    priority: int = 1  # prewarm.priority.rank: 0 low, 1 normal, 2 high (a speculative load never evicts higher)
+    max_replica_age_s: float | None = None  # replicas older than this are replaced (refresh.py); None: never
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,7 @@ class ReplicaState:
     version: str = "1"
     last_request: float | None = None  # last request served by this replica
     in_flight: int = 0  # requests being served right now
+    ready_at: float | None = None  # when it became ready (its age, for refresh); None: not ready / not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,7 @@ class Snapshot:
 class Preload:
     model: str
     gpu: str
-    kind: str  # "demand" | "speculative" | "min_replicas" | "scale" | "new_gpu"
+    kind: str  # "demand" | "speculative" | "min_replicas" | "scale" | "new_gpu" | "fill" | "refresh"
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
@@ -243,7 +246,7 @@ class Preload:
 class Evict:
     model: str
     gpu: str
-    kind: str  # "make_room" | "idle_budget"
+    kind: str  # "make_room" | "idle_budget" | "refresh"
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
@@ -275,4 +278,17 @@ class Unstage:
     version: str = "1"
 
 
-Action = Preload | Evict | Stage | Unstage
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """A decision to leave a replica as it is although a rule would change it (e.g. a refresh that found
+    no room): nothing to dispatch; the caller logs the reason (live: a `keep` event)."""
+
+    model: str
+    gpu: str
+    kind: str  # "refresh_blocked"
+    reason: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    version: str = "1"
+
+
+Action = Preload | Evict | Stage | Unstage | Keep
