@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -422,6 +422,25 @@ def claim_intent_over(r: redis.Redis, intent: Intent, supersedes: Iterable[str])
     claimed, held = r.eval(_CLAIM_OVER, 1, keys.intent(intent.model, intent.gpu), intent.to_json(), ttl_ms,
                            intent.version, "," + ",".join(supersedes) + ",")
     return bool(claimed), _parse_intent(held) if held else None
+
+
+def claim_intents(r: redis.Redis, claims: Sequence[tuple[Intent, Collection[str]]]) -> list[tuple[bool, Intent | None]]:
+    """claim_intent_over for many intents in one pipelined round trip, in order (a later claim on the same
+    (model, gpu) sees an earlier one). An empty `supersedes` is a plain claim (claim_intent) that also says
+    which intent refused it. One answer per claim, as claim_intent_over gives."""
+    if not claims:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for intent, supersedes in claims:
+        ttl_ms = max(1, int((intent.expires_at - intent.created_at) * 1000))
+        pipe.eval(_CLAIM_OVER, 1, keys.intent(intent.model, intent.gpu), intent.to_json(), ttl_ms, intent.version,
+                  "," + ",".join(supersedes) + ",")
+    return [(bool(claimed), _parse_intent(held) if held else None) for claimed, held in pipe.execute()]
+
+
+def queue_release_intent(pipe: redis.client.Pipeline, model: str, gpu: str, intent_id: str) -> None:
+    """release_intent queued on a pipeline (the dispatcher's records of a batch go in one round trip)."""
+    pipe.eval(_RELEASE_MINE, 1, keys.intent(model, gpu), intent_id)
 
 
 def release_intent(r: redis.Redis, model: str, gpu: str, intent_id: str) -> bool:

@@ -3,9 +3,11 @@
     tick:  leadership.ensure()            one planner at a time (redis-py Lock with a TTL)
            snapshot = reader.read(...)    I/O: catalog, traffic, fleet, replicas, intents
            actions = plan(snapshot, now)  pure
-           dispatch(action, gpus)         dispatcher.preload/evict/stage/unstage: claims an intent per
+           dispatch_all(actions, gpus)    one batch of the dispatcher (send_many): claims an intent per
                                           (model, gpu) — (model, host_id(node)) for the host cache —
-                                          and sends the task by name to the GPU's queue
+                                          for every action in one round trip, sends the tasks by name to
+                                          the GPUs' queues over one broker connection, and records them
+                                          in one more round trip
 
 Stage/Unstage act on a node's host cache: the task goes to the queue of the node's first alive GPU (sorted
 by id), and is skipped when the node has none (nothing there could run it). The dispatcher records every
@@ -35,7 +37,7 @@ import redis
 
 from prewarm import events, keys, metrics_defs, state
 from prewarm.context import Context
-from prewarm.dispatch import Dispatched
+from prewarm.dispatch import Dispatched, Order
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
@@ -135,13 +137,19 @@ class Scheduler:
         t_dispatch = time.perf_counter()
         result = TickResult(True, actions=len(actions), woken_by=list(woken_by))
         gpus = {g.id: g for g in fleet.alive()}
-        for action in actions:
-            try:
-                d = self.dispatch(action, gpus, now)
+        try:
+            answers = self.dispatch_all(actions, gpus, now)
+        except redis.RedisError:
+            raise  # Redis went away: safe_tick rebuilds leadership and history
+        except Exception as exc:  # e.g. no broker connection: nothing of this plan was sent
+            log.exception("dispatch of %d action(s) failed", len(actions))
+            answers = [exc] * len(actions)
+        for action, d in zip(actions, answers, strict=True):
+            if isinstance(d, Exception):  # one failed send does not lose the rest of the plan
+                log.error("dispatch of %s failed: %s", action, d)
+                result.errors.append(str(d))
+            else:
                 result.dispatched += int(d is not None and d.sent)
-            except Exception as exc:  # one failed send must not lose the rest of the plan
-                log.exception("dispatch of %s failed", action)
-                result.errors.append(str(exc))
         done = time.perf_counter()
         result.snapshot_seconds, result.plan_seconds = t_plan - t_snapshot, t_dispatch - t_plan
         result.dispatch_seconds = done - t_dispatch
@@ -170,42 +178,62 @@ class Scheduler:
     def dispatch(self, action: Action, gpus: dict[str, state.Gpu], now: float | None = None) -> Dispatched | None:
         """Send one planned action through the dispatcher. `gpus`: the alive GPUs by id. None: skipped (its
         model is unknown to this tick's snapshot, or its GPU — for Stage/Unstage, every GPU of its node — is
-        not alive); otherwise the dispatcher's answer (`sent` False: an action on it is already in flight)."""
+        not alive); otherwise the dispatcher's answer (`sent` False: an action on it is already in flight).
+        A failed publish raises."""
+        [d] = self.dispatch_all([action], gpus, now)
+        if isinstance(d, Exception):
+            raise d
+        return d
+
+    def dispatch_all(self, actions: Sequence[Action], gpus: dict[str, state.Gpu],
+                     now: float | None = None) -> list[Dispatched | Exception | None]:
+        """`dispatch` for a whole plan as one batch of the dispatcher (a few round trips whatever its size):
+        one answer per action, as `dispatch` gives, or the exception that action's publish raised."""
         assert self.reader is not None, "dispatch runs after a snapshot (a tick as leader)"
+        answers: list[Dispatched | Exception | None] = [None] * len(actions)
+        orders: list[Order] = []
+        at: list[int] = []  # the action each order is for
+        for i, action in enumerate(actions):
+            order = self._order(action, gpus)
+            if order is not None:
+                orders.append(order)
+                at.append(i)
+        for i, d in zip(at, self.ctx.dispatcher.send_many(orders), strict=True):
+            answers[i] = d
+            if isinstance(d, Exception) or not d.sent:
+                continue
+            action = actions[i]
+            if isinstance(action, Evict):
+                self.reader.note_eviction(action.model, time.time() if now is None else now)
+            log.info("%s %s on %s (%s): %s", type(action).__name__.lower(), action.model, d.gpu, action.kind,
+                     action.reason)
+        return answers
+
+    def _order(self, action: Action, gpus: dict[str, state.Gpu]) -> Order | None:
+        """The dispatcher's order for a planned action; None: skipped (see `dispatch`)."""
+        assert self.reader is not None
         ref = self.reader.refs.get(action.model)
         if ref is None:
             return None
         numbers = dict(action.numbers)
+        # result=False: nobody reads the results of the scheduler's tasks (see Order.result)
+        common = {"actor": "scheduler", "reason": action.reason, "numbers": numbers, "kind": action.kind,
+                  "result": False}
         if isinstance(action, Stage | Unstage):
             carrier = state.node_carrier(gpus.values(), action.node)
             if carrier is None:
                 return None
-            gpu, where = carrier, state.host_id(action.node)
             if isinstance(action, Stage):
-                d = self.ctx.dispatcher.stage(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
-                                              numbers=numbers, kind=action.kind, value=action.value)
-            else:
-                d = self.ctx.dispatcher.unstage(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
-                                                numbers=numbers, kind=action.kind)
-        else:
-            g = gpus.get(action.gpu)
-            if g is None:
-                return None
-            gpu, where = g, g.id
-            if isinstance(action, Preload):
-                d = self.ctx.dispatcher.preload(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
-                                                numbers=numbers, kind=action.kind)
-            elif isinstance(action, Evict):
-                d = self.ctx.dispatcher.evict(ref.id, ref.version, gpu, actor="scheduler", reason=action.reason,
-                                              numbers=numbers, kind=action.kind)
-                if d.sent:
-                    self.reader.note_eviction(action.model, time.time() if now is None else now)
-            else:
-                return None
-        if d.sent:
-            log.info("%s %s on %s (%s): %s", type(action).__name__.lower(), action.model, where, action.kind,
-                     action.reason)
-        return d
+                return Order("stage", ref.id, ref.version, carrier, value=action.value, **common)
+            return Order("unstage", ref.id, ref.version, carrier, **common)
+        g = gpus.get(action.gpu)
+        if g is None:
+            return None
+        if isinstance(action, Preload):
+            return Order("preload", ref.id, ref.version, g, **common)
+        if isinstance(action, Evict):
+            return Order("evict", ref.id, ref.version, g, **common)
+        return None
 
     def safe_tick(self, woken_by: Sequence[str] = ()) -> TickResult | None:
         with self._tick_lock:
