@@ -42,7 +42,8 @@ def cmd_bench_tick(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
     try:
         r = run_bench(args.models, args.gpus, args.ticks, gpu_memory=args.gpu_memory, rate=args.rate,
-                      zipf=args.zipf, interval=args.interval, seed=args.seed, log=log)
+                      zipf=args.zipf, interval=args.interval, seed=args.seed, worker=not args.no_worker,
+                      log=log)
     except (ValueError, RuntimeError) as exc:
         print(f"prewarm bench tick: {exc}", file=sys.stderr)
         return 2
@@ -62,6 +63,9 @@ def add_tick_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--interval", type=float, default=None,
                    help="seconds from one tick's start to the next (default PREWARM_TICK_SECONDS, 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-worker", action="store_true",
+                   help="nobody does the tasks the scheduler sends (by default the bench's workers take them "
+                        "between ticks: evicts at once, preloads after their load time)")
     p.set_defaults(func=cmd_bench_tick)
     return p
 
