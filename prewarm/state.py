@@ -202,9 +202,13 @@ def _decode(h: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in h.items()}
 
 
-def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
+def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes, Replica] | None = None) -> Fleet:
     """Every GPU ever announced; stale ones (no heartbeat within the TTL) flagged alive=False, no replicas.
-    `nodes`: every live node's host cache and staged models (read in the same round trips)."""
+    `nodes`: every live node's host cache and staged models (read in the same round trips).
+
+    `parsed`: a reader's cache from a replica record to the Replica parsed from it, kept between reads (the
+    scheduler's every tick): a record unchanged since the last read is not parsed again, and the Replica is
+    the same object, so such a reader must not change them. Left holding this read's records only."""
     pipe = r.pipeline(transaction=False)
     pipe.smembers(keys.GPUS)
     pipe.smembers(keys.NODES)
@@ -222,6 +226,7 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
     nodes = _nodes(names, raw[2 * len(ids):])
     raw = raw[:2 * len(ids)]
     gpus: list[Gpu] = []
+    seen: dict[bytes, Replica] = {}  # this read's records (with `parsed`)
     for i, gid in enumerate(ids):
         info, reps = _decode(raw[2 * i]), raw[2 * i + 1]
         if not info:
@@ -235,9 +240,21 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
                 free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=float(info.get("last_heartbeat", 0)),
                 worker=info.get("worker", ""), started_at=float(info.get("started_at", 0)),
                 kind=info.get("kind", "cpu"))
-        g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=lambda x: (x.model, x.version))
+        if parsed is None:
+            g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=_replica_order)
+        else:
+            for v in reps.values():
+                seen[v] = parsed.get(v) or Replica.from_json(v)
+            g.replicas = sorted((seen[v] for v in reps.values()), key=_replica_order)
         gpus.append(g)
+    if parsed is not None:
+        parsed.clear()
+        parsed.update(seen)
     return Fleet(gpus, nodes)
+
+
+def _replica_order(x: Replica) -> tuple[str, str]:
+    return (x.model, x.version)
 
 
 def _nodes(names: list[str], raw: list[dict[bytes, bytes]]) -> list[Node]:
