@@ -68,6 +68,10 @@ def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, fl
     return medians(load_times.recent(r, model_ids))
 
 
+# key -> (catalog entry, (load s, pinned, min replicas, promote s), its ModelSpec, its ModelRef): SnapshotReader._spec
+_SpecMemo = dict[str, tuple[ModelEntry, tuple[float | None, bool, int, float | None], ModelSpec, ModelRef]]
+
+
 def _sparse_window(r: redis.Redis, resolution_s: int, start: float, end: float) -> dict[str, list[tuple[int, int]]]:
     """The buckets of traffic.read_window(r, resolution_s, start, end) as model -> [(bucket start, count)] of
     its non-zero buckets, oldest first, models in the order read_window gives them (so the history is fed in
@@ -105,6 +109,11 @@ class SnapshotReader:
         self._carry: dict[str, float] = {}
         self.measured = load_times.Recent()  # every model's load times, re-read only when written
         self._replicas: dict[bytes, state.Replica] = {}  # replica records parsed last tick (read_fleet)
+        # key -> (catalog entry, (load s, pinned, min replicas, promote s), its ModelSpec, its ModelRef): the
+        # specs of the last read (_specs) and of this one (_specs_now), and the last read's models dict
+        self._specs: _SpecMemo = {}
+        self._specs_now: _SpecMemo = {}
+        self._models: dict[str, ModelSpec] | None = None
         # (model key, second, count) fed by the last feed_traffic: a baseline's per-request events
         self.arrivals: list[tuple[str, float, int]] = []
 
@@ -161,12 +170,21 @@ class SnapshotReader:
     # --- everything else ---------------------------------------------------------------------
     def _spec(self, key: str, entry: ModelEntry, load_s: dict[str, float], pinned: set[str],
               min_replicas: int | None = None, promote_s: dict[str, float] | None = None) -> ModelSpec:
-        self.refs[key] = ModelRef(entry.id, entry.version)
-        return ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version,
-                         load_seconds=load_s.get(entry.id), pinned=entry.pinned or entry.id in pinned,
-                         min_replicas=entry.min_replicas if min_replicas is None else min_replicas,
-                         max_rate_per_replica=entry.max_rate_per_replica,
-                         promote_seconds=(promote_s or {}).get(entry.id))
+        ld, pr = load_s.get(entry.id), (promote_s or {}).get(entry.id)
+        pin = entry.pinned or entry.id in pinned
+        floor = entry.min_replicas if min_replicas is None else min_replicas
+        hit = self._specs.get(key)
+        # The same spec object as last tick when nothing of it changed (specs are frozen): see read().
+        if hit is not None and hit[0] is entry and hit[1] == (ld, pin, floor, pr):
+            spec, ref = hit[2], hit[3]
+        else:
+            ref = ModelRef(entry.id, entry.version)
+            spec = ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version, load_seconds=ld,
+                             pinned=pin, min_replicas=floor, max_rate_per_replica=entry.max_rate_per_replica,
+                             promote_seconds=pr)
+        self._specs_now[key] = (entry, (ld, pin, floor, pr), spec, ref)
+        self.refs[key] = ref
+        return spec
 
     def _old_version(self, models: dict[str, ModelSpec], catalog: Catalog, model: str, version: str,
                      load_s: dict[str, float], pinned: set[str], promote_s: dict[str, float]) -> str | None:
@@ -209,6 +227,7 @@ class SnapshotReader:
         load_s, promote_s = measured_seconds(self.r, ids) if full else medians(self.measured.read(self.r, ids))
         pinned = overlays.pinned(self.r)
         self.refs = {}
+        self._specs_now = {}
         models: dict[str, ModelSpec] = {}
         for mid in ids:
             models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s)
@@ -265,6 +284,15 @@ class SnapshotReader:
             size = models[key].size_bytes if key in models else 0
             intents.append(Intent(model=key, gpu=target, kind=it.action, expires_at=it.expires_at,
                                   bytes=size, version=it.version))
+        self._specs = self._specs_now
+        # The policy's memo (PolicyState) carries its timeline on only while `snapshot.models` is the same
+        # object (timeline.advance compares ids): hand it last tick's dict when every spec is unchanged, so a
+        # tick with nothing new in the catalog's view does not rebuild every model's timeline. The last dict
+        # is held until this one is made, so a changed dict can never get the old one's id (a freed
+        # object's id can be reused), which would carry on a timeline made for other specs.
+        if self._models is not None and models == self._models:
+            models = self._models
+        self._models = models
         waiting = self._waiting(catalog, fleet, now)
         gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
                               joined_at=g.started_at, alive=True) for g in fleet.alive())

@@ -187,3 +187,23 @@ def test_the_history_is_fed_as_the_dense_windows_would_feed_it(redis_url: str, t
     assert reader.arrivals == arrivals
     assert _history_state(reader.history) == _history_state(dense)
     r.close()
+
+
+def test_unchanged_specs_keep_the_models_object_and_a_change_gets_a_new_one(redis_url: str, tmp_path: Path) -> None:
+    """The policy's memo carries its timeline on while snapshot.models is the same object: a tick with no
+    spec changed hands back last tick's dict; a changed spec makes a new one (never one with the old id)."""
+    r = redis.Redis.from_url(redis_url)
+    cat = catalog(tmp_path / "c", ["hot", "quiet", "other"])
+    heartbeat(r, [ready("hot", 2.0)])
+    replica_ready(r, ready("hot", 2.0))
+    reader = SnapshotReader(r, PolicyConfig())
+    first, _ = reader.read(cat, time.time())
+    second, _ = reader.read(cat, time.time())
+    assert second.models is first.models
+    replica_ready(r, ready("hot", 8.0))  # its median load time changes
+    third, _ = reader.read(cat, time.time())
+    assert third.models is not second.models and id(third.models) != id(second.models)
+    assert third.models["hot"].load_seconds == pytest.approx(5.5) and third.models["quiet"] is second.models["quiet"]
+    full, _ = SnapshotReader(r, PolicyConfig()).read(cat, time.time(), full=True)
+    assert third.models == full.models
+    r.close()
