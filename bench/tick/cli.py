@@ -32,6 +32,9 @@ def fmt_report(r: dict[str, Any]) -> str:
         f"  snapshot   {ms(r['snapshot_seconds'])}",
         f"  plan       {ms(r['plan_seconds'])}",
         f"  dispatch   {ms(r['dispatch_seconds'])}",
+        f"cpu p50      snapshot {r['cpu_seconds']['snapshot']['p50'] * 1000:.1f} ms, plan "
+        f"{r['cpu_seconds']['plan']['p50'] * 1000:.1f} ms, dispatch {r['cpu_seconds']['dispatch']['p50'] * 1000:.1f} ms "
+        f"(this process); Redis {r['cpu_seconds']['redis']['p50'] * 1000:.1f} ms",
         f"round trips  p50 {r['round_trips']['p50']:g}   p95 {r['round_trips']['p95']:g};  actions p50 "
         f"{r['actions']['p50']:g}   p95 {r['actions']['p95']:g}",
         f"redis        {r['redis_bytes'] / 1024**2:.1f} MiB",

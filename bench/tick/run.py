@@ -74,6 +74,7 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
         bw = BenchWorker(fleet, {m: int(x) for m, x in zip(w.ids, w.sizes, strict=True)}) if worker else None
         interval = ctx.settings.tick_seconds if interval is None else interval
         results = []
+        redis_cpu_s: list[float] = []  # the Redis server's CPU seconds during each tick
         fed_until = end
         for k in range(ticks):
             started = time.time()
@@ -85,7 +86,9 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
                 if bw is not None:
                     bw.step(r, started)
             fleet.heartbeat(r, HEARTBEAT_TTL_S)
+            redis_cpu = _redis_cpu(r)
             res = sched.tick()
+            redis_cpu_s.append(_redis_cpu(r) - redis_cpu)
             if not res.leader:
                 raise RuntimeError("the benchmark's scheduler did not get the leader lock: is another "
                                    "scheduler running against this Redis?")
@@ -108,13 +111,25 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
                            "plan_seconds": round(first.plan_seconds, 4),
                            "dispatch_seconds": round(first.dispatch_seconds, 4),
                            "actions": first.actions, "round_trips": first.round_trips},
+            # CPU seconds of the scheduler's process per part (wall-clock parts include waiting for a core on
+            # a shared machine; these do not), and of the Redis server during the tick.
+            "cpu_seconds": {
+                "snapshot": percentiles([x.snapshot_cpu_seconds for x in steady]),
+                "plan": percentiles([x.plan_cpu_seconds for x in steady]),
+                "dispatch": percentiles([x.dispatch_cpu_seconds for x in steady]),
+                "redis": percentiles(redis_cpu_s[1:]),
+                "first_tick": {"snapshot": round(first.snapshot_cpu_seconds, 4),
+                               "plan": round(first.plan_cpu_seconds, 4),
+                               "dispatch": round(first.dispatch_cpu_seconds, 4),
+                               "redis": round(redis_cpu_s[0], 4)}},
             "round_trips": percentiles([float(x.round_trips) for x in steady]),
             "actions": percentiles([float(x.actions) for x in steady]),
             "dispatched": sum(x.dispatched for x in results),
             # Each tick's figures, in order: seconds, its parts, actions and round trips.
             "ticks": [{"seconds": round(x.seconds, 4), "snapshot_seconds": round(x.snapshot_seconds, 4),
                        "plan_seconds": round(x.plan_seconds, 4), "dispatch_seconds": round(x.dispatch_seconds, 4),
-                       "actions": x.actions, "dispatched": x.dispatched, "round_trips": x.round_trips}
+                       "actions": x.actions, "dispatched": x.dispatched, "round_trips": x.round_trips,
+                       "cpu_seconds": round(x.snapshot_cpu_seconds + x.plan_cpu_seconds + x.dispatch_cpu_seconds, 4)}
                       for x in results],
             "settings": {"models": models, "gpus": gpus, "ticks": ticks, "gpu_memory": gpu_memory,
                          "rate": rate, "zipf": zipf, "interval": interval, "seed": seed,
@@ -124,6 +139,11 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
         }
         r.close()
         return out
+
+
+def _redis_cpu(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _policy_build() -> str:

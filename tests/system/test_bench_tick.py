@@ -43,6 +43,8 @@ def test_a_small_run_prints_every_figure(tmp_path: Path) -> None:
         assert set(out[part]) == {"p50", "p95"} and 0 <= out[part]["p50"] <= out[part]["p95"], (part, out[part])
     assert out["first_tick_seconds"] > 0 and out["redis_bytes"] > 0
     assert out["settings"]["replicas"] > 0 and out["round_trips"]["p50"] >= 3
+    for part in ("snapshot", "plan", "dispatch", "redis"):  # CPU seconds, apart from waiting for a core
+        assert 0 <= out["cpu_seconds"][part]["p50"] <= out["cpu_seconds"][part]["p95"], part
     # The bench's workers took what the first tick sent before the second (see bench.tick.fleet.BenchWorker).
     assert len(out["ticks"]) == 3 and out["settings"]["worker"] == "acknowledging"
     assert out["ticks"][0]["dispatched"] > 0 and out["settings"]["tasks_done"] >= out["ticks"][0]["dispatched"]

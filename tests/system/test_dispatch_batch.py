@@ -79,7 +79,6 @@ def test_a_batch_sends_exactly_its_actions_and_records_each(r: redis.Redis, cele
     ]
     answers = d.send_many(orders)
     assert all(isinstance(x, Dispatched) for x in answers)
-    sent = [x for x in answers if isinstance(x, Dispatched) and x.sent]
     assert [x.sent for x in answers if isinstance(x, Dispatched)] == [True, True, True, True, False, True]
     refused = answers[4]
     assert isinstance(refused, Dispatched) and refused.held is not None and refused.held.actor == "operator"
@@ -162,3 +161,31 @@ def test_an_unknown_action_is_refused_before_anything_is_claimed(r: redis.Redis,
         Dispatcher(r, celery).send_many([Order("preload", "m1", "v1", g, "scheduler", "x"),
                                          Order("reload", "m2", "v1", g, "scheduler", "x")])
     assert not r.keys(keys.INTENT_PATTERN) and not r.exists(keys.EVENTS)
+
+
+def test_every_task_of_a_batch_sends_its_task_sent_event(r: redis.Redis, celery: Celery) -> None:
+    """Flower and `celery events` see each batched task as sent (the event goes out in the same batch)."""
+    sub = r.pubsub()
+    sub.psubscribe("*celeryev/task.sent*")
+    assert sub.get_message(timeout=5)["type"] == "psubscribe"
+    g = gpu("node-a", "cuda:0")
+    answers = Dispatcher(r, celery).send_many([Order("preload", f"m{i}", "v1", g, "scheduler", "x", result=False)
+                                               for i in range(3)])
+    ids = set()
+    deadline = time.time() + 10
+    while len(ids) < 3 and time.time() < deadline:
+        m = sub.get_message(timeout=1)
+        if m and m["type"] == "pmessage":
+            ids.add(_event_uuid(m["data"]))
+    assert ids == {a.task_id for a in answers if isinstance(a, Dispatched)}
+    assert not r.keys("celery-task-meta-*")  # result=False: no result record is kept for them
+    sub.close()
+
+
+def _event_uuid(raw: bytes) -> str:
+    """The task id a Celery event message carries (kombu's envelope, its body base64-encoded JSON)."""
+    import base64
+
+    m = json.loads(raw)
+    body = base64.b64decode(m["body"]) if m["properties"].get("body_encoding") == "base64" else m["body"]
+    return json.loads(body)["uuid"]
