@@ -148,8 +148,8 @@ class Dispatcher:
         claims = state.claim_intents(self.r, [(p.intent, p.supersedes) for p in prepared])
         answers: list[Dispatched | Exception | None] = [None] * len(prepared)
         sent: list[tuple[int, state.Intent | None]] = []
-        with self.celery.producer_or_acquire() as producer:  # one broker connection for the whole batch
-            try:
+        try:
+            with self.celery.producer_or_acquire() as producer:  # one broker connection for the whole batch
                 # kombu's publish batch (Redis transport): the tasks' LPUSHes and their "task-sent" events go
                 # out in one pipeline when the block ends. Without it each task is two round trips.
                 with _publish_batch(producer):
@@ -163,12 +163,14 @@ class Dispatcher:
                             answers[i] = exc
                             continue
                         sent.append((i, held))
-            except Exception as exc:
-                # The batch's one write failed: whether any of its tasks arrived is unknown. Their intents are
-                # released below, so a task that did arrive is dropped by its worker as stale.
-                for i, _held in sent:
+        except Exception as exc:
+            # The batch's one write failed (or no producer could be had): whether any of its tasks arrived is
+            # unknown. Every claimed order not answered yet gets the error and its intent is released below,
+            # so a task that did arrive is dropped by its worker as stale.
+            for i, (claimed, _held) in enumerate(claims):
+                if claimed and not isinstance(answers[i], Exception):
                     answers[i] = exc
-                sent = []
+            sent = []
         failed = [prepared[i] for i, a in enumerate(answers) if isinstance(a, Exception)]
         pipe = self.r.pipeline(transaction=False)
         for p in failed:  # nothing was sent for it: leave no claim behind

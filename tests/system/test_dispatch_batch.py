@@ -189,3 +189,18 @@ def _event_uuid(raw: bytes) -> str:
     m = json.loads(raw)
     body = base64.b64decode(m["body"]) if m["properties"].get("body_encoding") == "base64" else m["body"]
     return json.loads(body)["uuid"]
+
+
+def test_with_the_broker_unreachable_nothing_is_left_claimed(r: redis.Redis) -> None:
+    """Every order is answered with the broker's error, and no intent, event or count is left for any."""
+    app = celery_app.make_celery("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    app.conf.broker_connection_retry = False
+    app.conf.task_publish_retry = False
+    try:
+        g = gpu("node-a", "cuda:0")
+        answers = Dispatcher(r, app).send_many([Order("preload", m, "v1", g, "scheduler", "x", result=False)
+                                                for m in ("a", "b")])
+        assert len(answers) == 2 and all(isinstance(a, Exception) for a in answers)
+        assert not r.keys(keys.INTENT_PATTERN) and not r.exists(keys.EVENTS) and not dispatch_counts.read(r)
+    finally:
+        app.close()
