@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -204,9 +204,13 @@ def _decode(h: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in h.items()}
 
 
-def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
+def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes, Replica] | None = None) -> Fleet:
     """Every GPU ever announced; stale ones (no heartbeat within the TTL) flagged alive=False, no replicas.
-    `nodes`: every live node's host cache and staged models (read in the same round trips)."""
+    `nodes`: every live node's host cache and staged models (read in the same round trips).
+
+    `parsed`: a reader's cache from a replica record to the Replica parsed from it, kept between reads (the
+    scheduler's every tick): a record unchanged since the last read is not parsed again, and the Replica is
+    the same object, so such a reader must not change them. Left holding this read's records only."""
     pipe = r.pipeline(transaction=False)
     pipe.smembers(keys.GPUS)
     pipe.smembers(keys.NODES)
@@ -224,6 +228,7 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
     nodes = _nodes(names, raw[2 * len(ids):])
     raw = raw[:2 * len(ids)]
     gpus: list[Gpu] = []
+    seen: dict[bytes, Replica] = {}  # this read's records (with `parsed`)
     for i, gid in enumerate(ids):
         info, reps = _decode(raw[2 * i]), raw[2 * i + 1]
         if not info:
@@ -237,9 +242,21 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True) -> Fleet:
                 free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=float(info.get("last_heartbeat", 0)),
                 worker=info.get("worker", ""), started_at=float(info.get("started_at", 0)),
                 kind=info.get("kind", "cpu"))
-        g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=lambda x: (x.model, x.version))
+        if parsed is None:
+            g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=_replica_order)
+        else:
+            for v in reps.values():
+                seen[v] = parsed.get(v) or Replica.from_json(v)
+            g.replicas = sorted((seen[v] for v in reps.values()), key=_replica_order)
         gpus.append(g)
+    if parsed is not None:
+        parsed.clear()
+        parsed.update(seen)
     return Fleet(gpus, nodes)
+
+
+def _replica_order(x: Replica) -> tuple[str, str]:
+    return (x.model, x.version)
 
 
 def _nodes(names: list[str], raw: list[dict[bytes, bytes]]) -> list[Node]:
@@ -424,6 +441,25 @@ def claim_intent_over(r: redis.Redis, intent: Intent, supersedes: Iterable[str])
     claimed, held = r.eval(_CLAIM_OVER, 1, keys.intent(intent.model, intent.gpu), intent.to_json(), ttl_ms,
                            intent.version, "," + ",".join(supersedes) + ",")
     return bool(claimed), _parse_intent(held) if held else None
+
+
+def claim_intents(r: redis.Redis, claims: Sequence[tuple[Intent, Collection[str]]]) -> list[tuple[bool, Intent | None]]:
+    """claim_intent_over for many intents in one pipelined round trip, in order (a later claim on the same
+    (model, gpu) sees an earlier one). An empty `supersedes` is a plain claim (claim_intent) that also says
+    which intent refused it. One answer per claim, as claim_intent_over gives."""
+    if not claims:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for intent, supersedes in claims:
+        ttl_ms = max(1, int((intent.expires_at - intent.created_at) * 1000))
+        pipe.eval(_CLAIM_OVER, 1, keys.intent(intent.model, intent.gpu), intent.to_json(), ttl_ms, intent.version,
+                  "," + ",".join(supersedes) + ",")
+    return [(bool(claimed), _parse_intent(held) if held else None) for claimed, held in pipe.execute()]
+
+
+def queue_release_intent(pipe: redis.client.Pipeline, model: str, gpu: str, intent_id: str) -> None:
+    """release_intent queued on a pipeline (the dispatcher's records of a batch go in one round trip)."""
+    pipe.eval(_RELEASE_MINE, 1, keys.intent(model, gpu), intent_id)
 
 
 def release_intent(r: redis.Redis, model: str, gpu: str, intent_id: str) -> bool:

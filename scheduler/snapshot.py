@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import redis
 
-from prewarm import events, replica_states, state, traffic
+from prewarm import events, keys, replica_states, state, traffic
 from prewarm import priority as priorities
 from prewarm.catalog import Catalog, ModelEntry
 from prewarm.store import cold_starts, load_times, overlays
@@ -69,6 +69,36 @@ def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, fl
     return medians(load_times.recent(r, model_ids))
 
 
+# key -> (catalog entry, (load s, pinned, min replicas, promote s), its ModelSpec, its ModelRef): SnapshotReader._spec
+_SpecMemo = dict[str, tuple[ModelEntry, tuple[float | None, bool, int, float | None], ModelSpec, ModelRef]]
+
+
+def _sparse_window(r: redis.Redis, resolution_s: int, start: float, end: float) -> dict[str, list[tuple[int, int]]]:
+    """The buckets of traffic.read_window(r, resolution_s, start, end) as model -> [(bucket start, count)] of
+    its non-zero buckets, oldest first, models in the order read_window gives them (so the history is fed in
+    the same order). Sparse: four hours of minutes at 10,000 models are ~200 k counts, not 2.4 M zeros."""
+    if resolution_s not in traffic.RETENTION_S:
+        raise ValueError(f"resolution_s must be one of {sorted(traffic.RETENTION_S)}")
+    first = traffic.bucket_start(start, resolution_s)
+    n = max(0, (traffic.bucket_start(end, resolution_s) - first) // resolution_s)
+    if n > traffic.MAX_BUCKETS:
+        raise ValueError(f"window of {n} buckets is too long (at most {traffic.MAX_BUCKETS})")
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        pipe.hgetall(keys.traffic_bucket(resolution_s, first + i * resolution_s))
+    out: dict[str, list[tuple[int, int]]] = {}
+    for i, h in enumerate(pipe.execute() if n else []):
+        t = first + i * resolution_s
+        for raw_model, raw_count in h.items():
+            c = int(raw_count)
+            series = out.get(model := raw_model.decode())
+            if series is None:
+                series = out[model] = []
+            if c:
+                series.append((t, c))
+    return out
+
+
 class SnapshotReader:
     def __init__(self, r: redis.Redis, config: PolicyConfig) -> None:
         self.r = r
@@ -79,18 +109,23 @@ class SnapshotReader:
         self.refs: dict[str, ModelRef] = {}
         self._carry: dict[str, float] = {}
         self.measured = load_times.Recent()  # every model's load times, re-read only when written
+        self._replicas: dict[bytes, state.Replica] = {}  # replica records parsed last tick (read_fleet)
+        # key -> (catalog entry, (load s, pinned, min replicas, promote s), its ModelSpec, its ModelRef): the
+        # specs of the last read (_specs) and of this one (_specs_now), and the last read's models dict
+        self._specs: _SpecMemo = {}
+        self._specs_now: _SpecMemo = {}
+        self._models: dict[str, ModelSpec] | None = None
         # (model key, second, count) fed by the last feed_traffic: a baseline's per-request events
         self.arrivals: list[tuple[str, float, int]] = []
 
     # --- traffic -----------------------------------------------------------------------------
     def _warm_history(self, now: float) -> None:
         minute_edge = int(now // 60 * 60) - 60
-        w = traffic.read_minutes(self.r, minute_edge - HISTORY_WARMUP_S, minute_edge)
-        times = w.times()
-        for model, counts in w.counts.items():
-            for t, c in zip(times, counts, strict=True):
-                if c:
-                    self.history.add_bucket(model, t + 30, c)  # a minute's count, at its middle
+        add = self.history.add_bucket
+        for model, series in _sparse_window(self.r, traffic.MINUTE, minute_edge - HISTORY_WARMUP_S,
+                                            minute_edge).items():
+            for t, c in series:
+                add(model, t + 30, c)  # a minute's count, at its middle
         for ev in events.read(self.r, limit=500, kind="evict"):
             self.recent_evictions.setdefault(ev.model, ev.ts)
         self.fed_until = minute_edge
@@ -119,17 +154,14 @@ class SnapshotReader:
         start = max(self.fed_until, end - traffic.SECOND_TTL_S + 60)
         if end <= start:
             return 0
-        w = traffic.read_seconds(self.r, start, end)
         fed = 0
-        times = w.times()
-        for model, counts in w.counts.items():
-            for t, c in zip(times, counts, strict=True):
-                if c:
-                    for key, part in self._split(model, c, rollouts or {}):
-                        if part:
-                            self.history.add_bucket(key, t, part)
-                            self.arrivals.append((key, t, part))
-                    fed += c
+        for model, series in _sparse_window(self.r, traffic.SECOND, start, end).items():
+            for t, c in series:
+                for key, part in self._split(model, c, rollouts or {}):
+                    if part:
+                        self.history.add_bucket(key, t, part)
+                        self.arrivals.append((key, t, part))
+                fed += c
         self.fed_until = end
         return fed
 
@@ -139,13 +171,22 @@ class SnapshotReader:
     # --- everything else ---------------------------------------------------------------------
     def _spec(self, key: str, entry: ModelEntry, load_s: dict[str, float], pinned: set[str],
               min_replicas: int | None = None, promote_s: dict[str, float] | None = None) -> ModelSpec:
-        self.refs[key] = ModelRef(entry.id, entry.version)
-        return ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version,
-                         load_seconds=load_s.get(entry.id), pinned=entry.pinned or entry.id in pinned,
-                         min_replicas=entry.min_replicas if min_replicas is None else min_replicas,
-                         max_rate_per_replica=entry.max_rate_per_replica,
-                         promote_seconds=(promote_s or {}).get(entry.id), priority=priorities.rank(entry.priority),
-                         max_replica_age_s=entry.max_replica_age_s)
+        ld, pr = load_s.get(entry.id), (promote_s or {}).get(entry.id)
+        pin = entry.pinned or entry.id in pinned
+        floor = entry.min_replicas if min_replicas is None else min_replicas
+        hit = self._specs.get(key)
+        # The same spec object as last tick when nothing of it changed (specs are frozen): see read().
+        if hit is not None and hit[0] is entry and hit[1] == (ld, pin, floor, pr):
+            spec, ref = hit[2], hit[3]
+        else:
+            ref = ModelRef(entry.id, entry.version)
+            spec = ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version, load_seconds=ld,
+                             pinned=pin, min_replicas=floor, max_rate_per_replica=entry.max_rate_per_replica,
+                             promote_seconds=pr, priority=priorities.rank(entry.priority),
+                             max_replica_age_s=entry.max_replica_age_s)
+        self._specs_now[key] = (entry, (ld, pin, floor, pr), spec, ref)
+        self.refs[key] = ref
+        return spec
 
     def _old_version(self, models: dict[str, ModelSpec], catalog: Catalog, model: str, version: str,
                      load_s: dict[str, float], pinned: set[str], promote_s: dict[str, float]) -> str | None:
@@ -183,11 +224,12 @@ class SnapshotReader:
             if mid in catalog and ro.version != catalog.get(mid).version:
                 active[mid] = (f"{mid}@{ro.version}", ro.traffic_fraction)
         self.feed_traffic(now, active)
-        fleet = state.read_fleet(self.r)
+        fleet = state.read_fleet(self.r, parsed=self._replicas)
         ids = catalog.ids()
         load_s, promote_s = measured_seconds(self.r, ids) if full else medians(self.measured.read(self.r, ids))
         pinned = overlays.pinned(self.r)
         self.refs = {}
+        self._specs_now = {}
         models: dict[str, ModelSpec] = {}
         for mid in ids:
             models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s)
@@ -245,6 +287,15 @@ class SnapshotReader:
             size = models[key].size_bytes if key in models else 0
             intents.append(Intent(model=key, gpu=target, kind=it.action, expires_at=it.expires_at,
                                   bytes=size, version=it.version))
+        self._specs = self._specs_now
+        # The policy's memo (PolicyState) carries its timeline on only while `snapshot.models` is the same
+        # object (timeline.advance compares ids): hand it last tick's dict when every spec is unchanged, so a
+        # tick with nothing new in the catalog's view does not rebuild every model's timeline. The last dict
+        # is held until this one is made, so a changed dict can never get the old one's id (a freed
+        # object's id can be reused), which would carry on a timeline made for other specs.
+        if self._models is not None and models == self._models:
+            models = self._models
+        self._models = models
         waiting_since = self._waiting(catalog, fleet, now)
         gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
                               joined_at=g.started_at, alive=True) for g in fleet.alive())

@@ -32,6 +32,9 @@ def fmt_report(r: dict[str, Any]) -> str:
         f"  snapshot   {ms(r['snapshot_seconds'])}",
         f"  plan       {ms(r['plan_seconds'])}",
         f"  dispatch   {ms(r['dispatch_seconds'])}",
+        f"cpu p50      snapshot {r['cpu_seconds']['snapshot']['p50'] * 1000:.1f} ms, plan "
+        f"{r['cpu_seconds']['plan']['p50'] * 1000:.1f} ms, dispatch {r['cpu_seconds']['dispatch']['p50'] * 1000:.1f} ms "
+        f"(this process); Redis {r['cpu_seconds']['redis']['p50'] * 1000:.1f} ms",
         f"round trips  p50 {r['round_trips']['p50']:g}   p95 {r['round_trips']['p95']:g};  actions p50 "
         f"{r['actions']['p50']:g}   p95 {r['actions']['p95']:g}",
         f"redis        {r['redis_bytes'] / 1024**2:.1f} MiB",
@@ -42,7 +45,8 @@ def cmd_bench_tick(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
     try:
         r = run_bench(args.models, args.gpus, args.ticks, gpu_memory=args.gpu_memory, rate=args.rate,
-                      zipf=args.zipf, interval=args.interval, seed=args.seed, log=log)
+                      zipf=args.zipf, interval=args.interval, seed=args.seed, worker=not args.no_worker,
+                      log=log)
     except (ValueError, RuntimeError) as exc:
         print(f"prewarm bench tick: {exc}", file=sys.stderr)
         return 2
@@ -62,6 +66,9 @@ def add_tick_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--interval", type=float, default=None,
                    help="seconds from one tick's start to the next (default PREWARM_TICK_SECONDS, 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-worker", action="store_true",
+                   help="nobody does the tasks the scheduler sends (by default the bench's workers take them "
+                        "between ticks: evicts at once, preloads after their load time)")
     p.set_defaults(func=cmd_bench_tick)
     return p
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +107,9 @@ class BenchFleet:
     def loads_elsewhere(self, r: redis.Redis, w: Workload, n: int, k: int) -> None:
         """`n` loads measured again (their lists, and the medians the scheduler plans with, change)."""
         for reps in list(self.replicas.values())[:n]:
-            if reps:
-                x = reps[k % len(reps)]
+            ready = [x for x in reps if x.state == "ready"]
+            if ready:
+                x = ready[k % len(ready)]
                 x.load_seconds = round((x.load_seconds or 1.0) * float(w.rng.uniform(0.9, 1.1)), 3)
                 replica_ready(r, x)
 
@@ -116,3 +119,82 @@ class BenchFleet:
         for g in self.gpus:
             g.last_heartbeat = now
             state.write_heartbeat(r, g, self.replicas[g.id], ttl)
+
+
+@dataclass
+class _Loading:
+    replica: state.Replica
+    ready_at: float
+    intent_id: str
+
+
+@dataclass
+class BenchWorker:
+    """What the GPUs' workers do with the scheduler's tasks, at the speed of the bench's storage, so the ticks
+    see a fleet that changes as a live one does: between ticks it takes every task waiting in each GPU's
+    queue; an evict removes its replica at once, a preload becomes a loading replica that turns ready after
+    its load time (size at LOAD_GIB_S) and is recorded as its worker records it. Each task's intent is
+    released once done, as the worker releases it. A preload with no room left, or of a replica already
+    there, is dropped (its intent released), as a worker fails it. Without it (`--no-worker`) nothing the
+    scheduler sends is ever done: its intents stay in flight until they expire and the replicas it evicts
+    stay resident, so each tick finds the fleet fuller and plans more evictions for the same loads."""
+
+    fleet: BenchFleet
+    sizes: dict[str, int]
+    loading: list[_Loading] = field(default_factory=list)
+    tasks: int = 0
+
+    def step(self, r: redis.Redis, now: float) -> int:
+        """Take the queued tasks and finish the loads whose time has come; returns the tasks taken."""
+        pipe = r.pipeline(transaction=False)
+        for g in self.fleet.gpus:
+            pipe.lrange(g.queue, 0, -1)
+            pipe.delete(g.queue)
+        raw = pipe.execute()[::2]
+        taken = 0
+        for g, messages in zip(self.fleet.gpus, raw, strict=True):
+            for m in reversed(messages):  # kombu LPUSHes: the oldest is last
+                task, args, kwargs = _task(m)
+                self._do(r, g, task, args, kwargs, now)
+                taken += 1
+        for x in [x for x in self.loading if x.ready_at <= now]:
+            self.loading.remove(x)
+            rep = x.replica
+            rep.state, rep.progress, rep.bytes, rep.since = "ready", 1.0, rep.total_bytes, x.ready_at
+            replica_ready(r, rep)
+            state.release_intent(r, rep.model, rep.gpu, x.intent_id)
+        self.tasks += taken
+        return taken
+
+    def _do(self, r: redis.Redis, g: state.Gpu, task: str, args: list, kwargs: dict, now: float) -> None:
+        from prewarm import celery_app
+
+        model, intent_id = str(args[0]), str(kwargs.get("intent_id", ""))
+        reps = self.fleet.replicas[g.id]
+        if task == celery_app.EVICT:
+            for x in [x for x in reps if x.model == model]:
+                reps.remove(x)
+                g.used_bytes -= x.total_bytes
+                g.free_bytes += x.total_bytes
+            self.loading = [x for x in self.loading if not (x.replica.gpu == g.id and x.replica.model == model)]
+        elif task == celery_app.PRELOAD and model in self.sizes:
+            size = self.sizes[model]
+            if g.free_bytes >= size and all(x.model != model for x in reps):
+                load_s = size / (LOAD_GIB_S * GIB)
+                rep = state.Replica(model=model, version=str(args[1]), gpu=g.id, state="loading", bytes=0,
+                                    total_bytes=size, load_seconds=round(load_s, 3), warmup_seconds=0.2, since=now,
+                                    created_at=now, reason=str(kwargs.get("reason", "")), source="storage")
+                reps.append(rep)
+                g.used_bytes += size
+                g.free_bytes -= size
+                self.loading.append(_Loading(rep, now + load_s, intent_id))
+                return  # its intent is released when it is ready
+        state.release_intent(r, model, g.id, intent_id)
+
+
+def _task(message: bytes) -> tuple[str, list, dict]:
+    """(task name, args, kwargs) of a Celery message as kombu's Redis transport stores it (protocol 2)."""
+    m = json.loads(message)
+    body = json.loads(base64.b64decode(m["body"])) if m["properties"].get("body_encoding") == "base64" \
+        else json.loads(m["body"])
+    return m["headers"]["task"], body[0], body[1]

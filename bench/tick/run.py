@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from .fleet import GIB, BenchFleet, Workload
+from .fleet import GIB, BenchFleet, BenchWorker, Workload
 
 HISTORY_S = 3600  # the traffic written before the first tick
 HEARTBEAT_TTL_S = 120.0  # long enough that a slow tick never lets a GPU expire; refreshed before each tick
@@ -38,7 +38,7 @@ def _redis_url() -> Iterator[str]:
 
 
 def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB, rate: float = 300.0,
-              zipf: float = 1.1, interval: float | None = None, seed: int = 0,
+              zipf: float = 1.1, interval: float | None = None, seed: int = 0, worker: bool = True,
               log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     if models < 1 or gpus < 1 or ticks < 2:
         raise ValueError("--models and --gpus must be at least 1 and --ticks at least 2 (the first tick is "
@@ -64,13 +64,17 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
         now = time.time()
         fleet = BenchFleet.place(w, gpus, gpu_memory, now)
         fleet.record_loads(r)
+        placed = fleet.count()
         end = int(now)
         requests = w.record(r, end - HISTORY_S, end, now)
-        log(f"filled: {n_catalog} models, {gpus} GPUs with {fleet.count()} replicas, {requests} requests "
+        log(f"filled: {n_catalog} models, {gpus} GPUs with {placed} replicas, {requests} requests "
             f"in the last hour ({time.perf_counter() - t0:.1f} s; catalog parsed in {catalog_s:.2f} s)")
         sched = Scheduler(ctx, ident="bench")
+        # The GPUs' workers, doing what the scheduler sends (see BenchWorker); None: nobody consumes.
+        bw = BenchWorker(fleet, {m: int(x) for m, x in zip(w.ids, w.sizes, strict=True)}) if worker else None
         interval = ctx.settings.tick_seconds if interval is None else interval
         results = []
+        redis_cpu_s: list[float] = []  # the Redis server's CPU seconds during each tick
         fed_until = end
         for k in range(ticks):
             started = time.time()
@@ -79,8 +83,12 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
                 requests += w.record(r, fed_until, int(started), started)
                 fed_until = int(started)
                 fleet.loads_elsewhere(r, w, LOADS_PER_TICK, k)
+                if bw is not None:
+                    bw.step(r, started)
             fleet.heartbeat(r, HEARTBEAT_TTL_S)
+            redis_cpu = _redis_cpu(r)
             res = sched.tick()
+            redis_cpu_s.append(_redis_cpu(r) - redis_cpu)
             if not res.leader:
                 raise RuntimeError("the benchmark's scheduler did not get the leader lock: is another "
                                    "scheduler running against this Redis?")
@@ -103,16 +111,39 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
                            "plan_seconds": round(first.plan_seconds, 4),
                            "dispatch_seconds": round(first.dispatch_seconds, 4),
                            "actions": first.actions, "round_trips": first.round_trips},
+            # CPU seconds of the scheduler's process per part (wall-clock parts include waiting for a core on
+            # a shared machine; these do not), and of the Redis server during the tick.
+            "cpu_seconds": {
+                "snapshot": percentiles([x.snapshot_cpu_seconds for x in steady]),
+                "plan": percentiles([x.plan_cpu_seconds for x in steady]),
+                "dispatch": percentiles([x.dispatch_cpu_seconds for x in steady]),
+                "redis": percentiles(redis_cpu_s[1:]),
+                "first_tick": {"snapshot": round(first.snapshot_cpu_seconds, 4),
+                               "plan": round(first.plan_cpu_seconds, 4),
+                               "dispatch": round(first.dispatch_cpu_seconds, 4),
+                               "redis": round(redis_cpu_s[0], 4)}},
             "round_trips": percentiles([float(x.round_trips) for x in steady]),
             "actions": percentiles([float(x.actions) for x in steady]),
             "dispatched": sum(x.dispatched for x in results),
+            # Each tick's figures, in order: seconds, its parts, actions and round trips.
+            "ticks": [{"seconds": round(x.seconds, 4), "snapshot_seconds": round(x.snapshot_seconds, 4),
+                       "plan_seconds": round(x.plan_seconds, 4), "dispatch_seconds": round(x.dispatch_seconds, 4),
+                       "actions": x.actions, "dispatched": x.dispatched, "round_trips": x.round_trips,
+                       "cpu_seconds": round(x.snapshot_cpu_seconds + x.plan_cpu_seconds + x.dispatch_cpu_seconds, 4)}
+                      for x in results],
             "settings": {"models": models, "gpus": gpus, "ticks": ticks, "gpu_memory": gpu_memory,
                          "rate": rate, "zipf": zipf, "interval": interval, "seed": seed,
-                         "replicas": fleet.count(), "requests": requests, "catalog_seconds": round(catalog_s, 3),
-                         "policy": _policy_build()},
+                         "replicas": placed, "requests": requests, "catalog_seconds": round(catalog_s, 3),
+                         "policy": _policy_build(), "worker": "acknowledging" if bw is not None else "none",
+                         "tasks_done": bw.tasks if bw is not None else 0},
         }
         r.close()
         return out
+
+
+def _redis_cpu(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _policy_build() -> str:

@@ -10,7 +10,7 @@ from prewarm import keys
 UNSPECIFIED = "unspecified"  # an action dispatched with no kind
 
 
-def count(r: redis.Redis, action: str, kind: str) -> None:
+def count(r: redis.Redis | redis.client.Pipeline, action: str, kind: str) -> None:
     r.hincrby(keys.DISPATCH_COUNTS, f"{action}:{kind or UNSPECIFIED}", 1)
 
 

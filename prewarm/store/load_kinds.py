@@ -17,7 +17,7 @@ def field(model: str, version: str, gpu: str) -> str:
     return f"{model}@{version}|{gpu}"
 
 
-def note(r: redis.Redis, model: str, version: str, gpu: str, actor: str, kind: str) -> None:
+def note(r: redis.Redis | redis.client.Pipeline, model: str, version: str, gpu: str, actor: str, kind: str) -> None:
     r.hset(keys.LOAD_KINDS, field(model, version, gpu), f"{actor}:{kind}")
 
 

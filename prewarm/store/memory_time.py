@@ -8,6 +8,7 @@ guessed at), as byte-seconds and as GPU-seconds (bytes / the GPU's total).
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -35,13 +36,23 @@ def account(r: redis.Redis, fleet: state.Fleet, since: float | None, now: float)
             per_gpu[x.model] += (held / g.total_bytes if g.total_bytes else 0.0) * dt
     if not per_bytes:
         return
-    key = keys.memory_minute(minute_of(now))
-    pipe = r.pipeline(transaction=False)
+    # One command with one JSON argument, not two HINCRBYFLOATs per model: at 10,000 models × 256 GPUs the
+    # pipeline's packing was a good part of the scheduler's tick.
+    fields: dict[str, str] = {}
     for model, v in per_bytes.items():
-        pipe.hincrbyfloat(key, f"bytes:{model}", v)
-        pipe.hincrbyfloat(key, f"gpu:{model}", per_gpu[model])
-    pipe.expire(key, keys.MINUTE_TTL_S)
-    pipe.execute()
+        fields[f"bytes:{model}"] = repr(v)
+        fields[f"gpu:{model}"] = repr(per_gpu[model])
+    _add_script(keys=[keys.memory_minute(minute_of(now))], args=[json.dumps(fields), keys.MINUTE_TTL_S], client=r)
+
+
+# KEYS[1]: the minute's hash; ARGV[1]: JSON {field: increment as a string}; ARGV[2]: its TTL in seconds.
+# (Increments as strings: HINCRBYFLOAT reads them exactly as redis-py would have sent them.)
+_ADD_LUA = b"""
+for f, v in pairs(cjson.decode(ARGV[1])) do redis.call('HINCRBYFLOAT', KEYS[1], f, v) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+_add_script = redis.commands.core.Script(None, _ADD_LUA)
 
 
 @dataclass

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prewarm.programs.cli import build_parser
@@ -42,6 +43,47 @@ def test_a_small_run_prints_every_figure(tmp_path: Path) -> None:
         assert set(out[part]) == {"p50", "p95"} and 0 <= out[part]["p50"] <= out[part]["p95"], (part, out[part])
     assert out["first_tick_seconds"] > 0 and out["redis_bytes"] > 0
     assert out["settings"]["replicas"] > 0 and out["round_trips"]["p50"] >= 3
+    for part in ("snapshot", "plan", "dispatch", "redis"):  # CPU seconds, apart from waiting for a core
+        assert 0 <= out["cpu_seconds"][part]["p50"] <= out["cpu_seconds"][part]["p95"], part
+    # The bench's workers took what the first tick sent before the second (see bench.tick.fleet.BenchWorker).
+    assert len(out["ticks"]) == 3 and out["settings"]["worker"] == "acknowledging"
+    assert out["ticks"][0]["dispatched"] > 0 and out["settings"]["tasks_done"] >= out["ticks"][0]["dispatched"]
+
+
+def test_the_bench_workers_do_what_the_scheduler_sends(redis_url: str, tmp_path: Path) -> None:
+    """Evicts remove their replica, preloads load and turn ready after their load time (recorded as the
+    worker records them), and every intent is released once its task is done."""
+    import redis
+
+    from bench.tick.fleet import BenchFleet, BenchWorker, Workload
+    from prewarm import keys
+    from prewarm.celery_app import make_celery
+    from prewarm.dispatch import Dispatcher
+    from prewarm.store import load_times
+
+    r = redis.Redis.from_url(redis_url)
+    w = Workload.make(20, 50.0, 1.1, 0)
+    now = time.time()
+    fleet = BenchFleet.place(w, 2, 80 * 1024**3, now)
+    g = fleet.gpus[0]
+    victim = fleet.replicas[g.id][0]
+    newcomer = next(m for m in w.ids if all(x.model != m for x in fleet.replicas[g.id]))
+    g.free_bytes += int(w.sizes[w.ids.index(newcomer)])  # room for it whatever the fill left
+    bw = BenchWorker(fleet, {m: int(x) for m, x in zip(w.ids, w.sizes, strict=True)})
+    app = make_celery(redis_url)
+    d = Dispatcher(r, app)
+    assert d.evict(victim.model, "v1", g, actor="scheduler", reason="room").sent
+    assert d.preload(newcomer, "v1", g, actor="scheduler", reason="demand").sent
+    assert bw.step(r, now) == 2
+    assert all(x.model != victim.model for x in fleet.replicas[g.id])
+    assert not r.exists(keys.intent(victim.model, g.id))
+    [loading] = [x for x in fleet.replicas[g.id] if x.model == newcomer]
+    assert loading.state == "loading" and r.exists(keys.intent(newcomer, g.id))  # held until ready
+    assert bw.step(r, now + 3600) == 0
+    assert loading.state == "ready" and not r.exists(keys.intent(newcomer, g.id))
+    assert load_times.recent(r, [newcomer])[newcomer].load  # recorded as its worker records a load
+    app.close()
+    r.close()
 
 
 def test_a_bad_option_says_what_to_fix() -> None:

@@ -132,3 +132,78 @@ def test_a_tick_with_nothing_measured_reads_no_load_times(redis_url: str, tmp_pa
     assert r.info("commandstats")["cmdstat_lrange"]["calls"] == 2
     assert got == load_times.recent(r, names) and got["m7"].load == [1.5] and got["m3"].load == [2.5]
     r.close()
+
+
+def _history_state(h: object) -> list[tuple[str, int, tuple[object, ...]]]:
+    """Everything a TrafficHistory holds per model, in its order of last change."""
+    import ast
+
+    import scheduler.policy
+
+    # The per-model slots, from the source (the native build's classes do not list them).
+    src = ast.parse((Path(scheduler.policy.__file__).parent / "traffic.py").read_text())
+    cls = next(n for n in src.body if isinstance(n, ast.ClassDef) and n.name == "_ModelTraffic")
+    slots = next(ast.literal_eval(a.value) for a in cls.body if isinstance(a, ast.Assign)
+                 and getattr(a.targets[0], "id", "") == "__slots__")
+    models = h._m  # type: ignore[attr-defined]
+    return [(m, seq, tuple(getattr(models[m], s) for s in slots))
+            for m, seq in h._changed.items()]  # type: ignore[attr-defined]
+
+
+def test_the_history_is_fed_as_the_dense_windows_would_feed_it(redis_url: str, tmp_path: Path) -> None:
+    """The reader feeds its history from the buckets sparsely (no zeros): the same calls in the same order
+    as walking traffic.read_minutes / read_seconds model by model, so plan() sees the same history."""
+    import random
+
+    from scheduler.policy import TrafficHistory
+    from scheduler.snapshot import HISTORY_WARMUP_S, LATE_EVENT_LAG_S
+
+    r = redis.Redis.from_url(redis_url)
+    rnd = random.Random(7)
+    now = time.time()
+    names = [f"m{i}" for i in range(40)]
+    events = [(rnd.choice(names[: 5 + i % 35]), rnd.randint(1, 4), now - rnd.uniform(3, 2 * 3600))
+              for i in range(4000)]
+    traffic.record(r, events, now=now)
+    config = PolicyConfig()
+    reader = SnapshotReader(r, config)
+    fed = reader.feed_traffic(now)
+    # The dense way: every model's series over the same windows, zeros skipped.
+    dense = TrafficHistory.for_config(config)
+    minute_edge = int(now // 60 * 60) - 60
+    w = traffic.read_minutes(r, minute_edge - HISTORY_WARMUP_S, minute_edge)
+    for model, counts in w.counts.items():
+        for t, c in zip(w.times(), counts, strict=True):
+            if c:
+                dense.add_bucket(model, t + 30, c)
+    w = traffic.read_seconds(r, minute_edge, int(now) - LATE_EVENT_LAG_S)
+    arrivals = []
+    for model, counts in w.counts.items():
+        for t, c in zip(w.times(), counts, strict=True):
+            if c:
+                dense.add_bucket(model, t, c)
+                arrivals.append((model, t, c))
+    assert fed == sum(c for _m, _t, c in arrivals) > 0
+    assert reader.arrivals == arrivals
+    assert _history_state(reader.history) == _history_state(dense)
+    r.close()
+
+
+def test_unchanged_specs_keep_the_models_object_and_a_change_gets_a_new_one(redis_url: str, tmp_path: Path) -> None:
+    """The policy's memo carries its timeline on while snapshot.models is the same object: a tick with no
+    spec changed hands back last tick's dict; a changed spec makes a new one (never one with the old id)."""
+    r = redis.Redis.from_url(redis_url)
+    cat = catalog(tmp_path / "c", ["hot", "quiet", "other"])
+    heartbeat(r, [ready("hot", 2.0)])
+    replica_ready(r, ready("hot", 2.0))
+    reader = SnapshotReader(r, PolicyConfig())
+    first, _ = reader.read(cat, time.time())
+    second, _ = reader.read(cat, time.time())
+    assert second.models is first.models
+    replica_ready(r, ready("hot", 8.0))  # its median load time changes
+    third, _ = reader.read(cat, time.time())
+    assert third.models is not second.models and id(third.models) != id(second.models)
+    assert third.models["hot"].load_seconds == pytest.approx(5.5) and third.models["quiet"] is second.models["quiet"]
+    full, _ = SnapshotReader(r, PolicyConfig()).read(cat, time.time(), full=True)
+    assert third.models == full.models
+    r.close()
