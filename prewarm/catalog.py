@@ -16,6 +16,8 @@
     shape = [1, 64]
     dtype = "int64"
     high = 32000                     # optional: integer inputs are drawn from [0, high)
+    (torch only: cuda_graphs = true  # optional: on CUDA, each warmup shape is captured as a CUDA graph and
+                                     # replayed for requests of that shape; ignored on CPU)
 
 A Hugging Face checkpoint is served by another runtime (default `runtime = "torch"`, the entries above):
 
@@ -57,7 +59,7 @@ WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
                 "description", "fallback"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
-_RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args"},
+_RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args", "cuda_graphs"},
                  "transformers": {"path"},
                  "vllm": {"path", "kv_cache_bytes", "engine_bytes"}}
 _MODEL_KEYS = _COMMON_KEYS | set().union(*_RUNTIME_KEYS.values())
@@ -107,6 +109,7 @@ class ModelEntry:
     roots: tuple[Path, ...] = ()
     runtime: str = "torch"  # one of prewarm.engines.RUNTIMES; for the others `weights` is the checkpoint dir
     kv_cache_bytes: int = 0  # vllm: the engine's KV cache, counted in size_bytes
+    cuda_graphs: bool = False  # torch: capture each warmup shape as a CUDA graph on CUDA devices
 
     @property
     def shards(self) -> int:
@@ -312,9 +315,12 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     if not isinstance(builder_args, dict):
         raise _fail(where, "builder_args must be a table of keyword arguments")
     warmup = _parse_warmup(where, raw.get("warmup"))
+    graphs = raw.get("cuda_graphs", False)
+    if not isinstance(graphs, bool):
+        raise _fail(where, f"cuda_graphs {graphs!r} must be true or false")
     return ModelEntry(id=model_id, version=version, weights=weights, files=files, builder=builder,
                       builder_args=dict(builder_args), warmup=warmup, size_bytes=size, **_common(where, raw),
-                      roots=tuple(roots))
+                      roots=tuple(roots), cuda_graphs=graphs)
 
 
 def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
