@@ -306,12 +306,16 @@ def test_a_sigkilled_worker_takes_its_ready_engine_with_it(r: redis.Redis, celer
                                                        "PREWARM_DATA_DIR": str(data)})
     send(celery, celery_app.PRELOAD, "tiny-chat", "v1", timeout=ENGINE_TIMEOUT)
     assert rep(r).state == "ready"
-    running = engine_processes(ckpt)
-    assert len(running) >= 3, [p.cmdline() for p in running]  # launcher, API server, engine core
+    from gpu_worker.runtimes.vllm_engine import group_members
+
+    launcher = next(p for p in engine_processes(ckpt) if "engine_launcher.py" in " ".join(p.cmdline()))
+    group = group_members(launcher.pid)  # the launcher leads the engine's process group
+    assert len(group) >= 3, [p.cmdline() for p in group]  # launcher, API server, engine core
     recorded = list((data / "engines").rglob("*.json"))
     assert len(recorded) == 1  # the engine is written down while it runs
     w.kill()  # SIGKILL: no shutdown, no release
-    wait_for(lambda: engine_processes(ckpt) == [], 60, interval=0.2, what="the engine to die with its worker")
+    wait_for(lambda: not group_members(launcher.pid) and engine_processes(ckpt) == [], 60, interval=0.2,
+             what="the engine to die with its worker")
     # The record outlived the worker; the next worker on this GPU finds it (its processes already gone) and
     # drops it before announcing.
     assert recorded[0].exists()
