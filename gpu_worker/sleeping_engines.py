@@ -58,7 +58,8 @@ class SleepingEngines:
     _sleep_lock: threading.Lock
     _sleepers: dict[str, Sleeper]
 
-    # Publication's _write_node, _release_intent, _node_event and _drop_published are used here.
+    # Publication's _write_node, _release_intent, _node_event, _drop_published and _cache_figures are
+    # used here.
 
     def stage_engine(self, entry: ModelEntry, *, reason: str, kind: str, value: float,
                      intent_id: str) -> dict[str, Any]:
@@ -147,7 +148,7 @@ class SleepingEngines:
         r = sl.record
         return {"model": r.model, "version": r.version, "node": self.node, "state": "staged", "bytes": r.bytes,
                 "stage_seconds": r.stage_seconds, "value": r.value, "pinned": False, "noop": noop, "evicted": [],
-                "gpu": sl.gpu, "tier": "engine sleep"}
+                "gpu": sl.gpu, "tier": "engine sleep", "host_cache": self._cache_figures()}
 
     def take_sleeper(self, key: str, g: GpuSlot) -> Any | None:
         """The sleeping engine of `key` on `g`, handed over to a preload (its load() wakes it), or None."""
