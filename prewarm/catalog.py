@@ -8,6 +8,8 @@
     weights = "lm-small/model.safetensors"   # or ".../model.safetensors.index.json" for a sharded set
     builder = "gpu_worker.demo_models:build_lm"   # package.module:function -> torch.nn.Module
     builder_args = { d_model = 512, n_layers = 6 }  # optional keyword arguments for the builder
+    cuda_graphs = false              # optional: on CUDA, capture each warmup shape as a CUDA graph and replay
+                                     # it for requests of that shape (ignored on CPU, with a note)
     pinned = false                   # optional: never evicted, kept resident
     min_replicas = 0                 # optional: replicas kept ready at all times
     max_rate_per_replica = 50.0      # optional: requests/s one replica serves; more traffic adds replicas
@@ -16,8 +18,6 @@
     shape = [1, 64]
     dtype = "int64"
     high = 32000                     # optional: integer inputs are drawn from [0, high)
-    (torch only: cuda_graphs = true  # optional: on CUDA, each warmup shape is captured as a CUDA graph and
-                                     # replayed for requests of that shape; ignored on CPU)
 
 A Hugging Face checkpoint is served by another runtime (default `runtime = "torch"`, the entries above):
 
@@ -126,7 +126,7 @@ class ModelEntry:
                 "warmup": [{"prompt_tokens": w.prompt_tokens, "batch": w.batch} if isinstance(w, TokenWarmupInput)
                            else {"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
                 "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "cuda_graphs": self.cuda_graphs}
 
 
 @dataclass

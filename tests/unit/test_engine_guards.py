@@ -112,7 +112,8 @@ def test_the_cuda_graphs_flag_is_validated_and_torch_only(tmp_path: Path) -> Non
     cat = tiny_catalog(tmp_path / "m", ["tiny-lm"])
     text = cat.read_text()
     cat.write_text(text.replace('version = "v1"', 'version = "v1"\ncuda_graphs = true', 1))
-    assert load_catalog(cat).get("tiny-lm").cuda_graphs is True
+    entry = load_catalog(cat).get("tiny-lm")
+    assert entry.cuda_graphs is True and entry.summary()["cuda_graphs"] is True  # models list --json shows it
     cat.write_text(text.replace('version = "v1"', 'version = "v1"\ncuda_graphs = "yes"', 1))
     with pytest.raises(CatalogError, match="model 'tiny-lm': cuda_graphs 'yes' must be true or false"):
         load_catalog(cat)
