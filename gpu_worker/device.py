@@ -147,6 +147,15 @@ class Device:
             self._reserved.pop(key, None)
             self._owned[key] = measured
 
+    def remeasured(self, key: str, measured: int) -> bool:
+        """A resident's new measurement (an engine's footprint now): its owned bytes become `measured`, even
+        past the budget, since that is what it holds; returns whether they still fit the device."""
+        with self._lock:
+            if key not in self._owned:
+                return True  # released meanwhile: nothing to correct
+            self._owned[key] = measured
+            return self._accounted() <= self.total_bytes()
+
     def release(self, key: str) -> int:
         """Forget `key`'s reservation and owned bytes; returns the owned bytes freed (0 if none)."""
         with self._lock:

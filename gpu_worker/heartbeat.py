@@ -4,7 +4,8 @@ Every `heartbeat_seconds` the worker rewrites each GPU's inventory and full repl
 `heartbeat_ttl` (state.write_heartbeat): a worker that dies stops refreshing them and its GPUs leave the
 fleet when the TTL runs out. Each GPU also carries a claim (keys.worker_lock) naming the one live worker
 process that serves it, refreshed with the heartbeat. A starting worker waits for a previous holder's
-claim to lapse (a crashed worker's does within the TTL), then clears the GPU's stale records and intents.
+claim to lapse (a crashed worker's does within the TTL), then clears the GPU's stale records and intents
+and stops any engine process a previous worker recorded for that GPU and left running.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def claim_gpus(worker: NodeWorker, *, wait: float | None = None) -> None:
             time.sleep(0.2)
         worker.claimed.add(g.id)
         state.clear_gpu(worker.r, g.id)
+        worker.reap_engines(g)  # what a previous worker on this GPU left running goes before we announce
         log.info("claimed %s (queue %s) as %s", g.id, g.queue, worker.worker_id)
     # The node's host cache lives in this process: a previous worker's staged records are stale.
     state.clear_node(worker.r, worker.node)

@@ -43,6 +43,8 @@ class HostCacheOps:
     _stages: dict[str, StageJob]
     _stage_reasons: dict[str, str | None]
     _stage_files: dict[str, dict[str, tuple[int, int]]]
+    stage_engine: Any  # sleeping_engines.SleepingEngines
+    drop_sleepers: Any
 
     def _staged_bytes(self, entry: ModelEntry, expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> int | None:
         """The data bytes of the model's staged copy when it can be promoted, else None. A copy that no longer
@@ -87,8 +89,11 @@ class HostCacheOps:
             self._node_event("failed", model, str(exc), {"version": version, "action": "stage"})
             raise
         key = entry.key
+        if entry.runtime == "vllm":
+            # vLLM's host tier is its engine asleep (CUDA only): sleeping_engines.py, not the host cache.
+            return self.stage_engine(entry, reason=reason, kind=kind, value=value, intent_id=intent_id)
         if entry.runtime != "torch":
-            # The host tier holds torch state dicts; an engine keeps its own weights (no host tier on CPU).
+            # The host tier holds torch state dicts; transformers models have none in prewarm.
             msg = (f"staging {key} on node {self.node}: runtime {entry.runtime!r} has no host tier here; only "
                    "torch models are staged in the host cache")
             self._release_intent(entry.id, target, intent_id)
@@ -238,6 +243,9 @@ class HostCacheOps:
             j.done.wait(cancel_timeout)
         targets = [e.key for e in self.host_cache.entries() if match(e.key)]
         freed = sum(self.host_cache.evict(k) for k in targets)
+        asleep, engine_bytes = self.drop_sleepers(model, version, reason)  # vLLM engines asleep (CUDA)
+        freed += engine_bytes
+        targets += [f"{model}@{v}" for v in asleep]
         with self._stage_lock:
             for k in targets:
                 self._stage_reasons.pop(k, None)

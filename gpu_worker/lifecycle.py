@@ -23,6 +23,7 @@ from gpu_worker.errors import (
     WorkerError,
 )
 from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
+from gpu_worker.runtimes.engine_records import EngineRecords
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, WorkerOptions
@@ -56,6 +57,8 @@ class Lifecycle:
     options: WorkerOptions
     gpus: dict[str, GpuSlot]
     host_cache: HostCache
+    engine_records: EngineRecords | None
+    take_sleeper: Callable[[str, GpuSlot], Any]  # sleeping_engines.SleepingEngines
 
     def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
                 kind: str = "", defer: bool = False, task_id: str | None = None,
@@ -193,7 +196,8 @@ class Lifecycle:
         if entry.runtime == "vllm":
             from gpu_worker.runtimes.vllm_engine import VllmRuntime
 
-            return VllmRuntime(spec)
+            asleep = self.take_sleeper(entry.key, g)  # its engine asleep on this GPU: load() wakes it
+            return asleep if asleep is not None else VllmRuntime(spec, records=self.engine_records)
         raise LoadFailed(f"{entry.key}: unknown runtime {entry.runtime!r}")
 
     def _load(self, g: GpuSlot, s: Slot, entry: ModelEntry) -> None:
@@ -426,13 +430,15 @@ class Lifecycle:
 
     def check_runtimes(self, g: GpuSlot) -> None:
         """A ready replica whose runtime died (an engine process that exited) goes `failed` with the
-        runtime's reason; its bytes and whatever of it is left are released. Called with every heartbeat."""
+        runtime's reason; its bytes and whatever of it is left are released. A live engine's bytes are
+        measured again (every remeasure_seconds). Called with every heartbeat."""
         with g.lock:
             ready = [(k, s) for k, s in g.replicas.items() if s.record.state == "ready" and s.runtime is not None]
         for k, s in ready:
             assert s.runtime is not None
             why = s.runtime.died()
             if why is None:
+                self._remeasure(g, k, s)
                 continue
             with g.lock:
                 if g.replicas.get(k) is not s or s.runtime is None:
@@ -447,6 +453,37 @@ class Lifecycle:
             self._event("failed", s.record.model, g, why, {"version": s.record.version, "bytes_freed": freed,
                                                           "runtime": rt.name, "while": "ready"})
             log.error("%s on %s died while ready: %s%s", k, g.id, why, f" ({left})" if left else "")
+
+    def _remeasure(self, g: GpuSlot, k: str, s: Slot) -> None:
+        """A ready engine's bytes measured again when its last figure is older than its runtime's
+        `remeasure_seconds`: the replica record (published by this heartbeat) and the device's accounting
+        show what it holds now. One that grew past the device's budget is said in the log."""
+        rt = s.runtime
+        every = getattr(rt, "remeasure_seconds", None)
+        if rt is None or every is None or time.monotonic() - getattr(rt, "measured_at", 0.0) < every:
+            return
+        try:
+            now = rt.measure()
+        except Exception as exc:  # noqa: BLE001 - a failed measure keeps the last figure
+            log.warning("re-measuring %s on %s failed: %s", k, g.id, exc)
+            return
+        with g.lock:
+            if g.replicas.get(k) is not s or s.record.state != "ready" or now == s.record.bytes:
+                return
+            s.record.bytes = now
+        if not g.device.remeasured(k, now):
+            log.warning("%s on %s now holds %s, past %s's budget (%s in use)", k, g.id, format_bytes(now), g.id,
+                        format_bytes(g.device.inventory().used_bytes))
+
+    def reap_engines(self, g: GpuSlot) -> None:
+        """Stop every engine a previous worker recorded for `g` and left running (a SIGKILLed worker whose
+        launcher could not take its engine down). Called once the GPU is claimed, before it is announced."""
+        if self.engine_records is None:
+            return
+        for rec, line in self.engine_records.reap(g.id):
+            log.warning("%s: a previous worker's %s", g.id, line)
+            self._event("reaped", rec.model, g, f"a previous worker's {line}", {"version": rec.version,
+                                                                                "port": rec.port})
 
     def release_runtimes(self, g: GpuSlot) -> None:
         """Let every replica's runtime go (worker shutdown): engines stop, no process is left behind."""

@@ -42,7 +42,8 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
         devices = settings.devices()
         url = runtime.redis_url(settings)
         r = runtime.connect(url)
-        worker = NodeWorker(r, settings.catalog, settings.node, devices, WorkerOptions.from_settings(settings))
+        worker = NodeWorker(r, settings.catalog, settings.node, devices, WorkerOptions.from_settings(settings),
+                            engine_records=settings.data_dir / "engines")
         r.ping()
     except (ValueError, RuntimeError) as exc:  # a bad PREWARM_DEVICES, CUDA asked for but absent
         log.error("cannot start the worker: %s", exc)

@@ -80,6 +80,7 @@ class Publication:
                             del g.cancelled_tasks[tid]
                     reps = [replace(s.record) for s in g.replicas.values()]
                 state.write_heartbeat(self.r, g.gpu_record(), reps, self.options.heartbeat_ttl)
+        self.check_sleepers()
         self._write_node()
 
     def node_state(self) -> tuple[state.Node, list[state.Staged]]:
@@ -96,6 +97,7 @@ class Publication:
                       for e in entries for m, _, v in [e.key.rpartition("@")]]
             done = {e.key for e in entries}
             staged += [replace(j.record) for k, j in self._stages.items() if k not in done]
+        staged += self.sleeping_records()  # vLLM engines asleep (their host tier on CUDA)
         node = state.Node(node=self.node, budget_bytes=cache.budget_bytes, used_bytes=used,
                           free_bytes=cache.budget_bytes - used, last_heartbeat=time.time(), worker=self.worker_id,
                           pinned=cache.pinned, catalog_problems=self.catalog_problems())

@@ -46,7 +46,9 @@ from gpu_worker.errors import BadRequest
 from gpu_worker.host_cache_ops import HostCacheOps
 from gpu_worker.lifecycle import EVICT_WAIT_SECONDS, Lifecycle
 from gpu_worker.publication import Publication
+from gpu_worker.runtimes.engine_records import EngineRecords
 from gpu_worker.runtimes.torch_module import make_input, summarize
+from gpu_worker.sleeping_engines import Sleeper, SleepingEngines
 from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, StageJob, WorkerOptions
 from gpu_worker.staging import HostCache
 from gpu_worker.worker_catalog import CatalogReload
@@ -60,13 +62,15 @@ __all__ = ["EVICT_WAIT_SECONDS", "GpuSlot", "NodeWorker", "Slot", "StageJob", "W
 log = logging.getLogger("prewarm.worker")
 
 
-class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps):
+class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEngines):
     """Every GPU this process serves; the operations behind the Celery tasks. Its rooms: the catalog
-    (worker_catalog.py), publication to Redis (publication.py), the replica lifecycle (lifecycle.py) and
-    the node's host cache (host_cache_ops.py); what it holds per GPU is in slots.py."""
+    (worker_catalog.py), publication to Redis (publication.py), the replica lifecycle (lifecycle.py),
+    the node's host cache (host_cache_ops.py) and vLLM's host tier (sleeping_engines.py); what it holds
+    per GPU is in slots.py."""
 
     def __init__(self, r: redis.Redis, catalog_path: Path, node: str, devices: list[DeviceSpec],
-                 options: WorkerOptions | None = None, *, worker_id: str | None = None) -> None:
+                 options: WorkerOptions | None = None, *, worker_id: str | None = None,
+                 engine_records: Path | None = None) -> None:
         self.r = r
         self.catalog_path = Path(catalog_path)
         self.node = node
@@ -83,6 +87,8 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps):
             self.gpus[g.id] = g
         self._by_queue = {g.queue: g for g in self.gpus.values()}
         self.claimed: set[str] = set()  # GPUs this worker holds the claim on (heartbeat.claim_gpus)
+        # Engine processes started here are written down there (None: not recorded, nothing reaped).
+        self.engine_records = EngineRecords(engine_records) if engine_records is not None else None
         self._catalog: Catalog | None = None
         self._catalog_mtime = -1.0
         self._catalog_error: str | None = None
@@ -96,6 +102,8 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps):
         # Size and mtime of each weight file as it was staged: a promotion checks them (metadata only).
         self._stage_files: dict[str, dict[str, tuple[int, int]]] = {}
         self._node_publish_lock = threading.Lock()
+        self._sleep_lock = threading.Lock()  # guards _sleepers
+        self._sleepers: dict[str, Sleeper] = {}  # "model@version" -> its vLLM engine asleep (CUDA host tier)
         self._node_closed = False  # set by shutdown: a stage ending after it must not re-announce the node
 
     # --- which GPU ---------------------------------------------------------------------------------
@@ -122,6 +130,8 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps):
                         s.cancel, s.cancel_reason = True, reason  # a loading engine is stopped by its load
             # Every ready replica's runtime goes now: an engine process stops with its worker.
             self.release_runtimes(g)
+        self.stop_sleepers()
+        for g in self.gpus.values():
             if g.id not in self.claimed:
                 continue
             with g.publish_lock:

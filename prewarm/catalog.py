@@ -8,6 +8,8 @@
     weights = "lm-small/model.safetensors"   # or ".../model.safetensors.index.json" for a sharded set
     builder = "gpu_worker.demo_models:build_lm"   # package.module:function -> torch.nn.Module
     builder_args = { d_model = 512, n_layers = 6 }  # optional keyword arguments for the builder
+    cuda_graphs = false              # optional: on CUDA, capture each warmup shape as a CUDA graph and replay
+                                     # it for requests of that shape (ignored on CPU, with a note)
     pinned = false                   # optional: never evicted, kept resident
     min_replicas = 0                 # optional: replicas kept ready at all times
     max_rate_per_replica = 50.0      # optional: requests/s one replica serves; more traffic adds replicas
@@ -61,7 +63,7 @@ WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
                 "description", "fallback", "priority", "max_replica_age"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
-_RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args"},
+_RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args", "cuda_graphs"},
                  "transformers": {"path"},
                  "vllm": {"path", "kv_cache_bytes", "engine_bytes"}}
 _MODEL_KEYS = _COMMON_KEYS | set().union(*_RUNTIME_KEYS.values())
@@ -113,6 +115,7 @@ class ModelEntry:
     roots: tuple[Path, ...] = ()
     runtime: str = "torch"  # one of prewarm.engines.RUNTIMES; for the others `weights` is the checkpoint dir
     kv_cache_bytes: int = 0  # vllm: the engine's KV cache, counted in size_bytes
+    cuda_graphs: bool = False  # torch: capture each warmup shape as a CUDA graph on CUDA devices
 
     @property
     def shards(self) -> int:
@@ -130,7 +133,7 @@ class ModelEntry:
                            else {"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
                 "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes,
                 "fallback": self.fallback, "priority": self.priority,
-                "max_replica_age_s": self.max_replica_age_s}
+                "max_replica_age_s": self.max_replica_age_s, "cuda_graphs": self.cuda_graphs}
 
 
 @dataclass
@@ -319,9 +322,12 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     if not isinstance(builder_args, dict):
         raise _fail(where, "builder_args must be a table of keyword arguments")
     warmup = _parse_warmup(where, raw.get("warmup"))
+    graphs = raw.get("cuda_graphs", False)
+    if not isinstance(graphs, bool):
+        raise _fail(where, f"cuda_graphs {graphs!r} must be true or false")
     return ModelEntry(id=model_id, version=version, weights=weights, files=files, builder=builder,
                       builder_args=dict(builder_args), warmup=warmup, size_bytes=size, **_common(where, raw),
-                      roots=tuple(roots))
+                      roots=tuple(roots), cuda_graphs=graphs)
 
 
 def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class EngineStatus:
     version: str | None
     where: str  # "in-process" or the engine environment's path
     detail: str  # what it runs as, or what to do to make it available
+    host_tier: str = ""  # what its host tier (stage, promotion) is here, or why it has none
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,23 +78,35 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+HOST_TIERS = {
+    "torch": "the node's host cache: `stage` copies the weights to host memory, a preload promotes them",
+    "transformers": "none: only torch models are staged in the host cache",
+}
+VLLM_HOST_TIER_CUDA = ("sleep level 1: `stage` puts a ready replica's engine to sleep (weights to host memory), "
+                       "a preload on its GPU promotes it with wake_up")
+VLLM_HOST_TIER_CPU = ("none on CPU: vLLM's host tier is its sleep mode, which vLLM does not support on CPU "
+                      "(on a CUDA build: sleep level 1, wake_up to promote)")
+
+
 def engine_status(name: str, env: dict[str, str] | None = None) -> EngineStatus:
     if name in ("torch", "transformers"):
         v = _dist_version(name)
         detail = "in the worker process" if v else f"not installed in prewarm's environment: pip install -e . installs {name}"
-        return EngineStatus(name, v is not None, v, "in-process", detail)
+        return EngineStatus(name, v is not None, v, "in-process", detail, HOST_TIERS[name])
     if name == "vllm":
         venv = vllm_venv(env)
         py = vllm_python(env)
         if py is None:
             return EngineStatus(name, False, None, str(venv),
-                                "not installed: run `prewarm engines install vllm` (or scripts/install-vllm.sh)")
+                                "not installed: run `prewarm engines install vllm` (or scripts/install-vllm.sh)",
+                                VLLM_HOST_TIER_CPU)
         lines = (venv / STAMP).read_text().splitlines()
         # The stamp's second line: "vllm <version> (<flavor>)", written after `import vllm` worked.
         parts = lines[1].split() if len(lines) > 1 else []
         version = parts[1] if len(parts) > 1 else None
         flavor = parts[2].strip("()") if len(parts) > 2 else "?"
-        return EngineStatus(name, True, version, str(venv), f"one OpenAI-compatible server process per replica ({flavor} build)")
+        return EngineStatus(name, True, version, str(venv), f"one OpenAI-compatible server process per replica ({flavor} build)",
+                            VLLM_HOST_TIER_CUDA if flavor == "cuda" else VLLM_HOST_TIER_CPU)
     raise ValueError(f"unknown runtime {name!r}: runtimes are {', '.join(RUNTIMES)}")
 
 

@@ -33,9 +33,12 @@ def fmt_report(r: dict[str, Any]) -> str:
     if h is None:
         rows.append(f"host tier             {r['host_tier']}")
     else:
-        rows += [f"host stage            {_s(h['stage_seconds'])}   (storage -> node host cache, once)",
+        engine = h.get("tier", "").startswith("engine sleep")
+        rows += [f"host stage            {_s(h['stage_seconds'])}   "
+                 + ("(the warm engine to sleep level 1: weights to host)" if engine
+                    else "(storage -> node host cache, once)"),
                  f"promotion (total)     {_s(h['total_seconds'])}",
-                 f"  promote             {_s(h['weight_load_seconds'])}",
+                 f"  promote             {_s(h['weight_load_seconds'])}" + ("   (wake_up)" if engine else ""),
                  f"  warmup              {_s(h['warmup_seconds'])}"]
     rows.append(f"cold start / warm request: {c['total_seconds'] / max(w['p50_seconds'], 1e-9):,.0f}x")
     return "\n".join(rows)

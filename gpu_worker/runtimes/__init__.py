@@ -18,7 +18,8 @@ Lifecycle (prewarm/state.py's replica states) and the calls behind each step::
                  the same rule as the torch path: two passes within tolerance, bounded by passes/time)
     ready     runtime.serve(request) -> JSON-able answer (the `infer` task), concurrently with others;
               runtime.endpoint -> where a router sends requests itself (None: only through `infer`)
-              runtime.measure() -> bytes held now (heartbeat figures; an engine's own process tree)
+              runtime.measure() -> bytes held now (an engine's own process tree); the heartbeat asks
+                 again every `remeasure_seconds` (engines) and the record and device accounting follow
               runtime.died() -> None while it can serve, else why not (an engine that exited: its
                  status and last log lines); the heartbeat asks, and fails the replica with that reason
     evicting  runtime.release() -> bytes freed; afterwards nothing of the replica is left (no tensor
@@ -103,6 +104,8 @@ class Runtime(Protocol):
     """One replica's host; see the module docstring for when the worker calls each method."""
 
     name: str
+    # How often the heartbeat measures a ready replica again (None: never; bytes fixed once loaded).
+    remeasure_seconds: float | None
 
     def required_bytes(self) -> int: ...
 

@@ -160,6 +160,7 @@ class HFRuntime:
     """One Hugging Face checkpoint hosted in the worker process; see the module docstring."""
 
     name = "transformers"
+    remeasure_seconds: float | None = None  # in the worker's process: its bytes change only by load
     endpoint: str | None = None
 
     def __init__(self, spec: ReplicaSpec, *, threads: int | None = None) -> None:

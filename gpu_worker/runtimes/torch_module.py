@@ -6,6 +6,9 @@ copy's, when the node's host cache holds one that matches: then `source` is "hos
 weights (promoted from the host cache, or streamed from storage into the CPU arena where there is one)
 and assigns them into the module; warm runs every declared input shape until its latency is stable;
 serve is one forward pass summarised; release drops the module (the worker hands the bytes back).
+With the catalog's `cuda_graphs = true` on a CUDA device, warmup also captures a CUDA graph per declared
+input and serve replays it for inputs of that shape (runtimes/cuda_graphs.py); on CPU the flag is noted
+in the warmup figures and the log, and ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from gpu_worker.device import Device, module_bytes
 from gpu_worker.devmem import DeviceArena
 from gpu_worker.errors import BadRequest, Cancelled, LoadFailed, NotResident, WarmupFailed
 from gpu_worker.runtimes import CheckCancel, Progress
+from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
 from gpu_worker.runtimes.warmup import WarmupPolicy, run_until_stable
 from gpu_worker.staging import HostCache
 from prewarm.catalog import ModelEntry, WarmupInput
@@ -129,6 +133,7 @@ class TorchRuntime:
     """One torch module replica on one device; see the module docstring."""
 
     name = "torch"
+    remeasure_seconds: float | None = None  # in the worker's process: its bytes change only by load
     endpoint: str | None = None
 
     def __init__(self, entry: ModelEntry, device: Device, gpu: str, *, policy: WarmupPolicy,
@@ -147,6 +152,9 @@ class TorchRuntime:
         self._builder: Callable[..., torch.nn.Module] | None = None
         self._expected: Expected = {}
         self._extra: list[str] = []
+        self.graphs: GraphSet | None = None  # CUDA graphs captured at warmup (catalog cuda_graphs, CUDA only)
+        self.graph_note: str | None = None  # why cuda_graphs = true is not used here, when it is not
+        self.graph_bytes = 0  # device memory the captured graphs hold (their pool), counted in measure()
 
     def required_bytes(self) -> int:
         from gpu_worker.loader import expected_from_module
@@ -223,6 +231,10 @@ class TorchRuntime:
         assert module is not None
         out = []
         high = int(getattr(module, "vocab_size", 2) or 2)
+        capture, self.graph_note = plan(self.entry.cuda_graphs, self.device.torch_device)
+        if self.graph_note:
+            log.info("%s on %s: %s", self.entry.key, self.gpu, self.graph_note)
+        self.graphs = GraphSet(module) if capture else None
         for i, spec in enumerate(self.entry.warmup):
             assert isinstance(spec, WarmupInput)
             where = f"warmup input #{i} (shape {list(spec.shape)}, {spec.dtype})"
@@ -241,8 +253,37 @@ class TorchRuntime:
                                        f"{exc}") from None
 
             fig = run_until_stable(one, self.policy, check_cancel)
-            out.append({"shape": list(spec.shape), "dtype": spec.dtype, **fig})
+            out.append({"shape": list(spec.shape), "dtype": spec.dtype, **fig, **self._graph(x, where, check_cancel)})
         return out
+
+    def _graph(self, x: torch.Tensor, where: str, check_cancel: CheckCancel | None) -> dict[str, Any]:
+        """Capture this warmup input's CUDA graph (the eager passes before were its warm-up) and run the
+        replay until stable; the figures say whether it is used, or why not."""
+        if self.graphs is None:
+            return {"cuda_graph": False, "cuda_graph_note": self.graph_note} if self.graph_note else {}
+        dev = self.device.torch_device
+        before = torch.cuda.memory_reserved(dev)  # the graph pool's segments stay with the graph
+        why = self.graphs.capture(x)
+        self.graph_bytes += max(0, torch.cuda.memory_reserved(dev) - before)
+        if why is not None:
+            log.warning("%s on %s: %s: CUDA graph capture failed, eager for this shape: %s", self.entry.key,
+                        self.gpu, where, why)
+            return {"cuda_graph": False, "cuda_graph_note": f"capture failed: {why}"}
+        graphs = self.graphs
+
+        def replay() -> None:
+            graphs.run(x, self._eager)
+            self.device.synchronize()
+
+        fig = run_until_stable(replay, self.policy, check_cancel)
+        return {"cuda_graph": True, "graph_latency_ms": fig["latency_ms"], "graph_passes": fig["passes"]}
+
+    def _eager(self, x: torch.Tensor) -> Any:
+        module = self.module
+        if module is None:
+            raise NotResident(f"{self.entry.key} on {self.gpu} is no longer loaded")
+        with torch.inference_mode():
+            return module(x)
 
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:
         """One forward pass: request {"inputs": None | {shape, dtype, high} | nested lists, "seed": n}."""
@@ -251,21 +292,30 @@ class TorchRuntime:
             raise NotResident(f"{self.entry.key} on {self.gpu} is no longer loaded")
         x = infer_input(self.entry, request.get("inputs"), self.device.torch_device, module,
                         int(request.get("seed", 0)))
+        graphs = self.graphs
         t0 = time.perf_counter()
         with torch.inference_mode():
-            y = module(x)
+            if graphs is not None:  # a captured shape is replayed, any other runs eagerly
+                y, replayed = graphs.run(x, module)
+            else:
+                y, replayed = module(x), False
         self.device.synchronize()
         latency = time.perf_counter() - t0
-        return {"latency_ms": round(latency * 1000, 3), "latency_seconds": latency,
-                "input": {"shape": list(x.shape), "dtype": str(x.dtype)[6:]}, "output": summarize(y)}
+        out = {"latency_ms": round(latency * 1000, 3), "latency_seconds": latency,
+               "input": {"shape": list(x.shape), "dtype": str(x.dtype)[6:]}, "output": summarize(y)}
+        if self.entry.cuda_graphs:
+            out["cuda_graph"] = replayed
+        return out
 
     def measure(self) -> int:
-        return module_bytes(self.module) if self.module is not None else 0
+        return module_bytes(self.module) + self.graph_bytes if self.module is not None else 0
 
     def died(self) -> str | None:
         return None  # in the worker's own process: it lives as long as the worker
 
     def release(self) -> int:
         freed = self.measure()
-        self.module = None  # running infers keep their own reference until they return
+        if self.graphs is not None:
+            self.graphs.release()
+        self.module, self.graphs, self.graph_bytes = None, None, 0  # running infers keep their own references
         return freed

@@ -3,8 +3,9 @@
 - load: start `python -m vllm.entrypoints.openai.api_server` from the engine's own environment
   (prewarm/engines.py says where) on its own port, serving the checkpoint under the catalog id, in its
   own process group, under engine_launcher.py, which kills the whole group when the worker dies (so a
-  SIGKILLed worker leaves no orphan engine); then wait for GET /health. A process that exits first, or a
-  timeout, fails with the last lines of the engine's log: the engine's own reason.
+  SIGKILLed worker leaves no orphan engine), and written down in the worker's engine records (a restarted
+  worker stops whatever is still recorded, engine_records.py); then wait for GET /health. A process
+  that exits first, or a timeout, fails with the last lines of the engine's log: the engine's own reason.
 - memory: the budget is the weights plus `kv_cache_bytes`, handed to vLLM as --kv-cache-memory-bytes on
   CPU (exact; VLLM_CPU_KVCACHE_SPACE counts whole GiB only) and as --gpu-memory-utilization (budget /
   device memory) on CUDA. measure() reports what the
@@ -16,8 +17,16 @@
 - release: SIGTERM the group, wait, SIGKILL, then verify that no process of the group is left and that the
   port is free (ReleaseFailed otherwise).
 
-CPU has no host tier for vLLM (its sleep mode is not supported there); CUDA's sleep/wake_up is left to
-the worker's host-tier change.
+Host tier (issue 13 item 3): on CUDA an engine runs with --enable-sleep-mode (and VLLM_SERVER_DEV_MODE=1,
+which is what exposes POST /sleep, POST /wake_up and GET /is_sleeping on its port); sleep() puts it to
+sleep level 1 (weights copied to host memory, KV cache dropped: the GPU keeps only the engine's context)
+and a later load() of the same runtime is a promotion: POST /wake_up, then warm as after a start
+(`source` "host"). gpu_worker/sleeping_engines.py keeps sleeping engines as the node's staged copies.
+CPU has no host tier for vLLM: vLLM does not support sleep mode there (it logs so and ignores the flag),
+so host_tier() says why and sleep() refuses without asking the engine.
+
+CUDA graphs: vLLM captures its own for its batch sizes on CUDA unless --enforce-eager is passed, and this
+runtime never passes it; on CPU vLLM captures none (its CPU platform empties the capture sizes).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import psutil
 
 from gpu_worker.runtimes import CheckCancel, Progress, ReplicaSpec
 from gpu_worker.runtimes.checkpoint import read_checkpoint
+from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
 from gpu_worker.runtimes.errors import (
     BadServeRequest,
     EngineFailed,
@@ -52,6 +62,9 @@ from prewarm.engines import vllm_python
 GiB = 1 << 30
 LAUNCHER = Path(__file__).with_name("engine_launcher.py")
 LOG_TAIL_LINES = 30
+NO_HOST_TIER_CPU = ("vLLM's host tier is its sleep mode (level 1: weights to host memory, wake_up to promote), "
+                    "which vLLM does not support on CPU; a vllm replica on a CPU device has no host tier")
+SLEEP_TIMEOUT = 300.0  # seconds for /sleep or /wake_up to answer: a large model's weights cross PCIe
 MAX_MODEL_LEN = 2048  # at most: the config's max_position_embeddings when smaller
 
 # Engines are started from this one long-lived thread: the kernel's parent-death signal fires when the
@@ -115,12 +128,17 @@ class VllmRuntime:
     """One vLLM server process hosting one replica; see the module docstring."""
 
     name = "vllm"
+    # An engine's footprint moves while it serves (KV blocks, allocator, compiled kernels): the heartbeat
+    # measures it again at least this often, so the fleet shows what it holds now, not only at ready.
+    remeasure_seconds: float | None = 5.0
 
     def __init__(self, spec: ReplicaSpec, *, python: Path | str | None = None, port: int | None = None,
                  bind_host: str | None = None, host: str | None = None, start_timeout: float = 600.0,
                  term_grace: float = 20.0, log_dir: Path | str | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), records: EngineRecords | None = None) -> None:
         self.spec = spec
+        self.records = records  # where the started engine is written down (a restarted worker reaps it)
+        self.engine_id = os.urandom(8).hex()
         self._python = Path(python) if python else None
         self._want_port = port
         self.host = host or advertise_host()
@@ -141,6 +159,9 @@ class VllmRuntime:
         self.timings: dict[str, float] = {}  # process_start_seconds, health_seconds (load), warmup_seconds
         self._held = 0
         self._healthy = False
+        self.asleep = False  # put to sleep (level 1): the next load() wakes it instead of starting one
+        self.source = "storage"  # where the last load() came from: "host" for a wake_up
+        self.measured_at = 0.0  # monotonic time of the last measure()
 
     # --- protocol ---------------------------------------------------------------------------------
     @property
@@ -156,6 +177,9 @@ class VllmRuntime:
 
     def load(self, progress: Progress | None = None, check_cancel: CheckCancel | None = None) -> int:
         need = self.required_bytes() if not self.weights_bytes else self.weights_bytes + self.spec.kv_cache_bytes
+        if self.asleep and self.proc is not None:
+            return self._promote(need, progress, check_cancel)
+        self.source = "storage"
         python = self._python or vllm_python()
         if python is None or not Path(python).is_file():
             raise EngineNotInstalled(f"{self.spec.where}: the vllm engine is not installed; run "
@@ -216,6 +240,7 @@ class VllmRuntime:
         memory on CUDA."""
         if self.proc is None:
             return 0
+        self.measured_at = time.monotonic()
         procs = self._tree()
         if self.spec.device.startswith("cuda"):
             used = _cuda_process_bytes({p.pid for p in procs}, self.spec.device)
@@ -261,8 +286,81 @@ class VllmRuntime:
             time.sleep(0.05)
         if port is not None and not port_is_free(port, self.bind_host):
             raise ReleaseFailed(f"{self.spec.where}: port {port} is still taken after the engine stopped")
+        if self.records is not None:  # verified gone: nothing for a restarted worker to reap
+            self.records.remove(self.spec.gpu or self.spec.device, self.engine_id)
         self.proc, self.pgid, self.port, self._held, self._healthy = None, None, None, 0, False
+        self.asleep = False
         return held
+
+    # --- host tier (CUDA: sleep level 1) --------------------------------------------------------------
+    def host_tier(self) -> str | None:
+        """None where this replica can sleep (its host tier), else why it cannot."""
+        if not self.spec.device.startswith("cuda"):
+            return NO_HOST_TIER_CPU
+        return None
+
+    def sleep(self) -> int:
+        """Sleep level 1: the engine copies its weights to host memory and drops its KV cache; it keeps its
+        process, port and CUDA context. Returns the device bytes it holds asleep (measured)."""
+        why = self.host_tier()
+        if why is not None:
+            raise EngineFailed(f"{self.spec.where}: cannot sleep: {why}")
+        if self.proc is None or not self._healthy:
+            raise EngineFailed(f"{self.spec.where}: cannot sleep: no engine is running")
+        t0 = time.perf_counter()
+        self._dev_call("POST", "/sleep?level=1")
+        if not self._is_sleeping():
+            raise EngineFailed(f"{self.spec.where}: the engine answered /sleep but /is_sleeping says it is awake "
+                               "(was it started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1?)",
+                               self._tail_if_dead())
+        self.asleep = True
+        self.timings["sleep_seconds"] = time.perf_counter() - t0
+        self._held = self.measure()
+        return self._held
+
+    def _promote(self, need: int, progress: Progress | None, check_cancel: CheckCancel | None) -> int:
+        """load() of a sleeping engine: POST /wake_up, verified by /is_sleeping (the host tier's promotion)."""
+        if check_cancel is not None:
+            check_cancel()
+        if progress:
+            progress(0, need)
+        t0 = time.perf_counter()
+        try:
+            self._dev_call("POST", "/wake_up")
+            if self._is_sleeping():
+                raise EngineFailed(f"{self.spec.where}: the engine answered /wake_up but still sleeps",
+                                   self._tail_if_dead())
+        except BaseException:
+            self._stop_quietly()
+            raise
+        self.asleep, self.source = False, "host"
+        self.timings["wake_seconds"] = time.perf_counter() - t0
+        if progress:
+            progress(need, need)
+        return self.measure()
+
+    def _is_sleeping(self) -> bool:
+        return bool(self._dev_call("GET", "/is_sleeping").get("is_sleeping"))
+
+    def _dev_call(self, method: str, path: str) -> dict[str, Any]:
+        assert self.port is not None
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                     data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(req, timeout=SLEEP_TIMEOUT) as r:
+                body = r.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")[:2000]
+            hint = " (the engine has no sleep endpoints: VLLM_SERVER_DEV_MODE=1 is unset)" if exc.code == 404 else ""
+            raise EngineFailed(f"{self.spec.where}: {method} {path} answered {exc.code}{hint}: {detail}",
+                               self._tail_if_dead()) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise EngineFailed(f"{self.spec.where}: {method} {path}: the engine did not answer: {exc}",
+                               self._tail_if_dead()) from None
+        try:
+            return json.loads(body) if body else {}
+        except ValueError:
+            return {}
 
     # --- the process ------------------------------------------------------------------------------
     def command(self, python: Path, port: int) -> list[str]:
@@ -275,6 +373,7 @@ class VllmRuntime:
             if total:
                 util = min(0.95, (self.weights_bytes + self.spec.kv_cache_bytes) / total)
                 cmd += ["--gpu-memory-utilization", f"{max(util, 0.01):.4f}"]
+            cmd += ["--enable-sleep-mode"]  # the host tier (sleep level 1); no --enforce-eager: graphs captured
         else:
             # Exact bytes: VLLM_CPU_KVCACHE_SPACE (vLLM calls it legacy) counts whole GiB, so it cannot say
             # 256 MiB; on CPU this flag also skips vLLM's check against 90% of the node's memory.
@@ -287,8 +386,11 @@ class VllmRuntime:
         env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never reach for a hub
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["DO_NOT_TRACK"] = "1"
+        env[ENGINE_ID_ENV] = self.engine_id  # every process of the engine carries it (engine_records.py)
         if self.spec.device.startswith("cuda"):
             env["CUDA_VISIBLE_DEVICES"] = self.spec.device.partition(":")[2] or "0"
+            # What mounts /sleep, /wake_up and /is_sleeping (vLLM's dev endpoints) on the engine's port.
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         else:
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the exact --kv-cache-memory-bytes
@@ -312,6 +414,15 @@ class VllmRuntime:
             self.proc = _spawner.submit(spawn).result()
         self.pgid = self.proc.pid  # start_new_session: the launcher leads its own group
         self.port = port
+        if self.records is not None:
+            try:
+                created = psutil.Process(self.proc.pid).create_time()
+            except psutil.Error:
+                created = 0.0  # exited already: the health wait says why
+            self.records.add(EngineRecord(engine_id=self.engine_id, gpu=self.spec.gpu or self.spec.device,
+                                          model=self.spec.model, version=self.spec.version, pid=self.proc.pid,
+                                          create_time=created, port=port, worker_pid=os.getpid(),
+                                          log=str(self.log_path)))
         self.timings["process_start_seconds"] = time.perf_counter() - t0
 
     def _wait_healthy(self, check_cancel: CheckCancel | None) -> None:

@@ -27,6 +27,7 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     for e in engines:
         print(f"{e.name:<13} {'available' if e.available else 'missing':<10} {e.version or '-':<10} {e.detail}")
+        print(f"{'':<13} host tier: {e.host_tier}")
     return 0
 
 

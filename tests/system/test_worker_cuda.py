@@ -69,3 +69,31 @@ def test_cuda_promotes_a_pinned_staged_copy(r: redis.Redis, tmp_path: Path) -> N
     w.evict(g, "tiny-sharded")
     assert torch.cuda.memory_allocated(0) == base
     assert w.unstage("tiny-sharded")["bytes_freed"] == staged["bytes"]
+
+
+def test_cuda_graphs_are_captured_per_warmup_shape_and_replayed(r: redis.Redis, tmp_path: Path) -> None:
+    """catalog cuda_graphs = true: warmup captures each declared shape, infer replays it (the same output
+    as the eager module), another shape runs eagerly, and evict frees the graphs with the weights."""
+    cat = tiny_catalog(tmp_path / "m", ["tiny-lm"])
+    cat.write_text(cat.read_text().replace('version = "v1"', 'version = "v1"\ncuda_graphs = true', 1))
+    w = NodeWorker(r, cat, "node-g", parse_devices("cuda:0=1GiB"), WorkerOptions(heartbeat_ttl=30))
+    g = w.gpu_for("cuda:0")
+    base = torch.cuda.memory_allocated(0)
+    out = w.preload(g, "tiny-lm")
+    assert out["state"] == "ready" and all(f["cuda_graph"] is True for f in out["warmup"]), out["warmup"]
+    replayed = w.infer(g, "tiny-lm")
+    assert replayed["cuda_graph"] is True and replayed["output"]["finite"]
+    with g.lock:
+        rt = next(iter(g.replicas.values())).runtime
+    x = torch.randint(0, 8, tuple(replayed["input"]["shape"]), device="cuda:0")
+    with torch.inference_mode():
+        eager = rt.module(x)
+    y, used = rt.graphs.run(x, rt.module)
+    assert used and torch.allclose(y, eager, atol=1e-4)
+    shape = [1, 3]  # not declared: eager
+    other = w.infer(g, "tiny-lm", {"shape": shape, "dtype": "int64", "high": 8})
+    assert other["cuda_graph"] is False and other["input"]["shape"] == shape
+    w.evict(g, "tiny-lm")
+    del rt, y, eager
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(0) == base

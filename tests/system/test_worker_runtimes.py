@@ -117,6 +117,22 @@ def test_stage_of_a_checkpoint_runtime_is_refused_clearly(celery: Celery, tmp_pa
         send(celery, celery_app.STAGE, "tiny-chat", "v1")
 
 
+def test_stage_of_a_vllm_model_on_cpu_says_plainly_there_is_no_host_tier(r: redis.Redis, celery: Celery,
+                                                                         tmp_path: Path, worker_factory) -> None:
+    """vLLM's host tier is its sleep mode, which it does not support on CPU: the stage is refused with
+    that reason (no engine started for it), the node's staged set stays empty, the failure is an event."""
+    from prewarm import events
+
+    cat = catalog_for(tmp_path / "models", "vllm")
+    worker_factory(cat, devices="cpu:0=256MiB")
+    with pytest.raises(Exception, match="does not support on CPU") as err:
+        send(celery, celery_app.STAGE, "tiny-chat", "v1")
+    assert "sleep mode (level 1" in str(err.value)
+    assert state.read_staged(r).get("node-a", []) == []
+    ev = events.read(r, kind="failed", model="tiny-chat")
+    assert ev and "does not support on CPU" in ev[0].reason
+
+
 # --- vllm -----------------------------------------------------------------------------------------
 needs_vllm = pytest.mark.skipif(
     vllm_python() is None,
@@ -182,9 +198,21 @@ def test_a_vllm_replica_serves_at_its_endpoint_is_routed_there_and_evicts_to_not
     inf = send(celery, celery_app.INFER, "tiny-chat", {"prompt": "Hello", "max_tokens": 2}, timeout=120)
     assert inf["gpu"] == GPU and inf["endpoint"] == endpoint and inf["usage"]["completion_tokens"] >= 1
 
+    # The heartbeat measures the engine again while it serves: the record and the GPU's accounting show
+    # what its processes hold now (PSS moves by pages as it serves), not the figure from ready.
+    def moved() -> state.Replica | None:
+        send(celery, celery_app.INFER, "tiny-chat", {"prompt": "Hello again", "max_tokens": 4}, timeout=120)
+        x = rep(r)
+        return x if x is not None and x.bytes != ready.bytes else None
+
+    later = wait_for(moved, 120, interval=1.0, what="a heartbeat to publish the engine's bytes measured again")
+    assert later.state == "ready" and later.bytes > read_weight_set(ckpt).data_bytes
+    wait_for(lambda: (x := rep(r)) is not None and gpu(r).used_bytes == x.bytes, 30,
+             what="the GPU's used bytes to follow the re-measured engine")
+
     assert engine_processes(ckpt), "the engine's processes should be running while it is ready"
     ev = send(celery, celery_app.EVICT, "tiny-chat", timeout=120)
-    assert ev["bytes_freed"] == ready.bytes and ev["used_bytes"] == 0
+    assert ev["bytes_freed"] > read_weight_set(ckpt).data_bytes and ev["used_bytes"] == 0
     assert rep(r) is None
     assert engine_processes(ckpt) == [], "evict must leave no engine process"
 
@@ -224,3 +252,72 @@ def test_a_measured_footprint_past_the_free_budget_is_refused_and_nothing_is_com
     assert dev.inventory().used_bytes == 500  # still the reservation; the worker then releases it
     dev.commit_measured("engine", 700)  # exactly the room left: committed
     assert dev.inventory().used_bytes == 1000 and dev.release("engine") == 700
+
+
+# --- no orphan engine after a SIGKILLed worker -------------------------------------------------------
+STANDIN = ("import os, subprocess, sys, time\n"
+           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"  # the 'engine core'
+           "time.sleep(600)\n")
+
+
+def test_a_restarted_worker_stops_the_engines_its_predecessor_recorded_before_announcing(
+        r: redis.Redis, tmp_path: Path, worker_factory) -> None:
+    """The path for an engine that outlived its worker (a launcher without prctl, or killed itself): a
+    stand-in engine (a process group of two, the engine id in their environment) is recorded as a dead
+    worker's engine; the next worker on that GPU stops it before the GPU joins the fleet. A process whose
+    pid is recorded with another start time (a reused pid) is left alone."""
+    from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
+
+    data = tmp_path / "data"
+    records = EngineRecords(data / "engines")
+    engine = subprocess.Popen([sys.executable, "-c", STANDIN], start_new_session=True,
+                              env={**os.environ, ENGINE_ID_ENV: "e1"})
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        core = wait_for(lambda: psutil.Process(engine.pid).children(), 30, what="the stand-in's child")[0]
+        records.add(EngineRecord("e1", GPU, "tiny-chat", "v1", engine.pid, psutil.Process(engine.pid).create_time(),
+                                 port=1, worker_pid=999999))
+        records.add(EngineRecord("e2", GPU, "other", "v1", bystander.pid,
+                                 psutil.Process(bystander.pid).create_time() - 100.0, port=2, worker_pid=999999))
+        assert len(records.records(GPU)) == 2
+        cat = catalog_for(tmp_path / "models", "transformers")
+        w = worker_factory(cat, devices="cpu:0=256MiB", env={"PREWARM_DATA_DIR": str(data)})
+        # Announced (worker_factory waited for its heartbeat): the recorded engine is gone already.
+        assert engine.poll() is not None
+        assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE
+        assert bystander.poll() is None, "a process with the recorded pid but another start time was killed"
+        assert records.records(GPU) == []
+        assert "stopped 2 leftover process(es)" in w.log() and "already gone" in w.log()
+    finally:
+        for p in (engine, bystander):
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+
+
+@needs_vllm
+def test_a_sigkilled_worker_takes_its_ready_engine_with_it(r: redis.Redis, celery: Celery, tmp_path: Path,
+                                                           worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "vllm")
+    ckpt = tmp_path / "models" / "tiny-chat"
+    data = tmp_path / "data"
+    w = worker_factory(cat, devices="cpu:0=8GiB", env={"PREWARM_VLLM_VENV": str(vllm_venv()),
+                                                       "PREWARM_ADVERTISE_HOST": "127.0.0.1",
+                                                       "PREWARM_DATA_DIR": str(data)})
+    send(celery, celery_app.PRELOAD, "tiny-chat", "v1", timeout=ENGINE_TIMEOUT)
+    assert rep(r).state == "ready"
+    from gpu_worker.runtimes.vllm_engine import group_members
+
+    launcher = next(p for p in engine_processes(ckpt) if "engine_launcher.py" in " ".join(p.cmdline()))
+    group = group_members(launcher.pid)  # the launcher leads the engine's process group
+    assert len(group) >= 3, [p.cmdline() for p in group]  # launcher, API server, engine core
+    recorded = list((data / "engines").rglob("*.json"))
+    assert len(recorded) == 1  # the engine is written down while it runs
+    w.kill()  # SIGKILL: no shutdown, no release
+    wait_for(lambda: not group_members(launcher.pid) and engine_processes(ckpt) == [], 60, interval=0.2,
+             what="the engine to die with its worker")
+    # The record outlived the worker; the next worker on this GPU finds it (its processes already gone) and
+    # drops it before announcing.
+    assert recorded[0].exists()
+    w2 = worker_factory(cat, devices="cpu:0=8GiB", env={"PREWARM_DATA_DIR": str(data)})
+    assert not recorded[0].exists() and "already gone" in w2.log()

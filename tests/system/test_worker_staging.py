@@ -192,7 +192,8 @@ def test_unstage_cancels_a_stage_in_progress(r: redis.Redis, catalog: Path) -> N
     staging = wait_for(lambda: next((x for x in node(r).staged if x.state == "staging"), None), 20,
                        what="the stage to show")
     assert staging.model == "tiny-lm-wide" and staging.total_bytes == size
-    assert node(r).used_bytes > 0  # the stage's reservation counts while it runs
+    # The stage's reservation counts while it runs (made as its read starts, just after the record shows).
+    wait_for(lambda: node(r).used_bytes > 0 and t.is_alive(), 20, what="the stage's reservation to be published")
     un = w.unstage("tiny-lm-wide", reason="changed my mind")
     t.join(30)
     assert not t.is_alive()

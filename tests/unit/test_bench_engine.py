@@ -43,7 +43,7 @@ def test_transformers_demo_model_reports_cold_start_and_warm_request(catalog: Pa
 def test_torch_demo_model_reports_a_host_tier_promotion(catalog: Path, capsys) -> None:  # noqa: ANN001
     r = _bench(catalog, "tiny-lm@v2", capsys)
     assert r["runtime"] == "torch" and r["model"] == "tiny-lm@v2"
-    assert set(r["host_promotion"]) == COLD_KEYS | {"stage_seconds"}
+    assert set(r["host_promotion"]) == COLD_KEYS | {"stage_seconds", "tier"}
     assert r["host_tier"] == "node host cache"
 
 

@@ -1,0 +1,137 @@
+"""What the runtimes decide before any engine or CUDA call, checked on CPU: the vLLM command and environment
+on CUDA and on CPU (sleep mode, dev endpoints, graphs), the host tier's guards, the engine records' files,
+`prewarm engines`' host tier, and the torch runtime's `cuda_graphs` flag (plan, eager fallback, the note on
+CPU). The CUDA paths themselves run where a GPU is lent (tests/system/test_worker_cuda.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_worker.device import make_device
+from gpu_worker.runtimes import ReplicaSpec
+from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
+from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
+from gpu_worker.runtimes.errors import EngineFailed
+from gpu_worker.runtimes.torch_module import TorchRuntime
+from gpu_worker.runtimes.vllm_engine import NO_HOST_TIER_CPU, VllmRuntime
+from gpu_worker.runtimes.warmup import WarmupPolicy
+from prewarm.catalog import CatalogError, load_catalog
+from prewarm.config import DeviceSpec
+from prewarm.engines import VLLM_HOST_TIER_CPU, VLLM_HOST_TIER_CUDA, engine_status
+from tests.model_files import tiny_catalog
+
+GiB = 1 << 30
+
+
+def runtime(device: str, tmp_path: Path) -> VllmRuntime:
+    spec = ReplicaSpec(model="m", version="v1", path=tmp_path, device=device, gpu=f"n/{device}",
+                       kv_cache_bytes=GiB, device_total_bytes=80 * GiB if device.startswith("cuda") else None)
+    rt = VllmRuntime(spec, host="127.0.0.1", log_dir=tmp_path)
+    rt.weights_bytes = 3 * GiB
+    return rt
+
+
+def test_on_cuda_the_engine_runs_with_sleep_mode_its_dev_endpoints_and_its_graphs(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    rt = runtime("cuda:1", tmp_path)
+    cmd = rt.command(Path("/venv/bin/python"), 8123)
+    assert "--enable-sleep-mode" in cmd
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.0500"  # (3 + 1) GiB of 80
+    assert "--enforce-eager" not in cmd  # vLLM captures its CUDA graphs
+    assert "--kv-cache-memory-bytes" not in cmd
+    env = rt.environment()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env[ENGINE_ID_ENV] == rt.engine_id
+    assert rt.host_tier() is None
+
+
+def test_on_cpu_there_is_no_sleep_mode_and_sleep_is_refused_without_asking_the_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    rt = runtime("cpu", tmp_path)
+    cmd = rt.command(Path("/venv/bin/python"), 8123)
+    assert "--enable-sleep-mode" not in cmd and "--gpu-memory-utilization" not in cmd
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(GiB)
+    env = rt.environment()
+    assert "VLLM_SERVER_DEV_MODE" not in env and env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert rt.host_tier() == NO_HOST_TIER_CPU and "does not support on CPU" in NO_HOST_TIER_CPU
+    with pytest.raises(EngineFailed, match="cannot sleep: vLLM's host tier is its sleep mode"):
+        rt.sleep()  # no port, no process: it would fail differently had it tried the engine
+    with pytest.raises(EngineFailed, match="no engine is running"):
+        runtime("cuda:0", tmp_path).sleep()
+
+
+@pytest.mark.parametrize(("flavor", "tier"), [("cpu", VLLM_HOST_TIER_CPU), ("cuda", VLLM_HOST_TIER_CUDA)])
+def test_prewarm_engines_says_what_the_vllm_host_tier_is(tmp_path: Path, flavor: str, tier: str) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("")
+    (tmp_path / ".prewarm-engine").write_text(f"vllm==0.32.0 x\nvllm 0.32.0 ({flavor})\n")
+    st = engine_status("vllm", {"PREWARM_VLLM_VENV": str(tmp_path)})
+    assert st.available and st.as_json()["host_tier"] == tier
+    assert "not support" in VLLM_HOST_TIER_CPU and "wake_up" in VLLM_HOST_TIER_CUDA
+    assert engine_status("vllm", {"PREWARM_VLLM_VENV": str(tmp_path / "none")}).host_tier == VLLM_HOST_TIER_CPU
+    assert "host cache" in engine_status("torch").host_tier
+
+
+def test_engine_records_are_written_whole_read_back_and_a_gone_engine_is_dropped(tmp_path: Path) -> None:
+    recs = EngineRecords(tmp_path / "engines")
+    gone = EngineRecord("abc", "n/cuda:0", "m", "v1", pid=2**22 + 12345, create_time=1.0, port=9, worker_pid=1)
+    recs.add(gone)
+    files = list((tmp_path / "engines").rglob("*"))
+    assert [f.name for f in files if f.is_file()] == ["abc.json"]  # no temporary file left
+    assert recs.records("n/cuda:0") == [gone] and recs.records("n/cuda:1") == []
+    bad = tmp_path / "engines" / "n__cuda_0" / "zzz.json"
+    bad.write_text("{not json")
+    assert recs.records("n/cuda:0") == [gone] and not bad.exists()  # unreadable: removed, said in the log
+    [(rec, line)] = recs.reap("n/cuda:0")
+    assert rec == gone and "already gone" in line and recs.records("n/cuda:0") == []
+    recs.remove("n/cuda:0", "abc")  # idempotent
+    assert json.loads(json.dumps(gone.__dict__))["pid"] == gone.pid
+
+
+def test_cuda_graphs_plan_and_the_eager_fallback() -> None:
+    assert plan(False, torch.device("cpu")) == (False, None)
+    on, note = plan(True, torch.device("cpu"))
+    assert not on and note and "ignored on cpu" in note
+    on, note = plan(True, torch.device("cuda:0"), cuda_available=False)
+    assert not on and note and "not available" in note
+    assert plan(True, torch.device("cuda:0"), cuda_available=True) == (True, None)
+    m = torch.nn.Linear(4, 2)
+    graphs = GraphSet(m)
+    x = torch.ones(3, 4)
+    y, replayed = graphs.run(x, m)  # nothing captured: eager
+    assert not replayed and torch.equal(y, m(x))
+
+
+def test_the_cuda_graphs_flag_is_validated_and_torch_only(tmp_path: Path) -> None:
+    cat = tiny_catalog(tmp_path / "m", ["tiny-lm"])
+    text = cat.read_text()
+    cat.write_text(text.replace('version = "v1"', 'version = "v1"\ncuda_graphs = true', 1))
+    entry = load_catalog(cat).get("tiny-lm")
+    assert entry.cuda_graphs is True and entry.summary()["cuda_graphs"] is True  # models list --json shows it
+    cat.write_text(text.replace('version = "v1"', 'version = "v1"\ncuda_graphs = "yes"', 1))
+    with pytest.raises(CatalogError, match="model 'tiny-lm': cuda_graphs 'yes' must be true or false"):
+        load_catalog(cat)
+    cat.write_text(text)
+    assert load_catalog(cat).get("tiny-lm").cuda_graphs is False
+
+
+def test_cuda_graphs_on_cpu_are_accepted_noted_and_the_replica_serves_eagerly(tmp_path: Path) -> None:
+    cat = tiny_catalog(tmp_path / "m", ["tiny-lm"])
+    cat.write_text(cat.read_text().replace('version = "v1"', 'version = "v1"\ncuda_graphs = true', 1))
+    entry = load_catalog(cat).get("tiny-lm")
+    dev = make_device(DeviceSpec("cpu:0", GiB), "n/cpu:0")
+    rt = TorchRuntime(entry, dev, "n/cpu:0", policy=WarmupPolicy(min_passes=2, max_passes=3))
+    rt.required_bytes()
+    held = rt.load()
+    figures = rt.warm()
+    assert figures and all(f["cuda_graph"] is False and "ignored on cpu" in f["cuda_graph_note"] for f in figures)
+    assert rt.graphs is None and rt.graph_bytes == 0 and rt.measure() == held
+    answer = rt.serve({"inputs": None, "seed": 0})
+    assert answer["cuda_graph"] is False and answer["output"]["finite"]
+    assert rt.release() == held and rt.measure() == 0
