@@ -18,9 +18,9 @@ Write API
         `events` is an iterable of `(model, count, ts)` (ts in Unix seconds, or None for now). The whole
         batch is one call of a Lua script (`_RECORD_LUA`), which Redis runs atomically: all of it is
         recorded or none of it, and HINCRBY keeps the counts exact under any number of concurrent writers.
-        One command with flat arguments, rather than a MULTI/EXEC of a HINCRBY per model and bucket:
-        the hook's cost was mostly redis-py packing and parsing those commands (and then, with one JSON
-        argument, encoding it here and decoding it in Lua). Returns the number of requests recorded.
+        One command with one JSON argument, rather than a MULTI/EXEC of a HINCRBY per model and bucket:
+        the hook's cost was mostly redis-py packing and parsing those commands (and then, with one argument
+        per value, redis-py packing each). Returns the number of requests recorded.
         Input is expected to be validated by the caller (the hook); a negative count raises ValueError.
     record_counts(r, counts, now) -> int
         The same for counts already aggregated, `{(ts, model): count}` (the hook's fast path builds it).
@@ -50,6 +50,7 @@ per-second counts over the last 10 minutes (index -1 is the newest complete seco
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -71,30 +72,33 @@ def bucket_start(ts: float, resolution_s: int) -> int:
     return int(math.floor(ts / resolution_s)) * resolution_s
 
 
-# KEYS: REQUESTS_TOTAL, LAST_REQUEST, then one traffic bucket per bucket in ARGV.
-# ARGV, flat (no JSON to encode here or decode in Lua): for each bucket its expire_at and field count n,
-# then n (model, count) pairs; the number of models in the totals, then their (model, count) pairs; then
-# (newest_ts, model) pairs to the end, for ZADD GT (one call per 1,000). Numbers go as strings, and stay so
-# in Lua (a number Lua printed could come out as 1e+15, which HINCRBY refuses).
+# KEYS: REQUESTS_TOTAL, LAST_REQUEST, then one traffic bucket per bucket in A.
+# ARGV[1]: a JSON array of strings, A: for each bucket its expire_at and field count n, then n (model,
+# count) pairs; the number of models in the totals, then their (model, count) pairs; then (newest_ts,
+# model) pairs to the end, for ZADD GT (one call per 1,000). Numbers go as strings (a number Lua printed
+# could come out as 1e+15, which HINCRBY refuses). One flat array rather than nested objects: no Lua
+# table per bucket; one argument rather than one per value: redis-py packs each argument in Python, which
+# for a batch of 1,000 events cost more than the rest of the hook.
 # (Reading a bucket's fields with one HMGET and writing them with one HSET was measured no cheaper than
 # a HINCRBY per field: Redis's time goes into the fields, not the calls.)
 _RECORD_LUA = b"""
+local A = cjson.decode(ARGV[1])
 local function add(k, a, n)
-  for j = a, a + 2 * n - 1, 2 do redis.call('HINCRBY', k, ARGV[j], ARGV[j + 1]) end
+  for j = a, a + 2 * n - 1, 2 do redis.call('HINCRBY', k, A[j], A[j + 1]) end
 end
 local a = 1
 for i = 3, #KEYS do
-  local n = tonumber(ARGV[a + 1])
+  local n = tonumber(A[a + 1])
   add(KEYS[i], a + 2, n)
-  redis.call('EXPIREAT', KEYS[i], ARGV[a])
+  redis.call('EXPIREAT', KEYS[i], A[a])
   a = a + 2 + 2 * n
 end
-local n = tonumber(ARGV[a])
+local n = tonumber(A[a])
 add(KEYS[1], a + 1, n)
 a = a + 1 + 2 * n
-while a <= #ARGV do
-  local b = math.min(a + 1999, #ARGV)
-  redis.call('ZADD', KEYS[2], 'GT', unpack(ARGV, a, b))
+while a <= #A do
+  local b = math.min(a + 1999, #A)
+  redis.call('ZADD', KEYS[2], 'GT', unpack(A, a, b))
   a = b + 1
 end
 return 1
@@ -141,23 +145,24 @@ def record_counts(r: redis.Redis, counts: Mapping[float, Mapping[str, int]], now
     if not totals:
         return 0
     bucket_keys: list[str] = []
-    args: list[str | int] = []
+    args: list[str] = []
     for (res, start), in_bucket in per_bucket.items():
         if not in_bucket:
             continue
         bucket_keys.append(keys.traffic_bucket(res, start))
         # Expire relative to the bucket's own time, so late writes never extend a bucket's life.
-        args += (start + res + RETENTION_S[res], len(in_bucket))
-        for item in in_bucket.items():
-            args += item
+        args += (str(start + res + RETENTION_S[res]), str(len(in_bucket)))
+        for m, n in in_bucket.items():
+            args += (m, str(n))
     counted = [(m, n) for m, n in totals.items() if n]
-    args.append(len(counted))
-    for item in counted:
-        args += item
+    args.append(str(len(counted)))
+    for m, n in counted:
+        args += (m, str(n))
     # ZADD GT: newest wins, so a delayed batch never moves a model's last request backwards.
     for m, t in newest.items():
         args += (f"{t:.3f}", m)
-    _record_script(keys=[keys.REQUESTS_TOTAL, keys.LAST_REQUEST, *bucket_keys], args=args, client=r)
+    _record_script(keys=[keys.REQUESTS_TOTAL, keys.LAST_REQUEST, *bucket_keys],
+                   args=[json.dumps(args, separators=(",", ":"))], client=r)
     return sum(totals.values())
 
 
