@@ -15,7 +15,10 @@ request path never blocks on the network and never sees an exception: while prew
 counts stay buffered (at most `max_pending` (model, second) entries; what does not fit is dropped and
 counted in `stats()["dropped"]`), and are sent with their own timestamps once it answers again, so a
 late batch lands in the right traffic buckets. A batch prewarm refuses for one event (an unknown model:
-batches are all-or-nothing) is resent without that event, counted in `stats()["rejected"]`.
+batches are all-or-nothing) is resent without that event, counted in `stats()["rejected"]`. Delivery is
+at least once: a post that times out (`timeout`, 2 s by default, far above the hook's latency) is sent
+again, and is counted twice if prewarm had recorded it meanwhile (the hook has no idempotency key).
+`flush()` waits until everything reported before it is delivered (for shutdown and tests).
 
 Routing: `route(model)` asks `GET /hooks/route` and keeps an answer whose state is `ready` for
 `route_ttl` seconds (a hot model's lookups then cost no round trip); answers for loading or cold models

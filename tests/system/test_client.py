@@ -134,7 +134,10 @@ def test_an_unknown_model_is_dropped_and_the_rest_of_its_batch_recorded(reporter
 def test_while_prewarm_is_unreachable_counts_are_kept_bounded_then_delivered(
         redis_url: str, catalog: Path, tmp_path: Path, r: redis.Redis) -> None:
     port = free_port()
-    rep = TrafficReporter(f"http://127.0.0.1:{port}", flush_interval=0.05, max_pending=3, timeout=1.0)
+    # Nothing listens, so each try is refused at once whatever the timeout; a short one would time out the
+    # first post to the web once it is up on a loaded machine, which prewarm may still record, and the
+    # counts resent after it would be counted twice.
+    rep = TrafficReporter(f"http://127.0.0.1:{port}", flush_interval=0.05, max_pending=3, timeout=30.0)
     web = None
     try:
         for model in ("alpha", "beta", "gamma", "alpha"):
@@ -146,7 +149,7 @@ def test_while_prewarm_is_unreachable_counts_are_kept_bounded_then_delivered(
         assert rep.route("alpha")["state"] == "unknown"  # no answer to give, and no exception either
         web = WebProc(redis_url, catalog, tmp_path, workers=1, port=port)
         assert rep.flush(30)  # the buffered counts go out once prewarm answers
-        assert traffic.totals(r) == {"alpha": 20, "beta": 10, "gamma": 10}
+        assert traffic.totals(r) == {"alpha": 20, "beta": 10, "gamma": 10}, rep.stats()
         assert rep.stats()["sent"] == 40
     finally:
         rep.close()
