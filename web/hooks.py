@@ -27,7 +27,7 @@ from flask.typing import ResponseReturnValue
 from pydantic import ValidationError
 
 from prewarm import events, keys, replica_states, rooms, state, traffic
-from prewarm.catalog import ModelEntry
+from prewarm.catalog import CatalogError, ModelEntry
 from prewarm.config import format_bytes
 from prewarm.store import cold_starts, overlays
 from web import cold_answer, coldstarts, hook_events, metrics
@@ -48,7 +48,10 @@ _ORDER = {name: i for i, name in enumerate(replica_states.ROUTABLE)}
 def requests_hook() -> ResponseReturnValue:
     data = json_body()
     now = time.time()
-    fast = hook_events.counts(data, ctx().catalog, now)
+    try:
+        fast = hook_events.counts(data, ctx().catalog, now)
+    except CatalogError:  # answered (503) where it always was: after the body's own checks
+        fast = None
     if fast is not None:  # plainly valid, known models: no pydantic (web.hook_events)
         recorded = traffic.record_counts(ctx().r, fast[0], now)
         return _accepted(fast[1], recorded)
