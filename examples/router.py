@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if not args.redis_url:
-        up_file = Path(__file__).resolve().parent.parent / "var" / "redis.url"  # `./run`'s embedded Redis
+        # `./run`'s embedded Redis writes its URL into the data directory (PREWARM_DATA_DIR, default var/)
+        data_dir = os.environ.get("PREWARM_DATA_DIR") or Path(__file__).resolve().parent.parent / "var"
+        up_file = Path(data_dir) / "redis.url"
         if up_file.exists():
             args.redis_url = up_file.read_text().strip()
     with TrafficReporter(args.prewarm, args.token) as reporter:

@@ -15,7 +15,10 @@ request path never blocks on the network and never sees an exception: while prew
 counts stay buffered (at most `max_pending` (model, second) entries; what does not fit is dropped and
 counted in `stats()["dropped"]`), and are sent with their own timestamps once it answers again, so a
 late batch lands in the right traffic buckets. A batch prewarm refuses for one event (an unknown model:
-batches are all-or-nothing) is resent without that event, counted in `stats()["rejected"]`.
+batches are all-or-nothing) is resent without that event, counted in `stats()["rejected"]`. Delivery is
+at least once: a post that times out (`timeout`, 2 s by default, far above the hook's latency) is sent
+again, and is counted twice if prewarm had recorded it meanwhile (the hook has no idempotency key).
+`flush()` waits until everything reported before it is delivered (for shutdown and tests).
 
 Routing: `route(model)` asks `GET /hooks/route` and keeps an answer whose state is `ready` for
 `route_ttl` seconds (a hot model's lookups then cost no round trip); answers for loading or cold models
@@ -109,10 +112,15 @@ class TrafficReporter:
         self._new_events = 0  # report() calls since the last flush began
         self._counts = {"reported": 0, "sent": 0, "dropped": 0, "rejected": 0, "failures": 0}
         self._routes: dict[tuple[str, str | None], tuple[float, dict[str, Any]]] = {}
+        # flush() waits on these: each cycle of the flusher takes the whole buffer under the lock (_taken
+        # numbers them) and _delivered is the newest cycle that ended with nothing put back. What failed is
+        # put back for the next cycle, so all reported before cycle n took the buffer is delivered (sent,
+        # refused or dropped) once _delivered >= n.
+        self._cycle_done = threading.Condition(self._lock)
+        self._taken = 0
+        self._delivered = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
         self._thread = threading.Thread(target=self._run, name="prewarm-reporter", daemon=True)
         self._thread.start()
 
@@ -169,18 +177,20 @@ class TrafficReporter:
             return {**self._counts, "pending": len(self._pending)}
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Ask the flusher to send what is buffered now and wait until it is idle; True when nothing is left."""
+        """Have everything reported before this call sent now (or refused, or dropped), and wait for it:
+        True once it is, False after `timeout` (prewarm unreachable: it stays buffered for later).
+        Reports made meanwhile, from other threads, are not waited for. Not for the request path."""
         deadline = time.monotonic() + timeout
-        self._idle.clear()
-        self._wake.set()
-        while time.monotonic() < deadline:
-            if self._idle.wait(0.05):
-                with self._lock:
-                    if not self._pending:
-                        return True
-                self._idle.clear()
-                self._wake.set()
-        return False
+        with self._cycle_done:
+            # What was reported so far is in the buffer (the next cycle takes it) or in the cycle in flight.
+            target = self._taken + 1 if self._pending else self._taken
+            while self._delivered < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._wake.set()  # the next cycle at once, not after flush_interval or a backoff
+                self._cycle_done.wait(min(left, 0.05))
+            return True
 
     def close(self) -> None:
         """Flush what is left (at most `close_timeout` seconds) and stop the thread."""
@@ -202,21 +212,27 @@ class TrafficReporter:
         while not self._stop.is_set():
             self._wake.wait(max(self.flush_interval, backoff))
             self._wake.clear()
-            self._idle.clear()
+            ok = False
+            with self._lock:
+                taken, self._pending = self._pending, {}
+                self._new_events = 0
+                self._taken += 1
+                cycle = self._taken
             try:
-                ok = self._flush_once()
+                ok = self._flush_once(taken)
                 backoff = 0.0 if ok else min(5.0, max(self.flush_interval, backoff * 2))
             except Exception:  # noqa: BLE001 - the thread must outlive any bug, or reporting stops silently
                 log.exception("prewarm reporter: flush failed")
                 backoff = 1.0
             finally:
-                self._idle.set()
+                with self._cycle_done:
+                    if ok:
+                        self._delivered = cycle
+                    self._cycle_done.notify_all()
 
-    def _flush_once(self) -> bool:
-        """Send everything buffered, in batches; False when prewarm could not be reached (kept for later)."""
-        with self._lock:
-            taken, self._pending = self._pending, {}
-            self._new_events = 0
+    def _flush_once(self, taken: dict[tuple[str, int], int]) -> bool:
+        """Send what one cycle took from the buffer, in batches; False when prewarm could not be reached
+        (what is unsent is put back for the next cycle)."""
         oldest = time.time() - MAX_EVENT_AGE_S
         items = []
         for (model, second), n in taken.items():

@@ -32,7 +32,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
 
-def _sane_ts(v: Any) -> float | None:
+def sane_ts(v: Any) -> float | None:
     if v is None:
         return v
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -52,8 +52,9 @@ def _sane_ts(v: Any) -> float | None:
 
 
 # The rules for one event's fields, used by both shapes below.
-EventCount = Annotated[StrictInt, Field(ge=0, le=1_000_000)]
-EventTs = Annotated[float | None, BeforeValidator(_sane_ts)]
+EVENT_COUNT_MAX = 1_000_000
+EventCount = Annotated[StrictInt, Field(ge=0, le=EVENT_COUNT_MAX)]
+EventTs = Annotated[float | None, BeforeValidator(sane_ts)]
 
 
 class RequestEvent(_Strict):

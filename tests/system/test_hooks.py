@@ -430,6 +430,52 @@ def test_the_fast_batch_validator_agrees_with_the_published_schema(event: object
         assert fast == published
 
 
+@pytest.mark.parametrize("event", [
+    {"model": "alpha"}, {"model": "alpha", "count": 0}, {"model": "alpha", "count": 1_000_000, "ts": time.time()},
+    {"model": "alpha", "ts": int(time.time()) - 60}, {"model": "alpha", "ts": None}, {"model": "alpha", "count": 3},
+    {"model": ""}, {"model": "a" * 129}, {"model": "-x"}, {"model": 7}, {"model": ["alpha"]}, {"model": {}},
+    {"model": "alpha", "count": 1_000_001}, {"model": "alpha", "count": -1}, {"model": "alpha", "count": 2.0},
+    {"model": "alpha", "count": False}, {"model": "alpha", "ts": True}, {"model": "alpha", "ts": 10**400},
+    {"model": "alpha", "ts": float("nan")}, {"model": "alpha", "ts": float("inf")}, {"model": "alpha", "ts": "1"},
+    {"model": "alpha", "ts": time.time() - 9 * 86400}, {"model": "alpha", "ts": time.time() + 3600},
+    {"model": "alpha", "extra": 1}, {"model": "nope"}, {"count": 1}, {"ts": 1.0}, {}, "alpha", None, 7, ["alpha"],
+])
+@pytest.mark.parametrize("shape", ["single", "batch"])
+def test_the_fast_path_accepts_only_what_full_validation_accepts(event: object, shape: str, tmp_path: Path) -> None:
+    # web.hook_events takes a body without pydantic when it is plainly valid, else hands it to the full
+    # validation (which then names the field). It must never take what that would refuse, nor count
+    # other than it would.
+    from pydantic import ValidationError
+
+    from prewarm.catalog import load_catalog
+    from web import hook_events
+    from web.schemas import REQUEST_BATCH, RequestEvent
+
+    catalog = load_catalog(make_catalog(tmp_path / "models"))
+    body = event if shape == "single" else {"events": [{"model": "beta", "count": 2}, event]}
+    now = time.time()
+    fast = hook_events.counts(body, catalog, now)
+    try:
+        if shape == "single":
+            one = RequestEvent.model_validate(body)
+            full = [(one.model, one.count, one.ts)]
+        else:
+            full = [(e["model"], e.get("count", 1), e.get("ts")) for e in REQUEST_BATCH.validate_python(body)["events"]]
+        if any(m not in catalog for m, _, _ in full):
+            full = None
+    except ValidationError:
+        full = None
+    # Every valid shape a router sends is taken by the fast path; refusals are left to full validation.
+    assert (fast is None) == (full is None), (body, fast, full)
+    if fast is None:
+        return
+    expected: dict[float, dict[str, int]] = {}
+    for m, n, ts in full:
+        per = expected.setdefault(now if ts is None else ts, {})
+        per[m] = per.get(m, 0) + n
+    assert fast == (expected, len(full))
+
+
 def test_a_catalog_change_is_seen_after_the_recheck_interval(redis_url: str, tmp_path: Path, r: redis.Redis,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from prewarm import context
