@@ -86,22 +86,46 @@ class Fleet:
         s = requests.Session()
         for _ in range(rounds):
             for m in models:
-                t0 = time.monotonic()
-                retry: dict[str, str] = {}
-                while s.get(f"{self.url}/hooks/route", params={"model": m, **retry}, timeout=30).json().get(
-                        "state") != "ready":
-                    retry = {"retry": "1"}
-                    if time.monotonic() - t0 > 120:
-                        raise RuntimeError(f"bench live: {m} not ready 120 s after a cold lookup; worker log:\n"
-                                           f"{self.tail('worker')}")
-                    time.sleep(0.02)
-                out[m].append(time.monotonic() - t0)
+                out[m].append(self._cold_lookup(s, m))
                 entry = self.ctx.catalog.get(m)
                 for g in state.read_fleet(self.r).alive():
                     if any(x.model == m for x in g.replicas):
                         self.ctx.dispatcher.evict(m, entry.version, g, actor="operator", kind="bench",
                                                   reason="bench live: load time measured")
                 self._wait(f"{m} evicted", lambda m=m: not state.read_fleet(self.r).replicas(m), 60, "worker")
+        return out
+
+    def _cold_lookup(self, s: requests.Session, m: str) -> float:
+        """Seconds from a cold route lookup of m to its ready answer, polled as a router polls."""
+        t0 = time.monotonic()
+        retry: dict[str, str] = {}
+        while s.get(f"{self.url}/hooks/route", params={"model": m, **retry}, timeout=30).json().get(
+                "state") != "ready":
+            retry = {"retry": "1"}
+            if time.monotonic() - t0 > 120:
+                raise RuntimeError(f"bench live: {m} not ready 120 s after a cold lookup; worker log:\n"
+                                   f"{self.tail('worker')}")
+            time.sleep(0.02)
+        return time.monotonic() - t0
+
+    def measure_make_room(self, models: list[str], passes: int = 2) -> dict[str, list[float]]:
+        """The cold path when memory is full, with the scheduler running: each model in turn, `passes` times
+        over the list and nothing evicted by the bench, so once the GPUs are full a cold lookup finds no GPU
+        with room: the route hook cannot place the load, the lookup wakes the scheduler, whose policy evicts
+        and preloads (a Celery hop each). Returns, per model, the seconds from such a lookup (no GPU had room
+        for it) to its ready answer; lookups that found room, or the model ready, are not counted."""
+        out: dict[str, list[float]] = {m: [] for m in models}
+        s = requests.Session()
+        for _ in range(passes):
+            for m in models:
+                fleet = state.read_fleet(self.r)
+                if fleet.replicas(m):
+                    continue
+                size = self.ctx.catalog.get(m).size_bytes
+                full = all(g.free_bytes < size for g in fleet.alive())
+                took = self._cold_lookup(s, m)
+                if full:
+                    out[m].append(took)
         return out
 
     def stop(self) -> None:
