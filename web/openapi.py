@@ -12,6 +12,7 @@ from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 from pydantic.json_schema import models_json_schema
 
+from prewarm.store.eta_promises import KEPT as ETA_KEPT
 from web.schemas import MAX_BATCH, EvictBody, PreloadBody, RequestBatch, RequestEvent, Rollout
 
 bp = Blueprint("openapi", __name__)
@@ -124,11 +125,11 @@ def spec() -> dict[str, Any]:
                                                                   "cold_starts", "cold_starts_avoided", "cost"]}},
                                "totals": {"type": "object"}}}), **_errors(400)}}},
         "/api/eta": {"get": {
-            "summary": "How the route hook's ETA promises held: real − promised seconds of the last 1,000 "
+            "summary": f"How the route hook's ETA promises held: real − promised seconds of the last {ETA_KEPT:,} "
                        "closed promises (median, p95, mean |error|) and the newest ones",
             "security": [],
             "parameters": [{"name": "limit", "in": "query", "required": False,
-                            "schema": {"type": "integer", "minimum": 0, "maximum": 1000}}],
+                            "schema": {"type": "integer", "minimum": 0, "maximum": ETA_KEPT}}],
             "responses": {"200": _resp("ETA error", {
                 "type": "object", "required": ["count", "kept", "error_seconds", "recent"],
                 "properties": {"count": {"type": "integer"}, "kept": {"type": "integer"},
