@@ -30,6 +30,28 @@ def _waits(w: list[float]) -> dict:
     return {"p50": round(float(np.percentile(a, 50)), 3), "p95": round(float(np.percentile(a, 95)), 3)}
 
 
+def _replay_loads(before: dict[str, load_times.Measured], after: dict[str, load_times.Measured]
+                  ) -> dict[str, list[float]]:
+    """model -> the worker's load + warmup seconds recorded during the replay. The lists are newest first and
+    trimmed to KEPT, so the first len(after) - len(before) entries are the replay's (fewer than all of them
+    when the list was trimmed, never an older one)."""
+    return {m: a.load[:max(0, len(a.load) - len(before[m].load))] for m, a in after.items()}
+
+
+MIN_REPLAY_LOADS = 3  # a model with fewer loads in the replay takes the fleet's median slowdown
+
+
+def slowdown(alone: dict[str, list[float]], replay: dict[str, list[float]]) -> dict[str, float]:
+    """model -> how many times longer the worker's loads took during the replay than measured one at a time
+    before it (median over median): the CPU contention of the replay, which the simulator has no model of.
+    A model with fewer than MIN_REPLAY_LOADS loads in the replay (or none measured alone) takes the median of
+    the others' ratios; 1.0 when no model has enough."""
+    ratio = {m: statistics.median(replay[m]) / statistics.median(alone[m]) for m in alone
+             if alone[m] and len(replay.get(m, [])) >= MIN_REPLAY_LOADS and statistics.median(alone[m]) > 0}
+    fleet = statistics.median(ratio.values()) if ratio else 1.0
+    return {m: ratio.get(m, fleet) for m in alone}
+
+
 def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_models: int, rate: float, gpus: int,
         gpu_mib: int | None, seed: int, log: Callable[[str], None]) -> dict:
     wl = workload.build(trace, minutes, speed, n_models, rate, seed)
@@ -42,6 +64,7 @@ def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_mod
     measured: dict[str, list[float]] = {m: [] for m in wl.models}  # the worker's load + warmup
     cold_path: dict[str, list[float]] = {m: [] for m in wl.models}  # cold lookup -> ready, as a router sees it
     live: dict[str, dict] = {}
+    replay_worker: dict[str, dict[str, list[float]]] = {}  # policy -> model -> the worker's loads during its replay
     load1 = []
     log(f"bench live: {len(wl.times)} requests over {len(wl.models)} models, {minutes:g} trace minutes at "
         f"x{speed:g} ({wl.span_s:.0f} s a policy); {gpus} GPUs of {per_gpu} MiB")
@@ -67,12 +90,14 @@ def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_mod
             fleet.start_web_and_worker(gpus)
             for m, xs in fleet.measure_loads(wl.models).items():
                 cold_path[m].extend(xs)
-            for m, x in load_times.recent(fleet.r, wl.models).items():
+            before = load_times.recent(fleet.r, wl.models)
+            for m, x in before.items():
                 measured[m].extend(x.load)
             fleet.start_scheduler()
             log(f"  {name}: fleet up and load times measured in {time.monotonic() - t0:.0f} s; replaying")
             res = router.replay(fleet.url, wl.models, wl.times, wl.mids)
             load1.append(os.getloadavg()[0])
+            replay_worker[name] = _replay_loads(before, load_times.recent(fleet.r, wl.models))
             live[name] = res
             log(f"  {name}: {res['cold_starts']} cold starts live of {res['requests']} requests "
                 f"({res['failed']} failed, the last cold waits drained {res['drain_s']} s after the last request was due)")
@@ -85,6 +110,13 @@ def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_mod
     # else with free memory (the route hook's on-demand preload)
     free_s = [statistics.median(cold_path[m]) for m in wl.models]
     load_s = [statistics.median(make_room[m]) if make_room[m] else free_s[i] for i, m in enumerate(wl.models)]
+    # ... and slowed as the worker's own loads were during that policy's replay (its CPU contention: each policy
+    # loads the machine differently, and the live scheduler's measured load times are the contended ones too)
+    slow = {name: slowdown(measured, replay_worker[name]) for name in policies}
+    for name in policies:
+        log(f"  {name}: the worker's loads took {statistics.median(slow[name].values()):.2f}x as long in the replay "
+            "as measured alone (median over models); the simulator's cold path is slowed by as much, per model")
+    contended = {name: [x * slow[name][m] for x, m in zip(load_s, wl.models, strict=True)] for name in policies}
     out: dict = {"policies": {}}
     sim_trace = wl.sim_trace(str(trace))
     cat = load_catalog(catalog)
@@ -95,10 +127,10 @@ def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_mod
         sim.run(POLICIES[name]())
         return sim.results()
 
-    worker_only, free_only = {}, {}
+    worker_only, free_only, uncontended = {}, {}, {}
     for name in policies:
-        s = simulate(name, load_s)
-        for into, loads in ((worker_only, worker_s), (free_only, free_s)):
+        s = simulate(name, contended[name])
+        for into, loads in ((worker_only, worker_s), (free_only, free_s), (uncontended, load_s)):
             w = simulate(name, loads)
             into[name] = {"cold_starts": w["cold_starts"], "wait_seconds": {
                 "p50": round(w["wait_seconds"]["p50"], 3), "p95": round(w["wait_seconds"]["p95"], 3)}}
@@ -116,12 +148,18 @@ def run(trace: Path, minutes: float, speed: float, policies: list[str], *, n_mod
     out["fleet"] = {"gpus": gpus, "gpu_bytes": per_gpu * MIB, "devices": devices,
                     "load_slots": PolicyConfig().max_loads_per_gpu, "tick_s": Settings.from_env().tick_seconds,
                     "model_bytes": {m: int(b) for m, b in zip(wl.models, catalog_sizes, strict=True)},
-                    "load_seconds": {m: round(x, 4) for m, x in zip(wl.models, load_s, strict=True)},
+                    "load_seconds": {n: {m: round(x, 4) for m, x in zip(wl.models, c, strict=True)}
+                                     for n, c in contended.items()},
                     "worker_load_seconds": {m: round(x, 4) for m, x in zip(wl.models, worker_s, strict=True)},
                     "simulated_with_worker_load_seconds": worker_only,
                     "free_memory_load_seconds": {m: round(x, 4) for m, x in zip(wl.models, free_s, strict=True)},
                     "make_room_load_seconds": {m: [round(x, 4) for x in make_room[m]] for m in wl.models},
                     "simulated_with_free_memory_load_seconds": free_only,
+                    "uncontended_load_seconds": {m: round(x, 4) for m, x in zip(wl.models, load_s, strict=True)},
+                    "simulated_uncontended": uncontended,
+                    "replay_worker_load_seconds": {n: {m: [round(x, 4) for x in xs] for m, xs in rw.items()}
+                                                   for n, rw in replay_worker.items()},
+                    "slowdown": {n: {m: round(x, 3) for m, x in sd.items()} for n, sd in slow.items()},
                     "load_average_1m": [round(x, 2) for x in load1],
                     "failed": {n: live[n]["failed"] for n in policies},
                     "errors": {n: live[n]["errors"] for n in policies if live[n]["errors"]}}

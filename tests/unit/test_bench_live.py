@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.live import workload
 from bench.live.cli import cmd_bench_live
@@ -53,3 +54,26 @@ def test_the_busiest_functions_map_onto_the_catalog_busiest_first_thinned_to_the
     assert n[1] == 60  # the rarer model is kept whole: min(1, c / n^0.75) is 1 for it
     again = workload.build(trace, minutes=5, speed=10, n_models=2, rate=10.0)
     assert np.array_equal(again.times, wl.times) and np.array_equal(again.mids, wl.mids)  # seeded
+
+
+def test_the_replay_loads_are_the_entries_written_after_the_read_before_it() -> None:
+    from bench.live.run import _replay_loads
+    from prewarm.store.load_times import KEPT, Measured
+
+    before = {"a": Measured([0.2, 0.1]), "b": Measured([0.3]), "c": Measured([])}
+    after = {"a": Measured([0.9, 0.8, 0.7, 0.2, 0.1]),  # three loads in the replay, newest first
+             "b": Measured([0.5] * KEPT),  # trimmed: at least KEPT - 1 of them are the replay's
+             "c": Measured([])}
+    got = _replay_loads(before, after)
+    assert got == {"a": [0.9, 0.8, 0.7], "b": [0.5] * (KEPT - 1), "c": []}
+
+
+def test_the_slowdown_is_median_over_median_and_sparse_models_take_the_fleet_median() -> None:
+    from bench.live.run import slowdown
+
+    alone = {"a": [0.1, 0.3, 0.2], "b": [0.5], "c": [0.4], "d": []}
+    # a: 0.6 / 0.2 = 3; b: 2.0 / 0.5 = 4; c has 2 replay loads (< 3) and d none alone: the median of 3 and 4
+    replay = {"a": [0.4, 0.6, 0.8], "b": [1.0, 2.0, 2.0, 3.0, 2.5], "c": [4.0, 4.0], "d": [1.0, 1.0, 1.0]}
+    got = slowdown(alone, replay)
+    assert got == pytest.approx({"a": 3.0, "b": 4.0, "c": 3.5, "d": 3.5})
+    assert slowdown(alone, {}) == {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}  # nothing to measure: no change
