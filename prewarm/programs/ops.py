@@ -9,15 +9,26 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TypeVar
 
 from prewarm import events, keys, rooms, state
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
 from prewarm.store import overlays
 
-if TYPE_CHECKING:
-    pass
+T = TypeVar("T")
+POLL_S = 0.2  # how often a --wait looks again
+
+
+def _poll(check: Callable[[], T | None], timeout: float) -> T | None:
+    """`check()` every POLL_S until it answers (anything but None), or None once `timeout` seconds pass."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (got := check()) is not None:
+            return got
+        time.sleep(POLL_S)
+    return None
 
 
 def _ctx():  # noqa: ANN202 - deferred import keeps `prewarm --help` fast
@@ -90,16 +101,17 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _wait_gone(ctx, model: str, version: str, gpu: str, timeout: float) -> int:  # noqa: ANN001
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def gone() -> int | None:
         g = state.read_fleet(ctx.r).gpu(gpu)
         if g is None or not g.alive:
             return _err(f"GPU {gpu} left the fleet while waiting")
         if not any(x.model == model and x.version == version for x in g.replicas):
             print(f"{model}@{version} evicted from {gpu}")
             return 0
-        time.sleep(0.2)
-    return _err(f"timed out after {timeout:.0f} s waiting for {model} to be gone from {gpu}")
+        return None
+
+    rc = _poll(gone, timeout)
+    return rc if rc is not None else _err(f"timed out after {timeout:.0f} s waiting for {model} to be gone from {gpu}")
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
@@ -181,8 +193,8 @@ def _task_outcome(ctx, d, timeout: float, *, gpu: str | None = None) -> tuple[di
     """Wait for a dispatched task's result: (result, None), or (None, the worker's reason). With `gpu`, stop
     waiting when that GPU leaves the fleet (its worker died: no result will come)."""
     res = ctx.celery.AsyncResult(d.task_id)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+
+    def outcome() -> tuple[dict | None, str | None] | None:
         if res.ready():
             if res.successful():
                 return res.result, None
@@ -190,8 +202,10 @@ def _task_outcome(ctx, d, timeout: float, *, gpu: str | None = None) -> tuple[di
             return None, str(exc) or type(exc).__name__
         if gpu is not None and not ((g := state.read_fleet(ctx.r).gpu(gpu)) and g.alive):
             return None, f"GPU {gpu} left the fleet while waiting"
-        time.sleep(0.2)
-    return None, f"no outcome within {timeout:.0f} s (`prewarm fleet` shows where it stands)"
+        return None
+
+    got = _poll(outcome, timeout)
+    return got if got is not None else (None, f"no outcome within {timeout:.0f} s (`prewarm fleet` shows where it stands)")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -219,8 +233,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
               f"{evicted}; host cache free {format_bytes(out['host_cache']['free_bytes'])}")
         return 0
     # The same stage is in flight already: watch the node's records instead.
-    deadline = time.time() + args.timeout
-    while time.time() < deadline:
+    def staged() -> int | None:
         n = state.read_fleet(ctx.r).node(gpu.node)
         x = n.get(entry.id, entry.version) if n else None
         if x is not None and x.state == "staged":
@@ -228,8 +241,11 @@ def cmd_stage(args: argparse.Namespace) -> int:
             return 0
         if x is None and not ctx.r.exists(keys.intent(entry.id, state.host_id(gpu.node))):
             return _err(f"stage of {entry.key} on {gpu.node} did not complete (see `prewarm events`)")
-        time.sleep(0.2)
-    return _err(f"timed out after {args.timeout:.0f} s waiting for {entry.key} to be staged on {gpu.node}")
+        return None
+
+    rc = _poll(staged, args.timeout)
+    return rc if rc is not None else _err(
+        f"timed out after {args.timeout:.0f} s waiting for {entry.key} to be staged on {gpu.node}")
 
 
 def cmd_unstage(args: argparse.Namespace) -> int:
