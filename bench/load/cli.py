@@ -54,26 +54,13 @@ def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench load` (sharing the `bench` group with any other registrar)."""
-    try:
-        from prewarm.commands import subgroup
+    from prewarm.commands import subgroup
 
-        group = subgroup(subparsers, "bench", "benchmarks")
-    except ImportError:
-        existing = subparsers.choices.get("bench")
-        if existing is None:
-            existing = subparsers.add_parser("bench", help="benchmarks")
-            existing._prewarm_sub = existing.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
-        group = existing._prewarm_sub
-    add_load_parser(group)
+    add_load_parser(subgroup(subparsers, "bench", "benchmarks"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.load")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_load_parser(sub)
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+    from prewarm.commands import standalone_main
+
+    return standalone_main("python -m bench.load", add_load_parser, argv)
 

@@ -81,11 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tick")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_tick_parser(sub)
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+    from prewarm.commands import standalone_main
+
+    return standalone_main("python -m bench.tick", add_tick_parser, argv)
