@@ -318,25 +318,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fleet)
 
-    for name, func, helptext in (("preload", cmd_preload, "load and warm a model onto a GPU"),
-                                 ("evict", cmd_evict, "evict a model from a GPU (every GPU unless --gpu)")):
+    gpu_help = "node/device or device (default: most free memory)"
+    node_help = "node name (default: stage on the node with the most free host cache)"
+    gpu_wait, node_wait = "wait until ready / gone; non-zero on failure", "wait for the worker's outcome; non-zero on failure"
+    for name, func, helptext, where, where_help, wait_help in (
+            ("preload", cmd_preload, "load and warm a model onto a GPU", "--gpu", gpu_help, gpu_wait),
+            ("evict", cmd_evict, "evict a model from a GPU (every GPU unless --gpu)", "--gpu", gpu_help, gpu_wait),
+            ("stage", cmd_stage, "stage a model's weights in a node's host memory (promoted fast by a preload)",
+             "--node", node_help, node_wait),
+            ("unstage", cmd_unstage, "drop a model's staged weights from host memory (every node unless --node)",
+             "--node", node_help, node_wait)):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("model")
         p.add_argument("--version", help="catalog version (default: the current one)")
-        p.add_argument("--gpu", help="node/device or device (default: most free memory)")
-        p.add_argument("--wait", action="store_true", help="wait until ready / gone; non-zero on failure")
-        p.add_argument("--timeout", type=float, default=300.0)
-        p.add_argument("--reason", help="recorded in the event log")
-        p.set_defaults(func=func)
-
-    for name, func, helptext in (
-            ("stage", cmd_stage, "stage a model's weights in a node's host memory (promoted fast by a preload)"),
-            ("unstage", cmd_unstage, "drop a model's staged weights from host memory (every node unless --node)")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("model")
-        p.add_argument("--version", help="catalog version (default: the current one)")
-        p.add_argument("--node", help="node name (default: stage on the node with the most free host cache)")
-        p.add_argument("--wait", action="store_true", help="wait for the worker's outcome; non-zero on failure")
+        p.add_argument(where, help=where_help)
+        p.add_argument("--wait", action="store_true", help=wait_help)
         p.add_argument("--timeout", type=float, default=300.0)
         p.add_argument("--reason", help="recorded in the event log")
         if name == "stage":
