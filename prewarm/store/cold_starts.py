@@ -45,16 +45,25 @@ class ColdStart:
             return None
 
 
-# Open unless an episode of the model is open and younger than ARGV[4] seconds, and count the opening in its
-# minute (KEYS[2], prewarm.store.lookup_counts): one Lua call, so the route hook pays one round trip. (This
-# reads seen_at in Lua; ColdStart.parse is the Python reader.)
-_OPEN = """
+def unless_outstanding(time_field: str, now: str, max_age: str) -> str:
+    """The start of a Lua script that returns 0 when field ARGV[1] of hash KEYS[1] holds a JSON record whose
+    `time_field` is at most `max_age` seconds before `now` (Lua expressions), and else goes on: the one rule
+    "a record still outstanding blocks a new one" for cold-start episodes and ETA promises. An unreadable
+    record counts as absent."""
+    return f"""
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   local ok, rec = pcall(cjson.decode, cur)
-  local seen = ok and type(rec) == 'table' and tonumber(rec['seen_at'])
-  if seen and tonumber(ARGV[3]) - seen <= tonumber(ARGV[4]) then return 0 end
+  local at = ok and type(rec) == 'table' and tonumber(rec['{time_field}'])
+  if at and tonumber({now}) - at <= tonumber({max_age}) then return 0 end
 end
+"""
+
+
+# Open unless an episode of the model is open and younger than ARGV[4] seconds, and count the opening in its
+# minute (KEYS[2], prewarm.store.lookup_counts): one Lua call, so the route hook pays one round trip. (This
+# reads seen_at in Lua; ColdStart.parse is the Python reader.)
+_OPEN = unless_outstanding("seen_at", "ARGV[3]", "ARGV[4]") + """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'cold_start:' .. ARGV[1], 1)
 redis.call('EXPIRE', KEYS[2], ARGV[5])

@@ -22,7 +22,7 @@ from redis.client import Pipeline
 
 from prewarm import keys, metrics_defs, state
 from prewarm.store import histograms
-from prewarm.store.cold_starts import ABANDON_AFTER_S
+from prewarm.store.cold_starts import ABANDON_AFTER_S, unless_outstanding
 
 KEPT = 1000  # closed promises kept one by one, newest first
 
@@ -44,13 +44,7 @@ class Promise:
 
 
 # Record unless a promise younger than ARGV[3] seconds is outstanding: one round trip for the route hook.
-_PROMISE = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then
-  local ok, rec = pcall(cjson.decode, cur)
-  local at = ok and type(rec) == 'table' and tonumber(rec['at'])
-  if at and tonumber(ARGV[4]) - at <= tonumber(ARGV[3]) then return 0 end
-end
+_PROMISE = unless_outstanding("at", "ARGV[4]", "ARGV[3]") + """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
