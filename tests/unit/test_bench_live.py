@@ -68,12 +68,14 @@ def test_the_replay_loads_are_the_entries_written_after_the_read_before_it() -> 
     assert got == {"a": [0.9, 0.8, 0.7], "b": [0.5] * (KEPT - 1), "c": []}
 
 
-def test_the_slowdown_is_median_over_median_and_sparse_models_take_the_fleet_median() -> None:
-    from bench.live.run import slowdown
+def test_the_contention_is_median_minus_median_and_sparse_models_take_the_fleet_median() -> None:
+    from bench.live.run import contention
 
-    alone = {"a": [0.1, 0.3, 0.2], "b": [0.5], "c": [0.4], "d": []}
-    # a: 0.6 / 0.2 = 3; b: 2.0 / 0.5 = 4; c has 2 replay loads (< 3) and d none alone: the median of 3 and 4
-    replay = {"a": [0.4, 0.6, 0.8], "b": [1.0, 2.0, 2.0, 3.0, 2.5], "c": [4.0, 4.0], "d": [1.0, 1.0, 1.0]}
-    got = slowdown(alone, replay)
-    assert got == pytest.approx({"a": 3.0, "b": 4.0, "c": 3.5, "d": 3.5})
-    assert slowdown(alone, {}) == {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}  # nothing to measure: no change
+    alone = {"a": [0.1, 0.3, 0.2], "b": [0.5], "c": [0.4], "d": [], "e": [0.9]}
+    # a: 0.6 - 0.2 = 0.4; b: 2.0 - 0.5 = 1.5; e: faster in the replay, 0 (not negative); c has 2 replay loads
+    # (< 3) and d none measured alone: both take the median of 0.4, 1.5 and 0
+    replay = {"a": [0.4, 0.6, 0.8], "b": [1.0, 2.0, 2.0, 3.0, 2.5], "c": [4.0, 4.0], "d": [1.0, 1.0, 1.0],
+              "e": [0.5, 0.5, 0.5]}
+    got = contention(alone, replay)
+    assert got == pytest.approx({"a": 0.4, "b": 1.5, "c": 0.4, "d": 0.4, "e": 0.0})
+    assert contention(alone, {}) == dict.fromkeys(alone, 0.0)  # nothing to measure: no change
