@@ -58,6 +58,7 @@ class DiagnosticSimulation(Simulation):
         # prewarm only: for each return after an eviction, whether its timeline had turned hot
         self.forecast_of: Any = None
         self.forecast: Counter[str] = Counter()
+        self.forecast_requests: dict[str, list[int]] = {}  # timeline label -> the returning model's requests that day
         self.ahead_since: dict[int, float] = {}  # model -> its last ahead-of-demand load's start
         self.ahead_used: Counter[str] = Counter()  # ahead-of-demand loads that served a request, by kind
 
@@ -117,7 +118,9 @@ class DiagnosticSimulation(Simulation):
             e["cold"] += 1
         self.classes[f"{cause}/{state}"] += 1
         if cause == "eviction" and state == "none" and self.forecast_of is not None:
-            self.forecast[self.forecast_of(m, self.now)] += 1
+            label = self.forecast_of(m, self.now)
+            self.forecast[label] += 1
+            self.forecast_requests.setdefault(label.split("+")[0], []).append(len(self.per_model[m]))
 
     def _load_done(self, gi: int, version: int) -> None:
         g = self.gpus[gi]
@@ -217,6 +220,7 @@ def diagnose(sim: DiagnosticSimulation, policy: Any) -> dict[str, Any]:
         "load_kinds": dict(sim.load_kinds), "ahead_loads_used": dict(sim.ahead_used),
         "classes": dict(sorted(sim.classes.items())),
         "returns_by_timeline": dict(sim.forecast),
+        "returns_requests_per_day_by_timeline": {k: _quantiles(v) for k, v in sorted(sim.forecast_requests.items())},
         "evictions": len(ev), "evictions_by_load_kind": dict(by_for),
         "evictions_with_cold": len(costly), "cold_after_eviction": sum(e["cold"] for e in ev),
         "costly_for": dict(Counter(e["for"] for e in costly)),

@@ -30,6 +30,7 @@ def test_cold_starts_split_by_cause_and_state_by_hand() -> None:
     assert out["costly_idle_s"]["p50"] == 5.0
     assert out["evictions_by_load_kind"] == {"demand": 2}
     assert out["returns_by_timeline"] == {}  # only prewarm has a timeline to ask
+    assert out["returns_requests_per_day_by_timeline"] == {}
     # the memory check: one window, both models asked for, 12 GiB of a 10 GiB fleet
     assert out["memory"]["fleet_gib"] == 10.0 and out["memory"]["active_per_1h_over_fleet"]["p50"] == 1.2
 
@@ -44,3 +45,9 @@ def test_prewarm_returns_are_split_by_its_timeline() -> None:
     returns = sum(out["returns_by_timeline"].values())
     assert returns == out["classes"].get("eviction/none", 0)
     assert out["cold_starts"] == sum(out["classes"].values())
+    # each such return's model (a or b) has 20 requests that day, whatever its timeline label
+    assert returns > 0
+    for q in out["returns_requests_per_day_by_timeline"].values():
+        assert q == {"p10": 20.0, "p25": 20.0, "p50": 20.0, "p75": 20.0, "p90": 20.0}
+    assert set(out["returns_requests_per_day_by_timeline"]) == {
+        k.split("+")[0] for k in out["returns_by_timeline"]}
