@@ -142,9 +142,10 @@ def advance(pl: Values) -> None:
     value = st.value
     for m in changed:
         value.pop(m, None)
-    for m in sorted(set(changed)):
-        if m in snap.models:
-            schedule(pl, m)
+    todo = [m for m in sorted(set(changed)) if m in snap.models]
+    pl.prepare_arrivals([m for m in todo if tr.last_arrival(m) is not None])  # what schedule() reads, at once
+    for m in todo:
+        schedule(pl, m)
     scheduled = st.scheduled
     for heap, target in ((st.hot_heap, st.awake), (st.cold_heap, st.due)):
         while heap and heap[0][0] <= now:
