@@ -224,7 +224,7 @@ class SnapshotReader:
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r, parsed=self._replicas)
         ids = catalog.ids()
-        load_s, promote_s = measured_seconds(self.r, ids) if full else medians(self.measured.read(self.r, ids))
+        load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
         pinned = overlays.pinned(self.r)
         self.refs = {}
         self._specs_now = {}
