@@ -121,11 +121,9 @@ class SnapshotReader:
     # --- traffic -----------------------------------------------------------------------------
     def _warm_history(self, now: float) -> None:
         minute_edge = int(now // 60 * 60) - 60
-        add = self.history.add_bucket
         for model, series in _sparse_window(self.r, traffic.MINUTE, minute_edge - HISTORY_WARMUP_S,
                                             minute_edge).items():
-            for t, c in series:
-                add(model, t + 30, c)  # a minute's count, at its middle
+            self.history.add_series(model, series, 30)  # each minute's count at its middle
         for ev in events.read(self.r, limit=500, kind="evict"):
             self.recent_evictions.setdefault(ev.model, ev.ts)
         self.fed_until = minute_edge
@@ -226,7 +224,7 @@ class SnapshotReader:
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r, parsed=self._replicas)
         ids = catalog.ids()
-        load_s, promote_s = measured_seconds(self.r, ids) if full else medians(self.measured.read(self.r, ids))
+        load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
         pinned = overlays.pinned(self.r)
         self.refs = {}
         self._specs_now = {}

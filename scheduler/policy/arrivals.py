@@ -10,7 +10,8 @@ idle times d (time since the model's last request):
   (p < p_release for at least release_min_gap_s: worth releasing).
 
 Idle times beyond the histogram's range follow an exponential tail with mean tail_mean_s.
-Pure numpy on a few hundred points; cached by the caller per (histogram version, load time).
+Pure numpy on a few hundred points per model, many models at once (build_many); cached by the caller
+per (histogram version, load time).
 """
 
 from __future__ import annotations
@@ -55,12 +56,6 @@ class ArrivalModel:
         return None
 
 
-def _doubles(x: np.ndarray) -> array[float]:
-    out = array("d")
-    out.frombytes(np.ascontiguousarray(x, dtype=np.float64).tobytes())
-    return out
-
-
 def _lomax_survival(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return (beta / (x + beta)) ** alpha
 
@@ -76,7 +71,6 @@ class _Grid:
         self.prior_mass = cfg.prior_weight * (prior_s[:-1] - prior_s[1:])
         self.prior_oob = float(prior_s[-1])
         self.grid = np.arange(0.0, self.span, cfg.grid_s)
-        self.grid_closed = np.append(self.grid, self.span)  # the grid and its right end
 
 
 _grid: _Grid | None = None  # one config at a time in practice (the live scheduler's, or a simulation's)
@@ -90,72 +84,139 @@ def _grid_for(cfg: PolicyConfig) -> _Grid:
     return g
 
 
+# Models built in one pass of build_many: its 2-D temporaries stay a few MB (each is BATCH × grid points).
+BATCH = 256
+
+
 def build(
     hist: tuple[float, ...] | None, oob: float, load_s: float, cfg: PolicyConfig
 ) -> ArrivalModel:
-    gd = _grid_for(cfg)
+    """One model's ArrivalModel (build_many of one)."""
+    return build_many([(hist, oob, load_s)], cfg)[0]
+
+
+def build_many(
+    inputs: list[tuple[tuple[float, ...] | None, float, float]], cfg: PolicyConfig
+) -> list[ArrivalModel]:
+    """The ArrivalModel of each (idle-time histogram or None, out-of-bounds count, load seconds), in
+    order. Every model's arrays are rows of 2-D arrays and each step is one numpy call for all of them:
+    a starting scheduler builds 10,000 at once, where one by one cost ~30 numpy calls each. Row by row
+    the arithmetic is the per-model formulas' (the same operations in the same order; np.interp's
+    piecewise-linear rule is `_interp_rows`), so each model comes out bit for bit as built alone."""
+    out: list[ArrivalModel] = []
+    for i in range(0, len(inputs), BATCH):
+        out.extend(_build_rows(inputs[i:i + BATCH], _grid_for(cfg)))
+    return out
+
+
+def _interp_rows(x: np.ndarray, edges: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """np.interp(x[i], edges, ys[i]) for every row i (x: one row for all, or one per row of ys), computed
+    as numpy's compiled interp does: below the first edge its value, at or beyond the last the last value,
+    at an edge that edge's value, else slope × (x − edge) + value with slope = Δy / Δedge."""
+    n = len(edges)
+    j = np.searchsorted(edges, x, side="right") - 1  # edges[j] <= x < edges[j + 1]
+    at_edge = j >= n - 1
+    jc = np.clip(j, 0, n - 2)
+    lo = edges[jc]
+    exact = at_edge | (lo == x) | (j < 0)
+    if x.ndim == 1:
+        y0, y1 = ys[:, jc], ys[:, jc + 1]
+    else:
+        y0, y1 = np.take_along_axis(ys, jc, axis=1), np.take_along_axis(ys, jc + 1, axis=1)
+    slope = (y1 - y0) / (edges[jc + 1] - lo)
+    inside = slope * (x - lo) + y0
+    at = np.where(j < 0, ys[:, :1], np.where(at_edge, ys[:, n - 1:], y0))
+    return np.where(exact, at, inside)
+
+
+def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd: _Grid) -> list[ArrivalModel]:
+    cfg = gd.cfg
     span = gd.span
     edges = gd.edges
-    h = np.zeros(cfg.hist_bins) if hist is None else np.asarray(hist, dtype=float)
-    n = float(h.sum() + oob)
+    k = len(inputs)
+    h = np.zeros((k, cfg.hist_bins))
+    oobs = np.zeros(k)
+    for r, (hist, oob, _ld) in enumerate(inputs):
+        if hist is not None:
+            h[r] = hist
+        oobs[r] = oob
+    n = h.sum(axis=1) + oobs
     w0 = cfg.prior_weight
-    pmf = (h + gd.prior_mass) / (n + w0)
-    tail_mass = (oob + w0 * gd.prior_oob) / (n + w0)
+    pmf = (h + gd.prior_mass) / (n + w0)[:, None]
+    tail_mass = (oobs + w0 * gd.prior_oob) / (n + w0)
     # Survival at bin edges; linear inside bins (arrivals uniform within a bin).
-    s_edges = np.concatenate([np.cumsum(pmf[::-1])[::-1], [0.0]]) + tail_mass
+    s_edges = np.concatenate([np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1], np.zeros((k, 1))], axis=1) + tail_mass[:, None]
     tail_mean = cfg.tail_mean_s
-
-    def surv(x: np.ndarray) -> np.ndarray:
-        inside = np.interp(np.minimum(x, span), edges, s_edges)
-        beyond = tail_mass * np.exp(-np.maximum(x - span, 0.0) / tail_mean)
-        return np.where(x <= span, inside, beyond)
-
     grid = gd.grid
-    lead = load_s + cfg.tick_s + 5.0  # start loading this long before the window
-    s_d = np.interp(grid, edges, s_edges)  # surv(grid): the grid lies inside the histogram's span
-    s_ahead = surv(grid + lead + cfg.window_s)
+    leads = [ld + cfg.tick_s + 5.0 for _h, _o, ld in inputs]  # start loading this long before the window
+    lead = np.array(leads)
+    s_d = _interp_rows(grid, edges, s_edges)  # surv(grid): the grid lies inside the histogram's span
+    x = grid[None, :] + lead[:, None] + cfg.window_s
+    inside = _interp_rows(np.minimum(x, span), edges, s_edges)
+    beyond = tail_mass[:, None] * np.exp(-np.maximum(x - span, 0.0) / tail_mean)
+    s_ahead = np.where(x <= span, inside, beyond)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(s_d > 1e-12, (s_d - s_ahead) / s_d, 0.0)
     # Mean residual life: integral of S from d to infinity over S(d). Trapezoids on the grid
     # (S is piecewise linear, grid_s divides bin_s) plus the exponential tail.
-    s_fine = np.interp(gd.grid_closed, edges, s_edges)  # surv() at the grid and its end, all inside
-    trap = (s_fine[:-1] + s_fine[1:]) * 0.5 * cfg.grid_s
-    integral = np.cumsum(trap[::-1])[::-1] + tail_mass * tail_mean
+    # surv() at the grid and its end, all inside: np.interp is pointwise, so the grid's part is s_d and the
+    # end (the last edge) is the last edge's value
+    s_fine = np.concatenate([s_d, s_edges[:, -1:]], axis=1)
+    trap = (s_fine[:, :-1] + s_fine[:, 1:]) * 0.5 * cfg.grid_s
+    integral = np.cumsum(trap[:, ::-1], axis=1)[:, ::-1] + (tail_mass * tail_mean)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         mrl = np.where(s_d > 1e-12, integral / s_d, INF)
-    p_tail = 1.0 - math.exp(-(lead + cfg.window_s) / tail_mean) if tail_mass > 1e-12 else 0.0
+    tails = tail_mass.tolist()
+    p_tails = [1.0 - math.exp(-(lead_s + cfg.window_s) / tail_mean) if tm > 1e-12 else 0.0
+               for lead_s, tm in zip(leads, tails, strict=True)]
 
     # Timeline: hot where p >= p_prefetch; cold where p < p_release for release_min_gap_s ahead
     # (the tail beyond the grid counts as an endless run of its own label).
+    nk = p.shape[1]
     hot = p >= cfg.p_prefetch
-    tail_low = p_tail < cfg.p_release
+    tail_low = np.array([pt < cfg.p_release for pt in p_tails])
     need = max(1, int(math.ceil(cfg.release_min_gap_s / cfg.grid_s)))
-    low = np.concatenate([p < cfg.p_release, np.full(need, tail_low)]).astype(np.int64)
-    cs = np.concatenate([[0], np.cumsum(low)])
-    nk = len(p)
-    cold = (cs[need:need + nk] - cs[:nk]) >= need
+    low = np.concatenate([p < cfg.p_release, np.repeat(tail_low[:, None], need, axis=1)], axis=1).astype(np.int64)
+    cs = np.concatenate([np.zeros((k, 1), dtype=np.int64), np.cumsum(low, axis=1)], axis=1)
+    cold = (cs[:, need:need + nk] - cs[:, :nk]) >= need
     labels = np.where(hot, 1, np.where(cold, 2, 0))
-    cuts = np.flatnonzero(np.diff(labels)) + 1
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [nk]])
-    names = {1: "hot", 2: "cold"}
-    segments: list[tuple[float, float, str]] = [
-        (float(a * cfg.grid_s), float(b * cfg.grid_s), names[int(labels[a])])
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True) if labels[a]
-    ]
-    tail_label = "hot" if p_tail >= cfg.p_prefetch else ("cold" if tail_low else "")
-    if tail_label:
-        if segments and segments[-1][2] == tail_label and segments[-1][1] == span:
-            segments[-1] = (segments[-1][0], INF, tail_label)
-        else:
-            segments.append((span, INF, tail_label))
-    mrl_tail = tail_mean if tail_mass > 1e-12 else INF
-    return ArrivalModel(
-        grid_s=cfg.grid_s,
-        p=_doubles(p),
-        mrl=_doubles(mrl),
-        p_tail=p_tail,
-        mrl_tail=mrl_tail,
-        segments=tuple(segments),
-        samples=n,
-    )
+    rows, cols = np.nonzero(np.diff(labels, axis=1))
+    cuts = (cols + 1).tolist()
+    cut_labels = labels[rows, cols + 1].tolist()
+    first_labels = labels[:, 0].tolist()
+    bounds = np.searchsorted(rows, np.arange(k + 1)).tolist()  # model r's cuts: cuts[bounds[r]:bounds[r + 1]]
+    names = ("", "hot", "cold")
+    p_rows = np.ascontiguousarray(p, dtype=np.float64).tobytes()
+    mrl_rows = np.ascontiguousarray(mrl, dtype=np.float64).tobytes()
+    row_bytes = nk * 8
+    samples = n.tolist()
+    g = cfg.grid_s
+    out: list[ArrivalModel] = []
+    for r in range(k):
+        b0, b1 = bounds[r], bounds[r + 1]
+        starts = [0, *cuts[b0:b1]]
+        ends = [*cuts[b0:b1], nk]
+        kinds = [first_labels[r], *cut_labels[b0:b1]]
+        segments: list[tuple[float, float, str]] = [
+            (float(a * g), float(e * g), names[lab]) for a, e, lab in zip(starts, ends, kinds, strict=True) if lab
+        ]
+        p_tail = p_tails[r]
+        tail_label = "hot" if p_tail >= cfg.p_prefetch else ("cold" if p_tail < cfg.p_release else "")
+        if tail_label:
+            if segments and segments[-1][2] == tail_label and segments[-1][1] == span:
+                segments[-1] = (segments[-1][0], INF, tail_label)
+            else:
+                segments.append((span, INF, tail_label))
+        pa, ma = array("d"), array("d")
+        pa.frombytes(p_rows[r * row_bytes:(r + 1) * row_bytes])
+        ma.frombytes(mrl_rows[r * row_bytes:(r + 1) * row_bytes])
+        out.append(ArrivalModel(
+            grid_s=g,
+            p=pa,
+            mrl=ma,
+            p_tail=p_tail,
+            mrl_tail=tail_mean if tails[r] > 1e-12 else INF,
+            segments=tuple(segments),
+            samples=samples[r],
+        ))
+    return out

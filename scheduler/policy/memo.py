@@ -37,15 +37,20 @@ class PolicyState:
     It holds only things derived from the traffic (per-model arrival models and a timeline of
     when each model becomes hot or cold), so plan(s, now, state) decides the same as
     plan(s, now) with a fresh state; it just does not recompute every model on every tick.
-    Use one state per TrafficHistory; a different history or catalog object resets it.
+    Use one state per TrafficHistory; a different history or config resets it, a different catalog
+    mapping updates what changed in it (a mapping handed to plan() must not be changed afterwards).
     """
 
     traffic_id: int = 0
+    # the catalog mapping the state was last brought up to date with (timeline.advance compares the next
+    # one with it spec by spec), and its id
+    models: Mapping[str, ModelSpec] | None = None
     models_id: int = 0
     seq: int = -1
     arrival: dict[str, tuple[tuple[int, float], ArrivalModel]] = field(default_factory=dict)
-    hot_heap: list[tuple[float, str, float, float]] = field(default_factory=list)
-    cold_heap: list[tuple[float, str, float, float]] = field(default_factory=list)
+    # (start, model, end, its timeline's key as in `scheduled`): an entry of a replaced timeline is dropped
+    hot_heap: list[tuple[float, str, float, tuple[float, tuple[int, float]]]] = field(default_factory=list)
+    cold_heap: list[tuple[float, str, float, tuple[float, tuple[int, float]]]] = field(default_factory=list)
     awake: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (end, arrival)
     due: dict[str, tuple[float, float]] = field(default_factory=dict)
     recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand

@@ -69,12 +69,13 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     st = state if state is not None else PolicyState()
     pl = Tick(snapshot, now, st)
     advance(pl)
-    # Only resident models can be released; others leave the due set (they re-enter on arrival).
-    for m in list(st.due):
-        if m in pl.fleet.of_model and pl.fleet.of_model[m]:
+    # Only resident models can be released. A model not resident stays in the due set (until its cold
+    # segment ends or its timeline moves): a replica of it that appears with no request of its own (a
+    # floor, an operator's preload) is quiet at once, as a fresh state would see it.
+    of_model = pl.fleet.of_model
+    for m in st.due:
+        if of_model.get(m):
             pl.quiet.add(m)
-        else:
-            del st.due[m]
     step_release(pl)
     step_demand(pl, sorted(set(st.recent) | set(snapshot.waiting)))
     step_floor(pl)

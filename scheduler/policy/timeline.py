@@ -1,12 +1,24 @@
 """Each model's timeline in the PolicyState: when it turns hot or cold (segments of its idle-time
-model from its last arrival), brought up to `now` and the traffic's latest changes once per call."""
+model from its last arrival), brought up to `now` and the traffic's latest changes once per call.
+
+Carried from call to call, it decides as a fresh state would: a model's timeline is rescheduled
+when its traffic changes and when its spec does (a new `snapshot.models` mapping is compared with
+the last one spec by spec, so a tick where one model's measured load time moved reschedules that
+model, not all 10,000). Each heap entry carries the key of the timeline it came from, so an entry
+of a replaced timeline is dropped when it comes up."""
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left, insort
+from collections.abc import Mapping
 
+from .types import ModelSpec
 from .value import Values, load_seconds
+
+# Above this many catalog changes in one call the fill's list is rebuilt, not edited entry by entry.
+_EDIT_LIMIT = 64
 
 
 def schedule(pl: Values, m: str) -> None:
@@ -19,38 +31,94 @@ def schedule(pl: Values, m: str) -> None:
     a = math.floor(last / pl.grid_s) * pl.grid_s  # anchor(), with the arrival already read
     am = pl.arrival(m)
     key = (a, st.arrival[m][0])
-    if st.scheduled.get(m) == key:
+    old = st.scheduled.get(m)
+    if old == key:
         return  # same origin, same timeline: the heaps already hold it
+    if old is not None:
+        # a new timeline (a new origin, histogram or load time): what the old one put in awake/due
+        # no longer holds; its heap entries no longer match `scheduled` and are dropped when popped
+        st.awake.pop(m, None)
+        st.due.pop(m, None)
     st.scheduled[m] = key
     now = pl.now
     for start, end, label in am.segments:
         if a + end <= now:
             continue
         heap = st.hot_heap if label == "hot" else st.cold_heap
-        heapq.heappush(heap, (a + start, m, a, a + end))
+        heapq.heappush(heap, (a + start, m, a + end, key))
+
+
+def _special(spec: ModelSpec) -> bool:
+    return spec.pinned or spec.min_replicas > 0 or bool(spec.max_rate_per_replica)
+
+
+def _respecified(pl: Values, old: Mapping[str, ModelSpec], new: Mapping[str, ModelSpec]) -> list[str]:
+    """Bring the state's catalog-derived parts (`special`, the fill's `unrequested`) from `old` to
+    `new`, and forget the timelines of models no longer in the catalog. Returns the models of `new`
+    whose spec differs from `old`'s (added ones included): their timelines are rescheduled."""
+    st, tr, cfg = pl.st, pl.tr, pl.cfg
+    changed: list[str] = []
+    added = 0
+    special = False  # a model joined or left the special ones
+    for m, sp in new.items():
+        o = old.get(m)
+        if o is sp:
+            continue
+        if o is None:
+            added += 1
+        elif o == sp:
+            continue
+        changed.append(m)
+        if _special(sp) != (o is not None and _special(o)):
+            special = True
+    # len(new) = len(old) + added - removed
+    removed = [m for m in old if m not in new] if len(old) + added != len(new) else []
+    for m in removed:
+        special = special or _special(old[m])
+        for d in (st.awake, st.due, st.recent, st.scheduled, st.value, st.arrival):
+            d.pop(m, None)
+    if special:
+        st.special = tuple(sorted(m for m, s in new.items() if _special(s)))
+    # the fill's list: (load s, model) of the catalog's models with no request, shortest first
+    edits = [m for m in removed if m in st.unrequested_ids]
+    edits += [m for m in changed if tr.last_arrival(m) is None]
+    if len(edits) > _EDIT_LIMIT:
+        st.unrequested = sorted((load_seconds(s, cfg), m) for m, s in new.items() if tr.last_arrival(m) is None)
+        st.unrequested_ids = {m for _ld, m in st.unrequested}
+    else:
+        for m in edits:
+            if m in st.unrequested_ids:
+                x = (load_seconds(old[m], cfg), m)
+                i = bisect_left(st.unrequested, x)
+                del st.unrequested[i]
+                st.unrequested_ids.discard(m)
+            now_spec = new.get(m)
+            if now_spec is not None:
+                insort(st.unrequested, (load_seconds(now_spec, cfg), m))
+                st.unrequested_ids.add(m)
+    return changed
 
 
 def advance(pl: Values) -> None:
     """Bring the state's timeline up to `now` and the traffic's latest changes."""
     st, snap, tr, now = pl.st, pl.s, pl.tr, pl.now
     new_config = st.config is not snap.config and st.config != snap.config
-    fresh = st.traffic_id != id(tr) or st.models_id != id(snap.models) or st.seq < 0 or new_config
+    fresh = st.traffic_id != id(tr) or st.seq < 0 or new_config or st.models is None
+    changed: list[str]
     if fresh:
         if st.traffic_id != id(tr) or new_config:
             # arrival models and value inputs are keyed by histogram version and load time (or
             # spec), so they survive a new catalog object (a live scheduler may rebuild it every tick)
             st.arrival.clear()
             st.value.clear()
-        st.traffic_id, st.models_id, st.config = id(tr), id(snap.models), snap.config
+        st.traffic_id, st.config = id(tr), snap.config
         st.hot_heap.clear()
         st.cold_heap.clear()
         st.awake.clear()
         st.due.clear()
         st.recent.clear()
         st.scheduled.clear()
-        st.special = tuple(sorted(
-            m for m, s in snap.models.items() if s.pinned or s.min_replicas > 0 or s.max_rate_per_replica
-        ))
+        st.special = tuple(sorted(m for m, s in snap.models.items() if _special(s)))
         changed = tr.models()
         st.unrequested = sorted((load_seconds(sp, pl.cfg), m) for m, sp in snap.models.items()
                                 if tr.last_arrival(m) is None)
@@ -63,28 +131,29 @@ def advance(pl: Values) -> None:
         if asked:
             st.unrequested = [x for x in st.unrequested if x[1] not in asked]
             st.unrequested_ids -= asked
+        if st.models is not snap.models:
+            # (held, not just its id: a freed mapping's id can be reused by the next one)
+            assert st.models is not None
+            changed = [*changed, *_respecified(pl, st.models, snap.models)]
+    # the state holds the mapping it was brought up to date with
+    st.models, st.models_id = snap.models, id(snap.models)
     st.seq = tr.seq
-    # a request moves a model's timeline: its hot/cold segments from the old anchor no longer hold,
-    # nor do its value inputs
+    # a request moves a model's timeline (schedule() replaces it), and its value inputs no longer hold
     value = st.value
     for m in changed:
         value.pop(m, None)
-        for segs in (st.awake, st.due):
-            seg = segs.get(m)
-            if seg is not None and seg[1] != pl.anchor(m):
-                del segs[m]
-    for m in sorted(set(changed)):
-        if m in snap.models:
-            schedule(pl, m)
+    todo = [m for m in sorted(set(changed)) if m in snap.models]
+    pl.prepare_arrivals([m for m in todo if tr.last_arrival(m) is not None])  # what schedule() reads, at once
+    for m in todo:
+        schedule(pl, m)
+    scheduled = st.scheduled
     for heap, target in ((st.hot_heap, st.awake), (st.cold_heap, st.due)):
         while heap and heap[0][0] <= now:
-            _start, m, a, end = heapq.heappop(heap)
-            if end > now and pl.anchor(m) == a:
-                target[m] = (end, a)
+            _start, m, end, key = heapq.heappop(heap)
+            if end > now and scheduled.get(m) == key:
+                target[m] = (end, key[0])
     for m in [m for m, (end, _a) in st.due.items() if end <= now]:
         del st.due[m]
     cutoff = now - pl.cfg.demand_window_s
     for m in [m for m, a in st.recent.items() if a < cutoff]:
         del st.recent[m]
-
-

@@ -83,6 +83,8 @@ class TrafficHistory:
         self._seq = 0
         # model -> seq of its last change, kept in order of last change (re-inserted on change)
         self._changed: dict[str, int] = {}
+        self._decay_dt = 0.0  # _decay's last dt and its factors
+        self._decay_of = (1.0, 1.0, 1.0)
 
     @classmethod
     def for_config(cls, cfg: object) -> TrafficHistory:
@@ -108,13 +110,46 @@ class TrafficHistory:
         m = self._m.get(model)
         if m is None:
             m = self._m[model] = _ModelTraffic(self.bins)
+        self._feed(m, second, count)
+        self._seq += 1
+        self._changed.pop(model, None)
+        self._changed[model] = self._seq
+
+    def add_series(self, model: str, buckets: list[tuple[int, int]], shift: int = 0) -> None:
+        """add_bucket(model, second + shift, count) for each (second, count) in order, in one call (the same
+        state after it): a starting scheduler feeds ~200,000 per-minute counts."""
+        m = self._m.get(model)
+        fed = 0
+        for second, count in buckets:
+            if count <= 0:
+                continue
+            if m is None:
+                m = self._m[model] = _ModelTraffic(self.bins)
+            self._feed(m, second + shift, count)
+            fed += 1
+        if fed:
+            self._seq += fed
+            self._changed.pop(model, None)
+            self._changed[model] = self._seq
+
+    def _decay(self, dt: float) -> tuple[float, float, float]:
+        """exp(-dt / tau) of the panic, short and long windows; the last dt's are kept (a warm-up's buckets
+        are a minute apart: one dt, computed once)."""
+        if dt != self._decay_dt:
+            self._decay_dt = dt
+            self._decay_of = (math.exp(-dt / self.panic_window_s), math.exp(-dt / self.short_window_s),
+                              math.exp(-dt / self.long_window_s))
+        return self._decay_of
+
+    def _feed(self, m: _ModelTraffic, second: int, count: int) -> None:
         # Rates: decay both to this second, then add the bucket (rate unit: requests/s).
         if second >= m.rate_t:
             dt = second - m.rate_t
             if dt:
-                m.rate_p *= math.exp(-dt / self.panic_window_s)
-                m.rate_s *= math.exp(-dt / self.short_window_s)
-                m.rate_l *= math.exp(-dt / self.long_window_s)
+                dp, ds, dl = self._decay(dt)
+                m.rate_p *= dp
+                m.rate_s *= ds
+                m.rate_l *= dl
                 m.rate_t = float(second)
             m.rate_p += count / self.panic_window_s
             m.rate_s += count / self.short_window_s
@@ -154,9 +189,6 @@ class TrafficHistory:
                 m.stable_oob = m.oob
                 m.stable_rpm = m.total / m.active_minutes if m.active_minutes else 0.0
                 m.stable_version += 1
-        self._seq += 1
-        self._changed.pop(model, None)
-        self._changed[model] = self._seq
 
     # ---- reading (TrafficView) -----------------------------------------------------------
     @property

@@ -59,10 +59,14 @@ class Values:
                                                         if sp.pinned or sp.min_replicas > 0}
 
     # ---- per-model numbers ---------------------------------------------------------------
-    def arrival(self, model: str) -> ArrivalModel:
-        spec = self.s.models[model]
+    def _arrival_key(self, model: str) -> tuple[tuple[int, float], tuple[int, tuple[float, ...], float] | None]:
+        """What the model's arrival model is built from, as its cache key (stable histogram version, load
+        time), and the stable histogram (None before the first idle time)."""
         stable = self.tr.stable_histogram(model)
-        key = (0 if stable is None else stable[0], load_seconds(spec, self.cfg))
+        return (0 if stable is None else stable[0], load_seconds(self.s.models[model], self.cfg)), stable
+
+    def arrival(self, model: str) -> ArrivalModel:
+        key, stable = self._arrival_key(model)
         hit = self.st.arrival.get(model)
         if hit is not None and hit[0] == key:
             return hit[1]
@@ -70,6 +74,20 @@ class Values:
                             key[1], self.cfg)
         self.st.arrival[model] = (key, am)
         return am
+
+    def prepare_arrivals(self, models: list[str]) -> None:
+        """Build, in one arrivals.build_many, the arrival models of `models` that arrival() would build (the
+        same models, bit for bit): a starting scheduler needs 10,000 at once."""
+        todo: list[tuple[str, tuple[int, float]]] = []
+        inputs: list[tuple[tuple[float, ...] | None, float, float]] = []
+        for model in models:
+            key, stable = self._arrival_key(model)
+            hit = self.st.arrival.get(model)
+            if hit is None or hit[0] != key:
+                todo.append((model, key))
+                inputs.append((None if stable is None else stable[1], 0.0 if stable is None else stable[2], key[1]))
+        for (model, key), am in zip(todo, arrivals.build_many(inputs, self.cfg), strict=True):
+            self.st.arrival[model] = (key, am)
 
     def request_rate(self, model: str) -> float:
         """Requests/s now: the short-window rate, or the mean per active minute if higher (a model

@@ -131,6 +131,10 @@ def test_a_tick_with_nothing_measured_reads_no_load_times(redis_url: str, tmp_pa
     # Redis's own count: the two lists of m7 (storage loads and promotions), none of the other 49 models'.
     assert r.info("commandstats")["cmdstat_lrange"]["calls"] == 2
     assert got == load_times.recent(r, names) and got["m7"].load == [1.5] and got["m3"].load == [2.5]
+    # the medians it keeps are those of what it read, and a new measurement moves them
+    assert recent.medians(r, names) == load_times.median_seconds(got) == ({"m3": 2.5, "m7": 1.5}, {})
+    replica_ready(r, ready("m7", 3.0))
+    assert recent.medians(r, names) == ({"m3": 2.5, "m7": 2.5}, {})  # median of 1.5 and 3.5
     r.close()
 
 
