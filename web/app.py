@@ -20,7 +20,8 @@ from werkzeug.exceptions import HTTPException
 from prewarm.catalog import CatalogError
 from prewarm.context import Context
 from web import api, console, hooks, metrics, openapi, sessions
-from web.util import ApiError, ctx, enforce_body_limit, json_error
+from web.hook_wsgi import HookFastPath
+from web.util import SECURITY_HEADERS, ApiError, ctx, enforce_body_limit, json_error
 
 log = logging.getLogger("prewarm.web")
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a full batch of 10,000 events is well under 1 MiB
@@ -106,12 +107,12 @@ def create_app(context: Context | None = None) -> Flask:
 
     @app.after_request
     def security_headers(resp: Response) -> Response:
-        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
-        resp.headers.setdefault("X-Frame-Options", "DENY")
-        resp.headers.setdefault("Referrer-Policy", "same-origin")
+        for name, value in SECURITY_HEADERS:
+            resp.headers.setdefault(name, value)
         if resp.mimetype == "text/html":
             resp.headers.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; "
                                     "style-src 'self' 'unsafe-inline'; script-src 'self'; frame-ancestors 'none'")
         return resp
 
+    app.wsgi_app = HookFastPath(app.wsgi_app, c, MAX_BODY_BYTES)  # type: ignore[method-assign]
     return app

@@ -29,19 +29,27 @@ CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
 
 
-def _bearer() -> str | None:
-    header = request.headers.get("Authorization", "")
+def _bearer_of(header: str) -> str | None:
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _bearer() -> str | None:
+    return _bearer_of(request.headers.get("Authorization", ""))
 
 
 def _matches(given: str | None, expected: str | None) -> bool:
     return bool(given and expected and hmac.compare_digest(given.encode(), expected.encode()))
 
 
+def bearer_matches(authorization: str, expected: str) -> bool:
+    """Whether an Authorization header's value carries `Bearer <expected>` (constant time)."""
+    return _matches(_bearer_of(authorization), expected)
+
+
 def check_hook_token() -> None:
     expected = ctx().settings.hook_token
-    if expected and not _matches(_bearer(), expected):
+    if expected and not bearer_matches(request.headers.get("Authorization", ""), expected):
         raise ApiError(401, "Authorization: a valid 'Bearer <PREWARM_HOOK_TOKEN>' header is required",
                        "Authorization")
 

@@ -33,7 +33,7 @@ from prewarm import priority as priorities
 from prewarm.catalog import CatalogError, ModelEntry
 from prewarm.config import format_bytes
 from prewarm.store import cold_starts, overlays
-from web import cold_answer, coldstarts, group_commit, hook_events, metrics
+from web import cold_answer, coldstarts, hook_events, hook_wsgi, metrics
 from web.auth import require_hook_token
 from web.schemas import MAX_BATCH, REQUEST_BATCH, RequestEvent, Rollout, describe
 from web.util import ApiError, ctx, json_body, validate
@@ -49,6 +49,9 @@ _ORDER = {name: i for i, name in enumerate(replica_states.ROUTABLE)}
 @bp.post("/requests")
 @require_hook_token
 def requests_hook() -> ResponseReturnValue:
+    # Most bodies were answered before Flask (web.hook_wsgi); a write it tried and Redis refused is answered here.
+    if (failed := request.environ.get(hook_wsgi.FAILED)) is not None:
+        raise failed
     data = json_body()
     now = time.time()
     try:
@@ -56,11 +59,7 @@ def requests_hook() -> ResponseReturnValue:
     except CatalogError:  # answered (503) where it always was: after the body's own checks
         fast = None
     if fast is not None:  # plainly valid, known models: no pydantic (web.hook_events)
-        if fast[1] == 1:  # one event: straight to Redis (merging would cost it more in thread hand-offs)
-            recorded = traffic.record_counts(ctx().r, fast[0], now)
-        else:  # a batch: concurrent batches share one write (web.group_commit)
-            recorded = group_commit.for_client(ctx().r, traffic.record_counts).record(fast[0], now)
-        return _accepted(fast[1], recorded)
+        return _accepted(fast[1], hook_events.record(ctx().r, fast, now))
     # Anything else is validated in full, so every refusal names its field as it always has.
     if isinstance(data, dict) and "events" in data:
         if isinstance(data["events"], list) and len(data["events"]) > MAX_BATCH:
@@ -88,8 +87,7 @@ def requests_hook() -> ResponseReturnValue:
 
 
 def _accepted(events: int, requests: int) -> Response:
-    # What jsonify writes for {"accepted", "requests"}, without its encoder: two ints need none.
-    return Response(f'{{"accepted":{events},"requests":{requests}}}\n', 202, mimetype="application/json")
+    return Response(hook_events.accepted_body(events, requests), 202, mimetype="application/json")
 
 
 def _model_arg() -> tuple[ModelEntry, str | None]:

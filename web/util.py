@@ -31,6 +31,11 @@ def ctx() -> Context:
     return current_app.extensions["prewarm"]
 
 
+# Headers every answer carries (the app's after_request, and the hook answered before Flask: web.hook_wsgi).
+SECURITY_HEADERS = (("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
+                    ("Referrer-Policy", "same-origin"))
+
+
 def json_error(status: int, message: str, field: str | None = None,
                headers: dict[str, str] | None = None) -> ResponseReturnValue:
     body: dict[str, Any] = {"error": message}
