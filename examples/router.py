@@ -10,7 +10,8 @@
 For every request it (1) reports it (`TrafficReporter.report`: in memory, flushed in batches by a
 background thread), (2) asks `route` where the model is warm (ready answers are cached briefly), and
 (3) sends it to the first ready replica: to the replica's `endpoint` when it serves over HTTP (a vLLM
-engine, say), else through the replica's GPU queue with prewarm's `infer` Celery task (the worker's own
+engine: the body is an OpenAI completions body, `{"prompt": "Hello", "max_tokens": 8}`, posted to
+`<endpoint>/completions` with `model` set to the catalog id), else through the replica's GPU queue with prewarm's `infer` Celery task (the worker's own
 path; needs `--redis-url`, the fleet's Redis). While the model is cold the route answer's `fallback`,
 when there is one, is used instead (a URL, `{"endpoint": URL}`, or `{"model": id}` to serve with a model
 that is warm); without one the request waits (re-asking with retry=1, so prewarm counts it once) up to
@@ -74,8 +75,10 @@ class Router:
 
     def _send(self, model: str, rep: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         if rep.get("endpoint"):
+            # An engine's endpoint is the base URL of its OpenAI-compatible API (vLLM's /v1), serving the
+            # model under its catalog id: the request body is a completions body ({"prompt", "max_tokens"}).
             return {"served_by": {"gpu": rep["gpu"], "model": model, "via": "endpoint"},
-                    "result": _post_json(rep["endpoint"], body)}
+                    "result": _post_json(rep["endpoint"].rstrip("/") + "/completions", {**body, "model": model})}
         if self.celery is None:
             raise RuntimeError(f"{model} is served from GPU queue {rep['queue']}: start the router with "
                                "--redis-url (the fleet's Redis) to send infer tasks")

@@ -219,3 +219,62 @@ def _healthy(url: str) -> bool:
             return resp.status == 200
     except OSError:
         return False
+
+
+class _CompletionsServer:
+    """A real HTTP server speaking the one call of the OpenAI API the router makes (POST /v1/completions),
+    recording what it was sent: the replica's engine, for a test that needs no vLLM."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append((self.path, body))
+                ok = self.path == "/v1/completions"
+                out = json.dumps({"choices": [{"text": " world"}]} if ok else {"error": "no such route"}).encode()
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_example_router_sends_an_engine_replica_an_openai_completions_request(
+        web: WebProc, r: redis.Redis) -> None:
+    engine = _CompletionsServer()
+    ready = replica("alpha", GPU, "ready")
+    ready.endpoint = engine.url
+    publish_gpu(r, GPU, replicas=[ready])
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
+    router = subprocess.Popen([sys.executable, "examples/router.py", "--prewarm", web.url, "--port", str(port)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _healthy(url) or router.poll() is not None, 30, what="example router up")
+        assert router.poll() is None, router.stdout.read().decode() if router.stdout else ""
+        req = urllib.request.Request(f"{url}/v1/models/alpha/infer", method="POST",
+                                     data=json.dumps({"prompt": "Hello", "max_tokens": 4}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = json.loads(resp.read())
+        assert body["served_by"] == {"gpu": GPU, "model": "alpha", "via": "endpoint"}
+        assert body["result"] == {"choices": [{"text": " world"}]}
+        # the engine's base URL + /completions, the model under its catalog id
+        assert engine.seen == [("/v1/completions", {"prompt": "Hello", "max_tokens": 4, "model": "alpha"})]
+    finally:
+        router.terminate()
+        router.wait(timeout=20)
+        engine.server.shutdown()
