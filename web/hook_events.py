@@ -21,7 +21,8 @@ from typing import Any
 import redis
 
 from prewarm import traffic
-from prewarm.catalog import Catalog
+from prewarm.catalog import Catalog, CatalogError
+from prewarm.context import Context
 from web import group_commit
 from web.schemas import EVENT_COUNT_MAX, MAX_BATCH, sane_ts
 
@@ -102,6 +103,19 @@ def record(r: redis.Redis, fast: tuple[dict[float, dict[str, int]], int], now: f
     if fast[1] == 1:
         return traffic.record_counts(r, fast[0], now)
     return group_commit.for_client(r, traffic.record_counts).record(fast[0], now)
+
+
+def accept(data: Any, context: Context, now: float) -> bytes | None:
+    """The whole fast path, for the middleware (web.hook_wsgi) and the view alike: record a plainly valid
+    body and return its 202 body, or None (nothing recorded) when the body needs full validation or the
+    catalog cannot be read (the view answers that after the body's own checks). Redis errors propagate."""
+    try:
+        fast = counts(data, context.catalog, now)
+    except CatalogError:
+        return None
+    if fast is None:
+        return None
+    return accepted_body(fast[1], record(context.r, fast, now))
 
 
 def accepted_body(events: int, requests: int) -> bytes:

@@ -23,7 +23,6 @@ from typing import Any
 
 import redis
 
-from prewarm.catalog import CatalogError
 from prewarm.context import Context
 from web import hook_events
 from web.auth import bearer_matches
@@ -67,16 +66,8 @@ class HookFastPath:
             data = json.loads(raw)
         except (ValueError, RecursionError):
             return None
-        now = time.time()
         try:
-            fast = hook_events.counts(data, self.context.catalog, now)
-        except CatalogError:
-            return None
-        if fast is None:
-            return None
-        try:
-            recorded = hook_events.record(self.context.r, fast, now)
+            return hook_events.accept(data, self.context, time.time())
         except redis.RedisError as exc:
             environ[FAILED] = exc
             return None
-        return hook_events.accepted_body(fast[1], recorded)

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from prewarm import events, keys, replica_states, rooms, state, traffic
 from prewarm import priority as priorities
-from prewarm.catalog import CatalogError, ModelEntry
+from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
 from prewarm.store import cold_starts, overlays
 from web import cold_answer, coldstarts, hook_events, hook_wsgi, metrics
@@ -54,12 +54,9 @@ def requests_hook() -> ResponseReturnValue:
         raise failed
     data = json_body()
     now = time.time()
-    try:
-        fast = hook_events.counts(data, ctx().catalog, now)
-    except CatalogError:  # answered (503) where it always was: after the body's own checks
-        fast = None
-    if fast is not None:  # plainly valid, known models: no pydantic (web.hook_events)
-        return _accepted(fast[1], hook_events.record(ctx().r, fast, now))
+    # plainly valid, known models: no pydantic (web.hook_events; a chunked body, say, comes this way)
+    if (body := hook_events.accept(data, ctx(), now)) is not None:
+        return _accepted(body)
     # Anything else is validated in full, so every refusal names its field as it always has.
     if isinstance(data, dict) and "events" in data:
         if isinstance(data["events"], list) and len(data["events"]) > MAX_BATCH:
@@ -83,11 +80,11 @@ def requests_hook() -> ResponseReturnValue:
         field = prefix.format(i) + "model"
         raise ApiError(422, f"{field}: unknown model {evs[i][0]!r}", field)
     recorded = traffic.record(ctx().r, evs, now)
-    return _accepted(len(evs), recorded)
+    return _accepted(hook_events.accepted_body(len(evs), recorded))
 
 
-def _accepted(events: int, requests: int) -> Response:
-    return Response(hook_events.accepted_body(events, requests), 202, mimetype="application/json")
+def _accepted(body: bytes) -> Response:
+    return Response(body, 202, mimetype="application/json")
 
 
 def _model_arg() -> tuple[ModelEntry, str | None]:
