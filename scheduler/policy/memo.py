@@ -43,9 +43,8 @@ class PolicyState:
 
     traffic_id: int = 0
     # the catalog mapping the state was last brought up to date with (timeline.advance compares the next
-    # one with it spec by spec), and its id
+    # one with it spec by spec; held, so an identity check against it cannot meet a reused id)
     models: Mapping[str, ModelSpec] | None = None
-    models_id: int = 0
     seq: int = -1
     arrival: dict[str, tuple[tuple[int, float], ArrivalModel]] = field(default_factory=dict)
     # (start, model, end, its timeline's key as in `scheduled`): an entry of a replaced timeline is dropped

@@ -136,7 +136,7 @@ def advance(pl: Values) -> None:
             assert st.models is not None
             changed = [*changed, *_respecified(pl, st.models, snap.models)]
     # the state holds the mapping it was brought up to date with
-    st.models, st.models_id = snap.models, id(snap.models)
+    st.models = snap.models
     st.seq = tr.seq
     # a request moves a model's timeline (schedule() replaces it), and its value inputs no longer hold
     value = st.value

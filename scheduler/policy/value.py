@@ -55,7 +55,7 @@ class Values:
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
         self.floors = {m for m in state.special if snap.models[m].pinned or snap.models[m].min_replicas > 0} \
-            if state.models_id == id(snap.models) else {m for m, sp in snap.models.items()
+            if state.models is snap.models else {m for m, sp in snap.models.items()
                                                         if sp.pinned or sp.min_replicas > 0}
 
     # ---- per-model numbers ---------------------------------------------------------------
