@@ -13,6 +13,10 @@ Order of work in one call (each step sees the tentative effect of the previous o
 3. keep pinned / min_replicas models at their floor;
 4. scale: forecast each capped model's rate one load time ahead, add replicas on other nodes;
 5. a GPU that just joined takes replicas of the hottest models;
+5b. partners (partners.py): a model that starts (a request after partner_gap_s idle) is a sign
+   for the models that started within partner_window_s of most of its earlier starts (pipelines,
+   ensembles, one application's models): they are expected within the window (valued so by loss(),
+   and not quiet) and, if absent, loaded ahead under the speculative rules below;
 6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
    within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
    evicting only residents worth `prefetch_margin` times less;
@@ -31,13 +35,13 @@ Value of a replica = expected cold requests per second its absence would cause
   c = 1 + requests arriving during a reload (requests per active minute × load time stretched by
       the fleet's current link contention) + requests its link time would hold up on other loads;
   return rate = 1 / E[time to next request | idle so far] from the idle-time model, or the
-      10-minute measured rate if higher;
+      10-minute measured rate if higher, or P(partner) / partner_window_s for an expected partner;
 per byte when choosing victims. A GPU for a load is chosen by the fewest expected cold requests:
 its victims' (capped at one reload each, over EVICTION_HORIZON_S) plus link contention.
 A request that arrived before the model's last eviction is not demand (it was served).
 
 Where each part lives: memo (PolicyState, kept between calls), timeline (hot/cold segments),
-fleet (the tentative fleet), value (load times, loss(), victim order), placement (a GPU for a
+fleet (the tentative fleet), value (load times, loss(), victim order), partners (5b), placement (a GPU for a
 load; a speculative load never evicts a higher-priority model's replica), tick (one call's working
 state and actions), steps (1-7), refresh (6b), staging (8), words (reason text).
 """
@@ -45,6 +49,7 @@ state and actions), steps (1-7), refresh (6b), staging (8), words (reason text).
 from __future__ import annotations
 
 from .memo import PolicyState
+from .partners import expectations, step_partners
 from .refresh import step_refresh
 from .staging import step_stage
 from .steps import (
@@ -68,13 +73,14 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     """Decide the preloads and evictions for this tick. See the package docstring."""
     st = state if state is not None else PolicyState()
     pl = Tick(snapshot, now, st)
+    pl.expect = expectations(pl)
     advance(pl)
     # Only resident models can be released. A model not resident stays in the due set (until its cold
     # segment ends or its timeline moves): a replica of it that appears with no request of its own (a
     # floor, an operator's preload) is quiet at once, as a fresh state would see it.
     of_model = pl.fleet.of_model
     for m in st.due:
-        if of_model.get(m):
+        if of_model.get(m) and m not in pl.expect:  # an expected partner is not quiet
             pl.quiet.add(m)
     step_release(pl)
     step_demand(pl, sorted(set(st.recent) | set(snapshot.waiting)))
@@ -84,6 +90,8 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     step_refresh(pl)
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
     if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
+        if pl.expect:
+            step_partners(pl)
         step_speculative(pl, st.awake)
     if snapshot.config.fill_free_memory and st.unrequested:
         step_fill(pl, st.unrequested)

@@ -31,6 +31,8 @@ def _refresh_points() -> set[int]:
 
 
 _REFRESH = frozenset(_refresh_points())
+_START_SLACK_S = 600
+_EMPTY: dict[str, float] = {}  # how far out of time order buckets of different models may be fed
 
 
 class _ModelTraffic:
@@ -38,7 +40,7 @@ class _ModelTraffic:
         "first_second", "last_second", "total", "active_minutes", "last_minute",
         "rate_p", "rate_s", "rate_l", "rate_t",
         "hist", "oob", "gaps_seen", "weight",
-        "stable_version", "stable_hist", "stable_oob", "stable_rpm",
+        "stable_version", "stable_hist", "stable_oob", "stable_rpm", "starts",
     )
 
     def __init__(self, bins: int) -> None:
@@ -59,6 +61,7 @@ class _ModelTraffic:
         self.stable_hist: tuple[float, ...] = ()
         self.stable_oob = 0.0
         self.stable_rpm = 0.0
+        self.starts = 0  # requests after start_gap_s or more of idle time (the first request included)
 
 
 class TrafficHistory:
@@ -72,6 +75,10 @@ class TrafficHistory:
         long_window_s: float = 600.0,
         halve_at: float = 2048.0,
         panic_window_s: float = 10.0,
+        start_gap_s: float = 300.0,
+        partner_window_s: float = 60.0,
+        partner_max_group: int = 64,
+        partner_table: int = 64,
     ) -> None:
         self.panic_window_s = panic_window_s
         self.bin_s = bin_s
@@ -85,6 +92,16 @@ class TrafficHistory:
         self._changed: dict[str, int] = {}
         self._decay_dt = 0.0  # _decay's last dt and its factors
         self._decay_of = (1.0, 1.0, 1.0)
+        self.start_gap_s = start_gap_s
+        self.partner_window_s = partner_window_s
+        self.partner_max_group = partner_max_group
+        self.partner_table = partner_table
+        # co-starts (partners.py): model -> the second of its last start, kept while a later start could
+        # still be within partner_window_s of it; and model -> partner -> starts within that window
+        self._recent_starts: dict[str, int] = {}
+        self._newest_start = -(1 << 62)
+        self._co: dict[str, dict[str, float]] = {}
+        self._unpaired: list[tuple[int, str]] = []  # (second, model) of starts not yet paired
 
     @classmethod
     def for_config(cls, cfg: object) -> TrafficHistory:
@@ -95,6 +112,10 @@ class TrafficHistory:
             short_window_s=cfg.short_window_s,  # type: ignore[attr-defined]
             panic_window_s=cfg.panic_window_s,  # type: ignore[attr-defined]
             long_window_s=cfg.long_window_s,  # type: ignore[attr-defined]
+            start_gap_s=cfg.partner_gap_s,  # type: ignore[attr-defined]
+            partner_window_s=cfg.partner_window_s,  # type: ignore[attr-defined]
+            partner_max_group=cfg.partner_max_group,  # type: ignore[attr-defined]
+            partner_table=cfg.partner_table,  # type: ignore[attr-defined]
         )
 
     # ---- feeding -------------------------------------------------------------------------
@@ -110,7 +131,7 @@ class TrafficHistory:
         m = self._m.get(model)
         if m is None:
             m = self._m[model] = _ModelTraffic(self.bins)
-        self._feed(m, second, count)
+        self._feed(model, m, second, count)
         self._seq += 1
         self._changed.pop(model, None)
         self._changed[model] = self._seq
@@ -125,7 +146,7 @@ class TrafficHistory:
                 continue
             if m is None:
                 m = self._m[model] = _ModelTraffic(self.bins)
-            self._feed(m, second + shift, count)
+            self._feed(model, m, second + shift, count)
             fed += 1
         if fed:
             self._seq += fed
@@ -141,7 +162,7 @@ class TrafficHistory:
                               math.exp(-dt / self.long_window_s))
         return self._decay_of
 
-    def _feed(self, m: _ModelTraffic, second: int, count: int) -> None:
+    def _feed(self, model: str, m: _ModelTraffic, second: int, count: int) -> None:
         # Rates: decay both to this second, then add the bucket (rate unit: requests/s).
         if second >= m.rate_t:
             dt = second - m.rate_t
@@ -168,8 +189,11 @@ class TrafficHistory:
         if last is None:
             m.last_second = second
             m.first_second = second
+            self._start(model, m, second)
         elif second > last:
             gap = second - last
+            if gap >= self.start_gap_s:
+                self._start(model, m, second)
             b = int(gap // self.bin_s)
             if b < self.bins:
                 m.hist[b] += 1.0
@@ -189,6 +213,50 @@ class TrafficHistory:
                 m.stable_oob = m.oob
                 m.stable_rpm = m.total / m.active_minutes if m.active_minutes else 0.0
                 m.stable_version += 1
+
+    def _start(self, model: str, m: _ModelTraffic, second: int) -> None:
+        """A start of `model`: counted now, paired with other models' starts when next read (_pair), in
+        time order, so that feeding model by model (a warm-up's series) pairs as feeding in time does."""
+        m.starts += 1
+        self._unpaired.append((second, model))
+
+    def _pair(self) -> None:
+        """Count a co-start of each unpaired start with every other model whose last start is within
+        partner_window_s of it (before or after: buckets of one tick may come model by model)."""
+        w = self.partner_window_s
+        recent = self._recent_starts
+        co = self._co
+        self._unpaired.sort()
+        cap = self.partner_max_group
+        table = self.partner_table
+        for second, model in self._unpaired:
+            mine = co.get(model)
+            near = [other for other, s in recent.items() if other != model and abs(second - s) <= w]
+            if cap and len(near) > cap:
+                near = []  # a mass start (a timer every model shares, a restart): no pair of it is a sign
+            for other in near:
+                if mine is None:
+                    mine = co[model] = {}
+                _count(mine, other, table)
+                theirs = co.get(other)
+                if theirs is None:
+                    theirs = co[other] = {}
+                _count(theirs, model, table)
+            recent.pop(model, None)
+            recent[model] = second
+            if second > self._newest_start:
+                self._newest_start = second
+                # oldest first (insertion order is about time order): drop what no later start can pair
+                # with; the slack covers buckets of one tick fed model by model
+                horizon = second - w - _START_SLACK_S
+                stale = []
+                for other, s in recent.items():
+                    if s >= horizon:
+                        break
+                    stale.append(other)
+                for other in stale:
+                    del recent[other]
+        self._unpaired = []
 
     # ---- reading (TrafficView) -----------------------------------------------------------
     @property
@@ -262,6 +330,24 @@ class TrafficHistory:
             return None
         return float(m.last_second), (m.rate_l, m.rate_t, float(m.first_second), self.long_window_s)
 
+    def starts(self, model: str) -> int:
+        """How many times the model started: its first request, and each after start_gap_s idle."""
+        m = self._m.get(model)
+        return 0 if m is None else m.starts
+
+    def recent_starts(self) -> dict[str, int]:
+        """Model -> the second of its last start, for starts recent enough to pair with a new one
+        (read-only for callers)."""
+        if self._unpaired:
+            self._pair()
+        return self._recent_starts
+
+    def co_starts(self, model: str) -> dict[str, float]:
+        """Partner -> how many of the model's starts it started within partner_window_s of (read-only)."""
+        if self._unpaired:
+            self._pair()
+        return self._co.get(model) or _EMPTY
+
     def stable_version(self, model: str) -> int:
         """Grows each time the stable histogram is refreshed; 0 before the first idle time."""
         m = self._m.get(model)
@@ -274,6 +360,25 @@ class TrafficHistory:
         if m is None or m.stable_version == 0:
             return None
         return m.stable_version, m.stable_hist, m.stable_oob
+
+
+def _count(table: dict[str, float], partner: str, size: int) -> None:
+    """One more co-start with `partner`. A full table (`size` entries; 0: unbounded) makes room by
+    dropping its oldest partner seen only once: a real partner comes back before many others do."""
+    c = table.get(partner)
+    if c is not None:
+        table[partner] = c + 1.0
+        return
+    if size and len(table) >= size:
+        drop = None
+        for other, n in table.items():
+            if n < 2.0:
+                drop = other
+                break
+        if drop is None:
+            return  # every entry has come back: a newcomer waits until one of them is a singleton
+        del table[drop]
+    table[partner] = 1.0
 
 
 def ewma_rate(raw: float, rate_t: float, first: float, tau: float, now: float) -> float:

@@ -69,6 +69,19 @@ class PolicyConfig:
     # idle link while no request waits (a first request need not be cold; they are the first victims)
     fill_free_memory: bool = True
     prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
+    # Partners (partners.py): a model that starts (its first request, or one after partner_gap_s idle)
+    # is a sign for the models that started within partner_window_s of at least partner_min_count and
+    # partner_precision of its earlier starts: they are expected within the window, valued so and loaded
+    # ahead (1,350 × 16, seed 0: precision 0.4 / 0.5 / 0.65 / 0.75 / 0.85 gave 5,571 / 5,382 / 5,175 /
+    # 5,102 / 5,069 cold starts; docs/simulation.md, "Partners"). partner_min_count 0: off. Bounds: a
+    # start that finds more than partner_max_group others started in its window (a timer every model
+    # shares, a restart) pairs with none, and a model keeps at most partner_table partners (0: no bound).
+    partner_gap_s: float = 300.0
+    partner_window_s: float = 60.0
+    partner_min_count: int = 2
+    partner_precision: float = 0.75
+    partner_max_group: int = 64
+    partner_table: int = 64
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
     # so every request waiting on them waits longer; the worker runs this many at once
@@ -202,6 +215,12 @@ class TrafficView(Protocol):
     def value_inputs(self, model: str) -> tuple[float, tuple[float, float, float, float]] | None: ...
 
     def stable_histogram(self, model: str) -> tuple[int, tuple[float, ...], float] | None: ...
+
+    def starts(self, model: str) -> int: ...
+
+    def recent_starts(self) -> dict[str, int]: ...
+
+    def co_starts(self, model: str) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,9 @@ class Values:
         self.quiet: set[str] = set()
         # GPU -> the overdue model it is held for (steps.hold_for): no other load goes there
         self.held: dict[str, str] = {}
+        # model -> (P(request within partner_window_s), leader): partners of a model that just started
+        # (set by plan() before anything is valued; partners.py)
+        self.expect: dict[str, tuple[float, str]] = {}
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
@@ -141,6 +144,9 @@ class Values:
             if rate <= e.inv_mrl:
                 rate = e.inv_mrl
                 e.steady_from = now
+        x = self.expect.get(model)
+        if x is not None and x[0] / self.cfg.partner_window_s > rate:
+            rate = x[0] / self.cfg.partner_window_s  # a partner of a model that just started
         # a reload from host memory is cheaper: a staged model is worth less kept
         ld = promote_seconds(e.spec, self.cfg) if model in self.fleet.staged_nodes else e.load_s
         # own cold requests during the (stretched) reload, plus the requests its link time

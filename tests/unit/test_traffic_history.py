@@ -8,12 +8,13 @@ import random
 from scheduler.policy import TrafficHistory
 
 SLOTS = ("first_second", "last_second", "total", "active_minutes", "last_minute", "rate_p", "rate_s", "rate_l",
-         "rate_t", "hist", "oob", "gaps_seen", "weight", "stable_version", "stable_hist", "stable_oob", "stable_rpm")
+         "rate_t", "hist", "oob", "gaps_seen", "weight", "stable_version", "stable_hist", "stable_oob", "stable_rpm", "starts")
 
 
 def _state(h: TrafficHistory) -> tuple:
     models = {m: tuple(getattr(h._m[m], f) for f in SLOTS) for m in h.models()}
-    return models, h.seq, list(h._changed.items()), h.changed_since(h.seq // 2)
+    co = {m: dict(sorted(h.co_starts(m).items())) for m in h.models()}
+    return models, h.seq, list(h._changed.items()), h.changed_since(h.seq // 2), co
 
 
 def test_a_series_in_one_call_leaves_the_history_as_its_buckets_one_by_one() -> None:
@@ -40,3 +41,51 @@ def test_a_series_in_one_call_leaves_the_history_as_its_buckets_one_by_one() -> 
     assert any(one._m[m].weight < one._m[m].gaps_seen for m in one.models())  # and halved
     bulk.add_series("none", [(5, 0), (9, 0)])  # only zero counts: no model, no change
     assert "none" not in bulk.models() and _state(one) == _state(bulk)
+
+
+def test_starts_are_requests_after_the_start_gap_and_co_starts_pair_within_the_window() -> None:
+    h = TrafficHistory(start_gap_s=300, partner_window_s=60)
+    for model, t in [("a", 0), ("b", 30), ("c", 100),  # b within 60 s of a; c 70 s after b's start: no pair
+                     ("a", 200),  # 200 s after a's last request: not a start
+                     ("a", 500), ("b", 1000),  # both start again (300 s idle or more), 500 s apart: no pair
+                     ("a", 2000), ("b", 1990), ("c", 2060)]:  # fed out of order; c is 60 s after a: a pair
+        h.add(model, t)
+    assert (h.starts("a"), h.starts("b"), h.starts("c")) == (3, 3, 2)
+    assert h.co_starts("a") == {"b": 2.0, "c": 1.0}
+    assert h.co_starts("b") == {"a": 2.0}  # b at 1990 and c at 2060: 70 s apart
+    assert h.co_starts("c") == {"a": 1.0}
+    assert h.recent_starts() == {"b": 1990, "a": 2000, "c": 2060}
+
+
+def test_co_starts_do_not_depend_on_the_order_models_are_fed_in() -> None:
+    """A warm-up feeds each model's series whole, one model after another: the pairs are the ones the
+    same buckets give fed in time order."""
+    rnd = random.Random(7)
+    series = {f"m{i}": sorted({rnd.randrange(0, 6 * 3600) // 60 * 60 for _ in range(rnd.choice((3, 10, 40)))})
+              for i in range(30)}
+    in_time, by_model = TrafficHistory(), TrafficHistory()
+    for t, model in sorted((t, m) for m, ts in series.items() for t in ts):
+        in_time.add_bucket(model, t + 30, 1)
+    for model, ts in series.items():
+        by_model.add_series(model, [(t, 1) for t in ts], 30)
+    assert _state(in_time)[4] == _state(by_model)[4]
+    assert sum(sum(c.values()) for c in _state(in_time)[4].values()) > 20  # pairs were found
+
+
+def test_a_mass_start_pairs_with_none_and_a_full_partner_table_drops_its_oldest_singleton() -> None:
+    h = TrafficHistory(start_gap_s=300, partner_window_s=60, partner_max_group=3, partner_table=0)
+    for i in range(5):  # five models start within a minute: the fifth finds 4 others started, over 3
+        h.add(f"t{i}", 10.0 + i)
+    assert h.co_starts("t3") == {"t0": 1.0, "t1": 1.0, "t2": 1.0}
+    assert h.co_starts("t4") == {}
+    h2 = TrafficHistory(start_gap_s=300, partner_window_s=60, partner_max_group=3, partner_table=2)
+    for model, t in [("a", 0), ("b", 5),  # a: {b: 1}
+                     ("a", 1000), ("b", 1001), ("c", 1002),  # a: {b: 2, c: 1}
+                     ("a", 2000), ("d", 2001)]:  # the table is full: d takes c's place (c was seen once)
+        h2.add(model, t)
+    assert h2.co_starts("a") == {"b": 2.0, "d": 1.0}
+    h2.add("a", 3000)
+    h2.add("e", 3001)  # d is the only singleton: e replaces it
+    h2.add("a", 4000)
+    h2.add("b", 4001)
+    assert h2.co_starts("a") == {"b": 3.0, "e": 1.0}
