@@ -32,7 +32,7 @@ def _refresh_points() -> set[int]:
 
 _REFRESH = frozenset(_refresh_points())
 _START_SLACK_S = 600
-_EMPTY: dict[str, float] = {}  # how far out of time order buckets of different models may be fed
+_EMPTY: dict[str, int] = {}  # how far out of time order buckets of different models may be fed
 
 
 class _ModelTraffic:
@@ -77,8 +77,8 @@ class TrafficHistory:
         panic_window_s: float = 10.0,
         start_gap_s: float = 300.0,
         partner_window_s: float = 60.0,
-        partner_max_group: int = 64,
-        partner_table: int = 64,
+        partner_max_group: int = 128,
+        partner_table: int = 128,
     ) -> None:
         self.panic_window_s = panic_window_s
         self.bin_s = bin_s
@@ -100,7 +100,7 @@ class TrafficHistory:
         # still be within partner_window_s of it; and model -> partner -> starts within that window
         self._recent_starts: dict[str, int] = {}
         self._newest_start = -(1 << 62)
-        self._co: dict[str, dict[str, float]] = {}
+        self._co: dict[str, dict[str, int]] = {}
         self._unpaired: list[tuple[int, str]] = []  # (second, model) of starts not yet paired
 
     @classmethod
@@ -342,7 +342,7 @@ class TrafficHistory:
             self._pair()
         return self._recent_starts
 
-    def co_starts(self, model: str) -> dict[str, float]:
+    def co_starts(self, model: str) -> dict[str, int]:
         """Partner -> how many of the model's starts it started within partner_window_s of (read-only)."""
         if self._unpaired:
             self._pair()
@@ -362,23 +362,23 @@ class TrafficHistory:
         return m.stable_version, m.stable_hist, m.stable_oob
 
 
-def _count(table: dict[str, float], partner: str, size: int) -> None:
+def _count(table: dict[str, int], partner: str, size: int) -> None:
     """One more co-start with `partner`. A full table (`size` entries; 0: unbounded) makes room by
     dropping its oldest partner seen only once: a real partner comes back before many others do."""
     c = table.get(partner)
     if c is not None:
-        table[partner] = c + 1.0
+        table[partner] = c + 1
         return
     if size and len(table) >= size:
         drop = None
         for other, n in table.items():
-            if n < 2.0:
+            if n < 2:
                 drop = other
                 break
         if drop is None:
             return  # every entry has come back: a newcomer waits until one of them is a singleton
         del table[drop]
-    table[partner] = 1.0
+    table[partner] = 1
 
 
 def ewma_rate(raw: float, rate_t: float, first: float, tau: float, now: float) -> float:

@@ -72,7 +72,7 @@ class PolicyConfig:
     # Partners (partners.py): a model that starts (its first request, or one after partner_gap_s idle)
     # is a sign for the models that started within partner_window_s of at least partner_min_count and
     # partner_precision of its earlier starts: they are expected within the window, valued so and loaded
-    # ahead (1,350 × 16, seed 0: precision 0.4 / 0.5 / 0.65 / 0.75 / 0.85 gave 5,571 / 5,382 / 5,175 /
+    # ahead (1,350 × 16, seed 0, without the bounds: precision 0.4 / 0.5 / 0.65 / 0.75 / 0.85 gave 5,571 / 5,382 / 5,175 /
     # 5,102 / 5,069 cold starts; docs/simulation.md, "Partners"). partner_min_count 0: off. Bounds: a
     # start that finds more than partner_max_group others started in its window (a timer every model
     # shares, a restart) pairs with none, and a model keeps at most partner_table partners (0: no bound).
@@ -80,8 +80,8 @@ class PolicyConfig:
     partner_window_s: float = 60.0
     partner_min_count: int = 2
     partner_precision: float = 0.75
-    partner_max_group: int = 64
-    partner_table: int = 64
+    partner_max_group: int = 128
+    partner_table: int = 128
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
     # so every request waiting on them waits longer; the worker runs this many at once
@@ -220,7 +220,7 @@ class TrafficView(Protocol):
 
     def recent_starts(self) -> dict[str, int]: ...
 
-    def co_starts(self, model: str) -> dict[str, float]: ...
+    def co_starts(self, model: str) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True, slots=True)

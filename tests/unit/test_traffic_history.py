@@ -51,9 +51,9 @@ def test_starts_are_requests_after_the_start_gap_and_co_starts_pair_within_the_w
                      ("a", 2000), ("b", 1990), ("c", 2060)]:  # fed out of order; c is 60 s after a: a pair
         h.add(model, t)
     assert (h.starts("a"), h.starts("b"), h.starts("c")) == (3, 3, 2)
-    assert h.co_starts("a") == {"b": 2.0, "c": 1.0}
-    assert h.co_starts("b") == {"a": 2.0}  # b at 1990 and c at 2060: 70 s apart
-    assert h.co_starts("c") == {"a": 1.0}
+    assert h.co_starts("a") == {"b": 2, "c": 1}
+    assert h.co_starts("b") == {"a": 2}  # b at 1990 and c at 2060: 70 s apart
+    assert h.co_starts("c") == {"a": 1}
     assert h.recent_starts() == {"b": 1990, "a": 2000, "c": 2060}
 
 
@@ -76,16 +76,16 @@ def test_a_mass_start_pairs_with_none_and_a_full_partner_table_drops_its_oldest_
     h = TrafficHistory(start_gap_s=300, partner_window_s=60, partner_max_group=3, partner_table=0)
     for i in range(5):  # five models start within a minute: the fifth finds 4 others started, over 3
         h.add(f"t{i}", 10.0 + i)
-    assert h.co_starts("t3") == {"t0": 1.0, "t1": 1.0, "t2": 1.0}
+    assert h.co_starts("t3") == {"t0": 1, "t1": 1, "t2": 1}
     assert h.co_starts("t4") == {}
     h2 = TrafficHistory(start_gap_s=300, partner_window_s=60, partner_max_group=3, partner_table=2)
     for model, t in [("a", 0), ("b", 5),  # a: {b: 1}
                      ("a", 1000), ("b", 1001), ("c", 1002),  # a: {b: 2, c: 1}
                      ("a", 2000), ("d", 2001)]:  # the table is full: d takes c's place (c was seen once)
         h2.add(model, t)
-    assert h2.co_starts("a") == {"b": 2.0, "d": 1.0}
+    assert h2.co_starts("a") == {"b": 2, "d": 1}
     h2.add("a", 3000)
     h2.add("e", 3001)  # d is the only singleton: e replaces it
     h2.add("a", 4000)
     h2.add("b", 4001)
-    assert h2.co_starts("a") == {"b": 3.0, "e": 1.0}
+    assert h2.co_starts("a") == {"b": 3, "e": 1}
