@@ -31,8 +31,7 @@ def _refresh_points() -> set[int]:
 
 
 _REFRESH = frozenset(_refresh_points())
-_START_SLACK_S = 600
-_EMPTY: dict[str, int] = {}  # how far out of time order buckets of different models may be fed
+_EMPTY: dict[str, int] = {}
 
 
 class _ModelTraffic:
@@ -97,7 +96,8 @@ class TrafficHistory:
         self.partner_max_group = partner_max_group
         self.partner_table = partner_table
         # co-starts (partners.py): model -> the second of its last start, kept while a later start could
-        # still be within partner_window_s of it; and model -> partner -> starts within that window
+        # still be within partner_window_s of it (in time order); and model -> partner -> starts within
+        # that window
         self._recent_starts: dict[str, int] = {}
         self._newest_start = -(1 << 62)
         self._co: dict[str, dict[str, int]] = {}
@@ -222,40 +222,54 @@ class TrafficHistory:
 
     def _pair(self) -> None:
         """Count a co-start of each unpaired start with every other model whose last start is within
-        partner_window_s of it (before or after: buckets of one tick may come model by model)."""
+        partner_window_s of it. The unpaired are paired in time order, and each read's starts are later
+        than the last read's (the live feed reads the seconds since its last read), so `recent` stays in
+        time order: once what is older than the window is dropped, every start left pairs with the new
+        one, at no cost per pair when they are a mass start. A start earlier than one already paired is
+        paired by a scan from the newest end."""
         w = self.partner_window_s
         recent = self._recent_starts
         co = self._co
-        self._unpaired.sort()
         cap = self.partner_max_group
         table = self.partner_table
+        self._unpaired.sort()
         for second, model in self._unpaired:
-            mine = co.get(model)
-            near = [other for other, s in recent.items() if other != model and abs(second - s) <= w]
-            if cap and len(near) > cap:
-                near = []  # a mass start (a timer every model shares, a restart): no pair of it is a sign
-            for other in near:
-                if mine is None:
-                    mine = co[model] = {}
-                _count(mine, other, table)
-                theirs = co.get(other)
-                if theirs is None:
-                    theirs = co[other] = {}
-                _count(theirs, model, table)
             recent.pop(model, None)
-            recent[model] = second
             if second > self._newest_start:
                 self._newest_start = second
-                # oldest first (insertion order is about time order): drop what no later start can pair
-                # with; the slack covers buckets of one tick fed model by model
-                horizon = second - w - _START_SLACK_S
+                horizon = second - w
                 stale = []
-                for other, s in recent.items():
+                for other, s in recent.items():  # oldest first: what no later start can pair with
                     if s >= horizon:
                         break
                     stale.append(other)
                 for other in stale:
                     del recent[other]
+            near: list[str] = []
+            if second == self._newest_start:  # in time order: every start left is within the window
+                if not cap or len(recent) <= cap:
+                    near = list(recent)
+            else:  # an earlier second than one paired before (not the feeds' order): scan from the newest
+                for other, s in reversed(recent.items()):
+                    if s < second - w:
+                        break
+                    if s <= second + w:
+                        near.append(other)
+                        if cap and len(near) > cap:
+                            near = []
+                            break
+            # more than `cap` others (a timer every model shares, a restart): a mass start, no pair is a sign
+            if near:
+                mine = co.get(model)
+                if mine is None:
+                    mine = co[model] = {}
+                for other in near:
+                    _count(mine, other, table)
+                    theirs = co.get(other)
+                    if theirs is None:
+                        theirs = co[other] = {}
+                    _count(theirs, model, table)
+            recent[model] = second
         self._unpaired = []
 
     # ---- reading (TrafficView) -----------------------------------------------------------
