@@ -89,3 +89,12 @@ def test_a_mass_start_pairs_with_none_and_a_full_partner_table_drops_its_oldest_
     h2.add("a", 4000)
     h2.add("b", 4001)
     assert h2.co_starts("a") == {"b": 3, "e": 1}
+
+
+def test_a_start_earlier_than_one_already_paired_still_pairs_within_the_window() -> None:
+    h = TrafficHistory(start_gap_s=300, partner_window_s=60)
+    h.add("a", 1000)
+    h.add("c", 1100)
+    assert h.recent_starts() == {"c": 1100}  # a is over 60 s older than the newest: dropped
+    h.add("b", 1070)  # earlier than c, paired since: within 60 s of c only
+    assert h.co_starts("b") == {"c": 1} and h.co_starts("a") == {}
