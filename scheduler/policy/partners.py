@@ -9,20 +9,20 @@ step_partners loads ahead."""
 
 from __future__ import annotations
 
+from .steps import cooling, load_ahead
 from .tick import Tick
 from .types import GIB
 from .value import load_seconds
 from .words import fmt_s
 
-MAX_PARTNER_TRIES = 24  # per tick, best first: bounds the work of one plan() call
 
-
-def expectations(pl: Tick) -> dict[str, tuple[float, str]]:
-    """Model -> (P(a request within partner_window_s of its leader's start), leader), for partners of
-    models that started in the last partner_window_s and have not been asked for since."""
+def expectations(pl: Tick) -> dict[str, tuple[float, str, int]]:
+    """Model -> (P(a request within partner_window_s of its leader's start), leader, the second of that
+    start), for partners of models that started in the last partner_window_s and have not been asked for
+    since."""
     cfg = pl.cfg
     k = cfg.partner_min_count
-    out: dict[str, tuple[float, str]] = {}
+    out: dict[str, tuple[float, str, int]] = {}
     if k <= 0:
         return out
     tr = pl.tr
@@ -46,38 +46,25 @@ def expectations(pl: Tick) -> dict[str, tuple[float, str]]:
                 continue  # it has come (or never left): not a prediction any more
             got = out.get(b)
             if got is None or p > got[0]:
-                out[b] = (p, leader)
+                out[b] = (p, leader, s)
     return out
 
 
 def step_partners(pl: Tick) -> None:
     """Load ahead the expected partners that have no replica, most valuable first, as speculative
-    loads (their placement's rules: a free speculative link, the speculative share, victims worth
-    prefetch_margin times less)."""
+    loads (steps.load_ahead: the speculative rules)."""
     cfg = pl.cfg
     of_model = pl.fleet.of_model
-    now = pl.now
-    cands = []
-    for m, (p, leader) in pl.expect.items():
-        if of_model.get(m):
-            continue
-        ev = pl.s.recent_evictions.get(m)
-        if ev is not None and now - ev < cfg.eviction_cooldown_s:
-            continue
-        cands.append((-pl.loss(m), m, p, leader))
-    cands.sort()
-    for negl, m, p, leader in cands[:MAX_PARTNER_TRIES]:
-        if all(n >= cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
-            break
+    expect = pl.expect
+    cands = [(-pl.loss(m), m) for m in expect if not of_model.get(m) and not cooling(pl, m)]
+
+    def why(m: str, value: float) -> tuple[str, dict[str, float]]:
+        p, leader, start = expect[m]
         spec = pl.s.models[m]
-        choice = pl.place(spec, "speculative", -negl)
-        if choice is None:
-            continue
         ld = load_seconds(spec, cfg)
-        pl.commit(
-            spec, "speculative", choice,
-            f"partner of {leader}, which started {fmt_s(now - (pl.tr.recent_starts().get(leader) or now))} ago: "
-            f"it started within {fmt_s(cfg.partner_window_s)} of {p:.0%} of {leader}'s earlier starts; "
-            f"{spec.size_bytes / GIB:.1f} GiB, load {ld:.1f} s",
-            {"p_partner": p, "loss_per_s": -negl, "load_s": ld},
-        )
+        return (f"partner of {leader}, which started {fmt_s(pl.now - start)} ago: it started within "
+                f"{fmt_s(cfg.partner_window_s)} of {p:.0%} of {leader}'s earlier starts; "
+                f"{spec.size_bytes / GIB:.1f} GiB, load {ld:.1f} s",
+                {"p_partner": p, "loss_per_s": value, "load_s": ld})
+
+    load_ahead(pl, cands, why)

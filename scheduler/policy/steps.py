@@ -5,7 +5,7 @@ speculative loads of models in a hot segment of their idle-time timeline."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .tick import Tick
 from .types import GIB, ModelSpec
@@ -222,39 +222,50 @@ def step_speculative(pl: Tick, awake: dict[str, tuple[float, float]]) -> None:
         if end <= now:
             del awake[m]  # the segment ended
             continue
-        if of_model.get(m):
-            continue
-        spec = models.get(m)
-        if spec is None:
-            continue
-        ev = pl.s.recent_evictions.get(m)
-        if ev is not None and now - ev < cfg.eviction_cooldown_s:
+        if of_model.get(m) or m not in models or cooling(pl, m):
             continue
         d = max(0.0, now - anchor)
         am = pl.arrival(m)
         if am.segment_at(d) != "hot":
             continue
         cands.append((-pl.loss(m), m))
+
+    def why(m: str, value: float) -> tuple[str, dict[str, float]]:
+        d = pl.idle(m) or 0.0
+        am = pl.arrival(m)
+        ld = load_seconds(models[m], cfg)
+        p = am.p_at(d)
+        return (f"idle {fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
+                f"P(request within {fmt_s(ld + cfg.tick_s + 5 + cfg.window_s)})={p:.2f}, next expected in "
+                f"{fmt_s(am.mrl_at(d))}; {pl.cost(m):.1f} cold requests per reload; load {ld:.1f} s",
+                {"idle_s": d, "p_soon": p, "expected_next_s": num(am.mrl_at(d)),
+                 "loss_per_s": value, "load_s": ld, "gaps": am.samples})
+
+    load_ahead(pl, cands, why)
+
+
+def cooling(pl: Tick, model: str) -> bool:
+    """Evicted less than eviction_cooldown_s ago: no load ahead of it yet (it would undo the eviction)."""
+    ev = pl.s.recent_evictions.get(model)
+    return ev is not None and pl.now - ev < pl.cfg.eviction_cooldown_s
+
+
+def load_ahead(pl: Tick, cands: list[tuple[float, str]],
+               why: Callable[[str, float], tuple[str, dict[str, float]]]) -> None:
+    """Speculative loads of `cands` ((-value, model), the most valuable first, at most
+    MAX_SPECULATIVE_TRIES tried) under the speculative rules of placement.place: a GPU with a free
+    speculative link, the speculative share, victims worth prefetch_margin times less than the value.
+    `why(model, value)`: the load's reason and numbers."""
     cands.sort()
     for negl, m in cands[:MAX_SPECULATIVE_TRIES]:
-        if all(n >= cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
+        if all(n >= pl.cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
             break  # every GPU's load bandwidth is taken
         spec = pl.s.models[m]
         choice = pl.place(spec, "speculative", -negl)
         if choice is None:
             continue
-        d = pl.idle(m) or 0.0
-        am = pl.arrival(m)
-        ld = load_seconds(spec, cfg)
-        p = am.p_at(d)
-        pl.commit(
-            spec, "speculative", choice,
-            f"idle {fmt_s(d)}; idle-time histogram ({am.samples:.0f} gaps) gives "
-            f"P(request within {fmt_s(ld + cfg.tick_s + 5 + cfg.window_s)})={p:.2f}, next expected in "
-            f"{fmt_s(am.mrl_at(d))}; {pl.cost(m):.1f} cold requests per reload; load {ld:.1f} s",
-            {"idle_s": d, "p_soon": p, "expected_next_s": num(am.mrl_at(d)),
-             "loss_per_s": -negl, "load_s": ld, "gaps": am.samples},
-        )
+        reason, numbers = why(m, -negl)
+        pl.commit(spec, "speculative", choice, reason, numbers)
 
 
 def step_fill(pl: Tick, unrequested: list[tuple[float, str]]) -> None:

@@ -51,9 +51,9 @@ class Values:
         self.quiet: set[str] = set()
         # GPU -> the overdue model it is held for (steps.hold_for): no other load goes there
         self.held: dict[str, str] = {}
-        # model -> (P(request within partner_window_s), leader): partners of a model that just started
-        # (set by plan() before anything is valued; partners.py)
-        self.expect: dict[str, tuple[float, str]] = {}
+        # model -> (P(request within partner_window_s), leader, its start second): partners of a model
+        # that just started (set by plan() before anything is valued; partners.py)
+        self.expect: dict[str, tuple[float, str, int]] = {}
         # loads in flight per GPU stretch every load: 1 + the mean number already loading
         n = len(self.fleet.gpus)
         self.slowdown = 1.0 + (sum(self.fleet.loading.values()) / n if n else 0.0)
