@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,29 @@ def client(redis_url: str, catalog: Path) -> FlaskClient:
     return app.test_client()
 
 
+@dataclass(frozen=True)
+class Ago:
+    """A timestamp this many seconds before the test runs (negative: in the future). Parameter lists are
+    built at collection, which on a slow run is many minutes before the test: a time read there goes stale."""
+
+    seconds: float
+    whole: bool = False
+
+    def at(self, now: float) -> float | int:
+        return int(now) - int(self.seconds) if self.whole else now - self.seconds
+
+
+def at_run(value: object) -> object:
+    """`value` with every Ago in it read against the clock now."""
+    if isinstance(value, Ago):
+        return value.at(time.time())
+    if isinstance(value, dict):
+        return {k: at_run(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [at_run(v) for v in value]
+    return value
+
+
 # --- POST /hooks/requests ---------------------------------------------------------------------------
 def test_single_event_and_batch_are_recorded(client: FlaskClient, r: redis.Redis) -> None:
     resp = client.post("/hooks/requests", json={"model": "alpha"})
@@ -52,7 +76,7 @@ def test_single_event_and_batch_are_recorded(client: FlaskClient, r: redis.Redis
     ({"events": [{"model": "alpha", "count": 1.5}]}, 422, "events[0].count"),
     ({"events": [{"model": "alpha", "count": "1"}]}, 422, "events[0].count"),
     ({"events": [{"model": "alpha", "count": True}]}, 422, "events[0].count"),
-    ({"events": [{"model": "alpha", "ts": time.time() + 86400}]}, 422, "events[0].ts"),
+    ({"events": [{"model": "alpha", "ts": Ago(-86400)}]}, 422, "events[0].ts"),
     ({"events": [{"model": "alpha", "ts": "yesterday"}]}, 422, "events[0].ts"),
     ({"events": [{"model": "alpha", "colour": "red"}]}, 422, "events[0].colour"),
     ({"events": []}, 422, "events"),
@@ -62,7 +86,7 @@ def test_single_event_and_batch_are_recorded(client: FlaskClient, r: redis.Redis
 ])
 def test_bad_events_are_refused_naming_the_field(client: FlaskClient, r: redis.Redis, body: object,
                                                  status: int, field: str) -> None:
-    resp = client.post("/hooks/requests", json=body)
+    resp = client.post("/hooks/requests", json=at_run(body))
     assert resp.status_code == status, resp.get_json()
     data = resp.get_json()
     assert data["field"] == field and data["error"].startswith(field)
@@ -400,12 +424,12 @@ def test_absurd_numbers_are_422_not_500(client: FlaskClient, r: redis.Redis) -> 
 
 
 @pytest.mark.parametrize("event", [
-    {"model": "alpha"}, {"model": "alpha", "count": 0}, {"model": "alpha", "count": 1_000_000, "ts": time.time()},
-    {"model": "alpha", "ts": int(time.time()) - 60}, {"model": "alpha", "ts": None},
+    {"model": "alpha"}, {"model": "alpha", "count": 0}, {"model": "alpha", "count": 1_000_000, "ts": Ago(0)},
+    {"model": "alpha", "ts": Ago(60, whole=True)}, {"model": "alpha", "ts": None},
     {"model": ""}, {"model": "a" * 129}, {"model": "-x"}, {"model": 7}, {"model": "alpha", "count": 1_000_001},
     {"model": "alpha", "count": 2.0}, {"model": "alpha", "count": False}, {"model": "alpha", "ts": True},
     {"model": "alpha", "ts": 10**400}, {"model": "alpha", "ts": float("nan")}, {"model": "alpha", "ts": "1"},
-    {"model": "alpha", "ts": time.time() - 9 * 86400}, {"model": "alpha", "extra": 1}, {"count": 1}, "alpha", None,
+    {"model": "alpha", "ts": Ago(9 * 86400)}, {"model": "alpha", "extra": 1}, {"count": 1}, "alpha", None,
 ])
 def test_the_fast_batch_validator_agrees_with_the_published_schema(event: object) -> None:
     # The hook validates batches with REQUEST_BATCH (plain dicts, 5x faster); openapi.json publishes
@@ -414,7 +438,7 @@ def test_the_fast_batch_validator_agrees_with_the_published_schema(event: object
 
     from web.schemas import REQUEST_BATCH, RequestBatch, describe
 
-    body = {"events": [{"model": "beta"}, event]}
+    body = {"events": [{"model": "beta"}, at_run(event)]}
     try:
         published = [e.model_dump() for e in RequestBatch.model_validate(body).events]
     except ValidationError as exc:
@@ -431,13 +455,13 @@ def test_the_fast_batch_validator_agrees_with_the_published_schema(event: object
 
 
 @pytest.mark.parametrize("event", [
-    {"model": "alpha"}, {"model": "alpha", "count": 0}, {"model": "alpha", "count": 1_000_000, "ts": time.time()},
-    {"model": "alpha", "ts": int(time.time()) - 60}, {"model": "alpha", "ts": None}, {"model": "alpha", "count": 3},
+    {"model": "alpha"}, {"model": "alpha", "count": 0}, {"model": "alpha", "count": 1_000_000, "ts": Ago(0)},
+    {"model": "alpha", "ts": Ago(60, whole=True)}, {"model": "alpha", "ts": None}, {"model": "alpha", "count": 3},
     {"model": ""}, {"model": "a" * 129}, {"model": "-x"}, {"model": 7}, {"model": ["alpha"]}, {"model": {}},
     {"model": "alpha", "count": 1_000_001}, {"model": "alpha", "count": -1}, {"model": "alpha", "count": 2.0},
     {"model": "alpha", "count": False}, {"model": "alpha", "ts": True}, {"model": "alpha", "ts": 10**400},
     {"model": "alpha", "ts": float("nan")}, {"model": "alpha", "ts": float("inf")}, {"model": "alpha", "ts": "1"},
-    {"model": "alpha", "ts": time.time() - 9 * 86400}, {"model": "alpha", "ts": time.time() + 3600},
+    {"model": "alpha", "ts": Ago(9 * 86400)}, {"model": "alpha", "ts": Ago(-3600)},
     {"model": "alpha", "extra": 1}, {"model": "nope"}, {"count": 1}, {"ts": 1.0}, {}, "alpha", None, 7, ["alpha"],
 ])
 @pytest.mark.parametrize("shape", ["single", "batch"])
@@ -452,6 +476,7 @@ def test_the_fast_path_accepts_only_what_full_validation_accepts(event: object, 
     from web.schemas import REQUEST_BATCH, RequestEvent
 
     catalog = load_catalog(make_catalog(tmp_path / "models"))
+    event = at_run(event)
     body = event if shape == "single" else {"events": [{"model": "beta", "count": 2}, event]}
     now = time.time()
     fast = hook_events.counts(body, catalog, now)
