@@ -62,7 +62,7 @@ def _make(entry: ModelEntry, device: str, host_cache: Any = None) -> Any:
     warm = tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup if isinstance(w, TokenWarmupInput))
     spec = ReplicaSpec(model=entry.id, version=entry.version, path=entry.weights, device=device,
                        gpu=f"bench/{device}", warmup=warm or (TokenWarmup(16, 1),), policy=_policy(),
-                       kv_cache_bytes=entry.kv_cache_bytes or ReplicaSpec.kv_cache_bytes)
+                       kv_cache_bytes=entry.kv_cache_bytes or ReplicaSpec.kv_cache_bytes, roots=entry.roots)
     if entry.runtime == "transformers":
         from gpu_worker.runtimes.hf import HFRuntime
 

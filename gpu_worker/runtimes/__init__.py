@@ -89,6 +89,10 @@ class ReplicaSpec:
     policy: WarmupPolicy = field(default_factory=WarmupPolicy)
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES  # engines only: KV cache on top of the weights
     device_total_bytes: int | None = None  # CUDA engines: the device's memory, for the budget's share
+    # The catalog's model roots: every file of the checkpoint is checked against them at load time (each
+    # one prewarm reads at its open, the directory before a reader that opens by name is handed it).
+    # None: no boundary (tools and tests that name their own checkpoint).
+    roots: tuple[Path, ...] | None = None
 
     @property
     def key(self) -> str:

@@ -12,6 +12,8 @@
 - serve: {"prompt": text, "max_tokens": n} generates greedily with the checkpoint's tokenizer;
   {"input_ids": [[...]]} or {"prompt_tokens", "batch"} runs a forward pass and summarises the logits.
 - measure: the bytes of every storage the module holds; release: drop it and hand the memory back.
+- model roots (spec.roots): every file of the directory is checked inside them before transformers opens
+  config.json and again before it opens the tokenizer files; the weights at each open (runtimes/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gpu_worker.device import module_bytes, trim_host_memory
 from gpu_worker.errors import Cancelled
 from gpu_worker.loader import TORCH_DTYPES, LoadError, load_weights
 from gpu_worker.runtimes import CheckCancel, Progress, ReplicaSpec
-from gpu_worker.runtimes.checkpoint import Checkpoint, read_checkpoint
+from gpu_worker.runtimes.checkpoint import Checkpoint, check_files, read_checkpoint
 from gpu_worker.runtimes.errors import (
     BadServeRequest,
     CheckpointError,
@@ -177,7 +179,8 @@ class HFRuntime:
         self._lock = threading.Lock()  # generate() is not re-entrant on one module's caches
 
     def required_bytes(self) -> int:
-        ck = read_checkpoint(self.spec.path, self.spec.where)
+        # Every file checked inside the model roots now: transformers opens config.json by name next.
+        ck = read_checkpoint(self.spec.path, self.spec.where, self.spec.roots)
         meta = build_meta_model(ck, self.spec.where)
         self._expected = check_weights(meta, ck, self.spec.where)
         self._groups = tied_groups(meta)
@@ -199,7 +202,7 @@ class HFRuntime:
 
         try:
             tensors = load_weights(self.spec.path, self.device, progress=report, expected=self._expected,
-                                   threads=self.threads)
+                                   threads=self.threads, roots=self.spec.roots)  # each file checked at its open
         except Cancelled:
             raise
         except (SafetensorsError, LoadError) as exc:
@@ -225,9 +228,12 @@ class HFRuntime:
         if still_meta:
             raise CheckpointError(f"{self.spec.where}: {len(still_meta)} tensor(s) have no weights, e.g. "
                                   f"{still_meta[0]!r}")
-        self.model = model
+        tokenizer = None
         if self._checkpoint.has_tokenizer:
-            self.tokenizer = _load_tokenizer(self._checkpoint, self.spec.where)
+            # transformers opens the tokenizer files by name: checked inside the roots again, after the read.
+            check_files(self.spec.path, self.spec.roots, self.spec.where)
+            tokenizer = _load_tokenizer(self._checkpoint, self.spec.where)
+        self.model, self.tokenizer = model, tokenizer  # only a whole replica is kept
         return self.measure()
 
     def warm(self, check_cancel: CheckCancel | None = None) -> list[dict[str, Any]]:

@@ -6,6 +6,8 @@
   SIGKILLed worker leaves no orphan engine), and written down in the worker's engine records (a restarted
   worker stops whatever is still recorded, engine_records.py); then wait for GET /health. A process
   that exits first, or a timeout, fails with the last lines of the engine's log: the engine's own reason.
+  Before the start, every file of the checkpoint directory is checked inside the model roots (spec.roots,
+  runtimes/checkpoint.check_files): the engine opens them by name, so one symlinked out is refused first.
 - memory: the budget is the weights plus `kv_cache_bytes`, handed to vLLM as --kv-cache-memory-bytes on
   CPU (exact; VLLM_CPU_KVCACHE_SPACE counts whole GiB only) and as --gpu-memory-utilization (budget /
   device memory) on CUDA. measure() reports what the
@@ -47,7 +49,7 @@ from typing import Any
 import psutil
 
 from gpu_worker.runtimes import CheckCancel, Progress, ReplicaSpec
-from gpu_worker.runtimes.checkpoint import read_checkpoint
+from gpu_worker.runtimes.checkpoint import check_files, read_checkpoint
 from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
 from gpu_worker.runtimes.errors import (
     BadServeRequest,
@@ -169,7 +171,7 @@ class VllmRuntime:
         return f"http://{self.host}:{self.port}/v1" if self.port is not None and self.proc is not None else None
 
     def required_bytes(self) -> int:
-        ck = read_checkpoint(self.spec.path, self.spec.where)
+        ck = read_checkpoint(self.spec.path, self.spec.where, self.spec.roots)
         self.weights_bytes = ck.data_bytes
         self.max_model_len = min(MAX_MODEL_LEN, int(ck.config.get("max_position_embeddings") or MAX_MODEL_LEN))
         self.vocab = int(ck.config.get("vocab_size") or 2)
@@ -184,6 +186,8 @@ class VllmRuntime:
         if python is None or not Path(python).is_file():
             raise EngineNotInstalled(f"{self.spec.where}: the vllm engine is not installed; run "
                                      "`prewarm engines install vllm` (scripts/install-vllm.sh)")
+        # The engine reads the directory by name: every file in it checked inside the roots just before.
+        check_files(self.spec.path, self.spec.roots, self.spec.where)
         if progress:
             progress(0, need)
         try:

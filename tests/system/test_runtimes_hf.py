@@ -14,9 +14,16 @@ import torch
 from gpu_worker.demo_hf import write_tiny_llama
 from gpu_worker.errors import Cancelled, LoadFailed
 from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
-from gpu_worker.runtimes.errors import BadServeRequest, MissingConfig, ShapeMismatch, UnknownArchitecture
+from gpu_worker.runtimes.errors import (
+    BadServeRequest,
+    CheckpointError,
+    MissingConfig,
+    ShapeMismatch,
+    UnknownArchitecture,
+)
 from gpu_worker.runtimes.hf import HFRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
+from prewarm.catalog import ModelEntry, load_catalog
 from prewarm.safetensors_header import read_weight_set
 
 FAST = WarmupPolicy(min_passes=3, max_passes=4, max_seconds=2.0)
@@ -168,3 +175,91 @@ def test_bad_requests_say_what_to_send(checkpoints: dict[str, Path], tmp_path: P
         rt.serve({"prompt_tokens": 0})
     assert rt.serve({"prompt_tokens": 4, "batch": 2})["output"]["shape"] == [2, 4, 2048]
     rt.release()
+
+
+# --- the model roots, checked at load time -----------------------------------------------------------
+def cataloged(src: Path, tmp_path: Path) -> ModelEntry:
+    """A copy of `src` under tmp_path/models, read through a catalog (roots: its folder)."""
+    models = tmp_path / "models"
+    shutil.copytree(src, models / "ckpt")
+    (models / "catalog.toml").write_text('[[models]]\nid = "tiny-llama"\nversion = "v1"\n'
+                                         'runtime = "transformers"\npath = "ckpt"\n'
+                                         '[[models.warmup]]\nprompt_tokens = 8\n')
+    (tmp_path / "outside").mkdir()
+    return load_catalog(models / "catalog.toml").get("tiny-llama", "v1")  # every weights file inside
+
+
+def roots_spec(entry: ModelEntry) -> ReplicaSpec:
+    """What the worker's lifecycle hands the runtime for a catalog entry."""
+    return spec(entry.weights, roots=entry.roots)
+
+
+def move_out(entry: ModelEntry, name: str) -> Path:
+    """Move the checkpoint's file `name` out of the roots and leave a symlink to it in its place: the very
+    same bytes, so only the roots check can refuse it. Returns the moved file."""
+    inside = entry.weights / name
+    outside = entry.weights.parent.parent / "outside" / name.replace("/", "_")
+    shutil.move(inside, outside)
+    inside.symlink_to(outside)
+    return outside
+
+
+def move_back(entry: ModelEntry, name: str, outside: Path) -> None:
+    (entry.weights / name).unlink()
+    shutil.move(outside, entry.weights / name)
+
+
+def assert_refused(err: pytest.ExceptionInfo[CheckpointError], name: str, entry: ModelEntry) -> None:
+    msg = str(err.value)
+    assert isinstance(err.value, LoadFailed) and "tiny-llama@v1 on node/cpu:0" in msg
+    assert f"{entry.weights / name}: resolves to" in msg and "outside the model roots" in msg
+    assert str(entry.roots[0]) in msg
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                                  "tokenizer_config.json"])
+def test_a_file_swapped_for_a_symlink_out_of_the_roots_after_the_catalog_was_read_is_refused(
+        checkpoints: dict[str, Path], tmp_path: Path, name: str) -> None:
+    entry = cataloged(checkpoints["single"], tmp_path)
+    outside = move_out(entry, name)
+    rt = HFRuntime(roots_spec(entry))
+    with pytest.raises(CheckpointError, match="outside the model roots") as err:
+        rt.load()
+    assert_refused(err, name, entry)
+    assert rt.model is None and rt.measure() == 0
+    move_back(entry, name, outside)
+    assert rt.load() > 0 and rt.release() > 0  # the same file inside the roots loads
+
+
+def test_a_shard_or_the_index_of_a_sharded_checkpoint_swapped_out_of_the_roots_is_refused(
+        checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    entry = cataloged(checkpoints["sharded"], tmp_path)
+    for name in (sorted(p.name for p in entry.weights.glob("*.safetensors"))[-1], "model.safetensors.index.json"):
+        outside = move_out(entry, name)
+        with pytest.raises(CheckpointError) as err:
+            HFRuntime(roots_spec(entry)).load()
+        assert_refused(err, name, entry)
+        move_back(entry, name, outside)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors"])
+def test_a_swap_between_sizing_and_loading_is_refused_and_nothing_is_kept(checkpoints: dict[str, Path],
+                                                                          tmp_path: Path, name: str) -> None:
+    entry = cataloged(checkpoints["single"], tmp_path)
+    rt = HFRuntime(roots_spec(entry))
+    rt.required_bytes()  # sized with every file inside; the worker reserves, then loads
+    move_out(entry, name)  # the loader opens the weights, then transformers the tokenizer files
+    with pytest.raises(CheckpointError) as err:
+        rt.load()
+    assert_refused(err, name, entry)
+    assert rt.model is None and rt.tokenizer is None and rt.measure() == 0
+
+
+def test_a_checkpoint_directory_swapped_for_a_symlink_out_of_the_roots_is_refused(checkpoints: dict[str, Path],
+                                                                                  tmp_path: Path) -> None:
+    entry = cataloged(checkpoints["single"], tmp_path)
+    moved = shutil.move(entry.weights, tmp_path / "outside" / "ckpt")
+    entry.weights.symlink_to(moved, target_is_directory=True)
+    with pytest.raises(CheckpointError, match=r"ckpt: resolves to .*outside the model roots"):
+        HFRuntime(roots_spec(entry)).load()
+    HFRuntime(spec(entry.weights)).required_bytes()  # the same files, no roots given: no boundary

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -108,6 +109,27 @@ def test_a_checkpoint_without_config_fails_with_the_reason_and_holds_nothing(r: 
     failed = rep(r)
     assert failed is not None and failed.state == "failed" and "has no config.json" in (failed.error or "")
     assert failed.bytes == 0 and gpu(r).used_bytes == 0
+
+
+def test_a_checkpoint_file_swapped_out_of_the_model_roots_after_the_catalog_was_read_fails_the_preload(
+        r: redis.Redis, celery: Celery, tmp_path: Path, worker_factory) -> None:
+    cat = catalog_for(tmp_path / "models", "transformers")
+    ckpt = tmp_path / "models" / "tiny-chat"
+    (tmp_path / "outside").mkdir()
+    worker_factory(cat, devices="cpu:0=256MiB")  # has read the catalog: every file inside the roots
+    for name in ("config.json", "model.safetensors"):
+        moved = Path(shutil.move(ckpt / name, tmp_path / "outside" / name))  # the same bytes, outside
+        (ckpt / name).symlink_to(moved)
+        with pytest.raises(Exception, match="outside the model roots") as err:
+            send(celery, celery_app.PRELOAD, "tiny-chat", "v1")
+        assert f"{ckpt / name}: resolves to {moved}" in str(err.value)
+        failed = rep(r)
+        assert failed is not None and failed.state == "failed" and f"{ckpt / name}: resolves to" in (failed.error or "")
+        assert str(tmp_path / "models") in (failed.error or "")  # the roots, named
+        assert failed.bytes == 0 and gpu(r).used_bytes == 0
+        (ckpt / name).unlink()
+        shutil.move(moved, ckpt / name)
+    assert send(celery, celery_app.PRELOAD, "tiny-chat", "v1")["state"] == "ready"  # back inside: it loads
 
 
 def test_stage_of_a_checkpoint_runtime_is_refused_clearly(celery: Celery, tmp_path: Path, worker_factory) -> None:

@@ -1,25 +1,28 @@
 """What the runtimes decide before any engine or CUDA call, checked on CPU: the vLLM command and environment
 on CUDA and on CPU (sleep mode, dev endpoints, graphs), the host tier's guards, the engine records' files,
-`prewarm engines`' host tier, and the torch runtime's `cuda_graphs` flag (plan, eager fallback, the note on
-CPU). The CUDA paths themselves run where a GPU is lent (tests/system/test_worker_cuda.py)."""
+`prewarm engines`' host tier, the torch runtime's `cuda_graphs` flag (plan, eager fallback, the note on
+CPU), and the model-roots check of a vllm checkpoint directory before its engine is started. The CUDA paths themselves run where a GPU is lent (tests/system/test_worker_cuda.py)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from gpu_worker.device import make_device
 from gpu_worker.runtimes import ReplicaSpec
+from gpu_worker.runtimes.checkpoint import check_files
 from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
 from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
-from gpu_worker.runtimes.errors import EngineFailed
+from gpu_worker.runtimes.errors import CheckpointError, EngineFailed
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.vllm_engine import NO_HOST_TIER_CPU, VllmRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
-from prewarm.catalog import CatalogError, load_catalog
+from prewarm.catalog import CatalogError, ModelEntry, load_catalog
 from prewarm.config import DeviceSpec
 from prewarm.engines import VLLM_HOST_TIER_CPU, VLLM_HOST_TIER_CUDA, engine_status
 from tests.model_files import tiny_catalog
@@ -135,3 +138,80 @@ def test_cuda_graphs_on_cpu_are_accepted_noted_and_the_replica_serves_eagerly(tm
     answer = rt.serve({"inputs": None, "seed": 0})
     assert answer["cuda_graph"] is False and answer["output"]["finite"]
     assert rt.release() == held and rt.measure() == 0
+
+
+# --- vllm: the checkpoint directory is checked inside the model roots before the engine starts ------------
+def vllm_entry(tmp_path: Path) -> ModelEntry:
+    """A small checkpoint directory (config, weights, tokenizer) read through a catalog as a vllm entry."""
+    ck = tmp_path / "models" / "ckpt"
+    ck.mkdir(parents=True)
+    (ck / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 64,
+                                                "max_position_embeddings": 128}))
+    save_file({"lm_head.weight": torch.zeros(64, 8)}, str(ck / "model.safetensors"))
+    (ck / "tokenizer.json").write_text("{}")
+    (tmp_path / "models" / "catalog.toml").write_text(
+        '[[models]]\nid = "m"\nversion = "v1"\nruntime = "vllm"\npath = "ckpt"\n'
+        "[[models.warmup]]\nprompt_tokens = 8\n")
+    (tmp_path / "outside").mkdir()
+    return load_catalog(tmp_path / "models" / "catalog.toml").get("m", "v1")
+
+
+def fake_engine(tmp_path: Path) -> tuple[Path, Path]:
+    """A "python" that only records it was started, then exits: a spawn leaves that mark."""
+    mark = tmp_path / "engine-started"
+    python = tmp_path / "fake-python"
+    python.write_text(f"#!/bin/sh\ntouch {mark}\nexit 3\n")
+    python.chmod(0o755)
+    return python, mark
+
+
+def vllm_with_roots(entry: ModelEntry, tmp_path: Path, python: Path) -> VllmRuntime:
+    spec = ReplicaSpec(model=entry.id, version=entry.version, path=entry.weights, gpu="n/cpu", roots=entry.roots)
+    return VllmRuntime(spec, python=python, host="127.0.0.1", log_dir=tmp_path / "logs", start_timeout=60.0)
+
+
+def move_out(entry: ModelEntry, name: str) -> None:
+    """The checkpoint's `name` moved out of the roots, a symlink to it left in its place (the same bytes)."""
+    outside = entry.weights.parent.parent / "outside" / name
+    shutil.move(entry.weights / name, outside)
+    (entry.weights / name).symlink_to(outside)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_the_vllm_directory_check_names_a_file_symlinked_out_of_the_roots(tmp_path: Path, name: str) -> None:
+    entry = vllm_entry(tmp_path)
+    check_files(entry.weights, entry.roots, "m@v1 on n/cpu")  # all inside: passes
+    move_out(entry, name)
+    with pytest.raises(CheckpointError, match="outside the model roots") as err:
+        check_files(entry.weights, entry.roots, "m@v1 on n/cpu")
+    msg = str(err.value)
+    assert msg.startswith("m@v1 on n/cpu: ") and f"{entry.weights / name}: resolves to" in msg
+    assert str(entry.roots[0]) in msg
+    check_files(entry.weights, None)  # no roots given: no boundary
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json", "."])
+def test_a_vllm_engine_is_not_started_on_a_checkpoint_swapped_out_of_the_roots(tmp_path: Path, name: str) -> None:
+    entry = vllm_entry(tmp_path)
+    python, mark = fake_engine(tmp_path)
+    rt = vllm_with_roots(entry, tmp_path, python)
+    assert rt.required_bytes() > 0  # sized while every file was inside (the worker reserves, then loads)
+    if name == ".":  # the directory itself swapped for a symlink to a copy outside
+        shutil.move(entry.weights, tmp_path / "outside" / "ckpt")
+        entry.weights.symlink_to(tmp_path / "outside" / "ckpt", target_is_directory=True)
+    else:
+        move_out(entry, name)
+    with pytest.raises(CheckpointError, match="outside the model roots") as err:
+        rt.load()
+    assert (f"{entry.weights / name}" if name != "." else f"{entry.weights}: resolves to") in str(err.value)
+    assert not mark.exists() and rt.proc is None and rt.log_path is None  # refused before any process
+
+
+def test_a_vllm_checkpoint_inside_the_roots_reaches_the_engine_start(tmp_path: Path) -> None:
+    """The control for the test above: the same runtime with every file inside does spawn its engine."""
+    entry = vllm_entry(tmp_path)
+    python, mark = fake_engine(tmp_path)
+    rt = vllm_with_roots(entry, tmp_path, python)
+    with pytest.raises(EngineFailed, match="exited with status 3 before it was healthy"):
+        rt.load()
+    assert mark.exists() and rt.proc is None  # started, then stopped on the failure
