@@ -284,8 +284,8 @@ def _unexpected(i: int, raw: object, exc: Exception) -> CatalogError:
     name = _entry_name(i, raw)
     log.error("catalog entry %s: unexpected %s while reading it", name, type(exc).__name__, exc_info=exc)
     where = f"model {name!r}" if not name.startswith("models[") else name
-    return _fail(where, f"unexpected {type(exc).__name__} while reading the entry: {exc} (a bug in prewarm: "
-                        "its traceback is logged; please report it)")
+    return _fail(where, f"unexpected {type(exc).__name__} while reading the entry: {exc} (no check names this "
+                        "error: its traceback is in the log)")
 
 
 def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files: bool) -> ModelEntry:
