@@ -44,6 +44,9 @@ class CatalogReload:
                 except CatalogError as exc:
                     self._catalog_error = str(exc)
                     log.error("catalog %s: %s", self.catalog_path, exc)
+                except Exception as exc:  # noqa: BLE001 - a bug: still reported, and the last good one kept
+                    self._catalog_error = f"unexpected {type(exc).__name__} reading the catalog: {exc}"
+                    log.exception("catalog %s: unexpected error reading it", self.catalog_path)
                 else:
                     self._catalog, self._catalog_error = cat, None
                     for name, problem in cat.problems.items():

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ _TOKEN_WARMUP_KEYS = {"prompt_tokens", "batch"}
 _TOP_KEYS = {"models", "roots"}
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _BUILDER_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
+log = logging.getLogger(__name__)
 
 
 class CatalogError(ValueError):
@@ -257,13 +259,33 @@ def _parse_checkpoint_entry(where: str, raw: dict[str, Any], runtime: str, base:
     if check_files:
         if not path.is_dir():
             raise _fail(where, f"path {path} is not a directory; runtime {runtime!r} serves a checkpoint directory")
-        try:
-            files = tuple(weight_files(path, roots))
-            for f in files:
-                size += read_header(f, roots).data_bytes
-        except SafetensorsError as exc:
-            raise _fail(where, f"checkpoint weights: {exc}") from None
+        files, size = _weights_read(where, "checkpoint weights", path, roots)
     return path, files, size + kv + engine, kv, _parse_token_warmup(where, raw.get("warmup"))
+
+
+def _weights_read(where: str, label: str, weights: Path, roots: list[Path]) -> tuple[tuple[Path, ...], int]:
+    """An entry's weight files and their data bytes, each file opened inside the roots (a shard symlinked
+    out of them is refused); a malformed file or index, or one that cannot be read, is this entry's error."""
+    try:
+        files = tuple(weight_files(weights, roots))
+        return files, sum(read_header(f, roots).data_bytes for f in files)
+    except (SafetensorsError, OSError) as exc:
+        raise _fail(where, f"{label}: {exc}") from None
+
+
+def _entry_name(i: int, raw: object) -> str:
+    """The key an entry's problem is filed under: its id, or its place when it has none."""
+    return raw["id"] if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"models[{i}]"
+
+
+def _unexpected(i: int, raw: object, exc: Exception) -> CatalogError:
+    """An exception no check of the entry names (a bug, or a reader letting an error through): still only
+    this entry's error, named with its type, and its traceback logged so the bug is not lost."""
+    name = _entry_name(i, raw)
+    log.error("catalog entry %s: unexpected %s while reading it", name, type(exc).__name__, exc_info=exc)
+    where = f"model {name!r}" if not name.startswith("models[") else name
+    return _fail(where, f"unexpected {type(exc).__name__} while reading the entry: {exc} (no check names this "
+                        "error: its traceback is in the log)")
 
 
 def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files: bool) -> ModelEntry:
@@ -311,12 +333,7 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     if check_files:
         if not weights.exists():
             raise _fail(where, f"weights file {weights} does not exist")
-        try:
-            files = tuple(weight_files(weights, roots))
-            for f in files:  # each opened inside the roots: a shard symlinked out of them is refused
-                size += read_header(f, roots).data_bytes
-        except SafetensorsError as exc:
-            raise _fail(where, f"weights: {exc}") from None
+        files, size = _weights_read(where, "weights", weights, roots)
     builder = _check_builder(where, raw["builder"])
     builder_args = raw.get("builder_args", {})
     if not isinstance(builder_args, dict):
@@ -407,6 +424,8 @@ def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bo
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise CatalogError(f"{path}: not readable TOML: arrays or tables nested too deeply") from None
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise CatalogError(f"{path}: unknown top-level key {sorted(unknown)[0]!r}; allowed: roots, models")
@@ -426,11 +445,11 @@ def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bo
             entry = _parse_entry(i, raw, base, roots, check_files)
             if entry.key in seen:
                 raise _fail(f"model {entry.id!r}", f"duplicate id (version {entry.version!r} is listed twice)")
-        except CatalogError as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, it is this entry's problem only
+            problem = exc if isinstance(exc, CatalogError) else _unexpected(i, raw, exc)
             if strict:
-                raise CatalogError(f"{path}: {exc}") from None
-            name = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"models[{i}]"
-            problems.setdefault(name, str(exc))
+                raise CatalogError(f"{path}: {problem}") from None
+            problems.setdefault(_entry_name(i, raw), str(problem))
             continue
         seen.add(entry.key)
         models.append(entry)
@@ -450,4 +469,8 @@ def load_catalog(path: Path | str, *, check_files: bool = True, strict: bool = T
     if not path.exists():
         raise CatalogError(f"catalog {path} does not exist: run `prewarm models demo --out DIR` or set "
                            "PREWARM_CATALOG")
-    return parse_catalog(path.read_text(), path, check_files=check_files, strict=strict)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"catalog {path} cannot be read: {exc}") from None
+    return parse_catalog(text, path, check_files=check_files, strict=strict)

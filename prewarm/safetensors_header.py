@@ -17,7 +17,12 @@ Public API:
 - :func:`read_weight_set` (same inputs) -> :class:`WeightSet` with every shard's header, the index
   checked against the shards (each indexed tensor in its shard, no tensor in two shards)
 - :class:`SafetensorsError` (a ``ValueError``): the message names the file, the tensor or field at
-  fault, and what to do about it.
+  fault, and what to do about it. It is the only error a malformed file or index raises: JSON nested past
+  the parser's recursion limit, an integer past Python's int-string limit, an unreadable file all become one.
+
+Bounds (a header or index is read whole, so these bound the time and memory one file can cost a reader):
+a header or index of at most :data:`MAX_HEADER_BYTES`, a file of at most :data:`MAX_TENSORS_PER_FILE`
+tensors, an index of at most :data:`MAX_TENSORS_PER_INDEX`, integers of at most :data:`MAX_INT_DIGITS` digits.
 
 ``roots``: the catalog's model roots. Given, every file (each shard, the index) is opened through
 :func:`prewarm.model_roots.open_inside`: one whose real path leads outside them is refused before a byte
@@ -31,7 +36,8 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +47,9 @@ __all__ = [
     "DTYPE_SIZES",
     "INDEX_FILENAME",
     "MAX_HEADER_BYTES",
+    "MAX_INT_DIGITS",
+    "MAX_TENSORS_PER_FILE",
+    "MAX_TENSORS_PER_INDEX",
     "SafetensorsError",
     "SafetensorsHeader",
     "TensorEntry",
@@ -74,7 +83,17 @@ DTYPE_SIZES: dict[str, int] = {
 
 # The reference implementation refuses headers above 100 MB; a bigger one is corruption, and
 # refusing it early stops us from allocating a huge buffer because of one flipped length byte.
-MAX_HEADER_BYTES = 100_000_000
+MAX_HEADER_BYTES = 100_000_000  # an index json is held to it too
+# Tensors in one file. Real checkpoints' files hold a few thousand (a 70B model's shard, a whole 7B model
+# in one file: ~300-3,000); a header of 900,000 one-byte tensors, within the 100 MB above, took 14 s and
+# 670 MiB to parse. Parsing stops as soon as the header has more objects than this allows.
+MAX_TENSORS_PER_FILE = 100_000
+# Tensors one index lists (over all its shards): the largest mixture-of-experts checkpoints list on the
+# order of 100,000.
+MAX_TENSORS_PER_INDEX = 1_000_000
+# Digits of one JSON integer: sizes and offsets are u64 (at most 20 digits). Python's own int-string limit
+# (4,300 digits) would raise a plain ValueError; a longer number is refused here, by name.
+MAX_INT_DIGITS = 20
 
 INDEX_FILENAME = "model.safetensors.index.json"
 
@@ -113,7 +132,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return 0 if 0 in self.shape else math.prod(self.shape)  # a zero first: no product of huge dims
 
     @property
     def itemsize(self) -> int:
@@ -167,8 +186,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _reject_duplicate_keys(path: Path):
+def _header_objects(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
+    """object_pairs_hook for a header: refuses a duplicate key, and stops the parse once the header holds
+    more objects than MAX_TENSORS_PER_FILE tensors allow (one per tensor, the metadata, the header itself),
+    before the rest of a huge header is turned into Python objects."""
+    count = 0
+
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        nonlocal count
+        count += 1
+        if count > MAX_TENSORS_PER_FILE + 2:
+            raise _too_many_tensors(path, f"more than {MAX_TENSORS_PER_FILE:,}")
         out: dict[str, object] = {}
         for key, value in pairs:
             if key in out:
@@ -177,6 +205,44 @@ def _reject_duplicate_keys(path: Path):
         return out
 
     return hook
+
+
+def _too_many_tensors(path: Path, count: str) -> SafetensorsError:
+    return SafetensorsError(
+        path, "header", f"holds {count} tensors; prewarm reads at most {MAX_TENSORS_PER_FILE:,} per file "
+        "(MAX_TENSORS_PER_FILE: real checkpoints hold a few thousand)",
+        "save the weights in shards (safetensors index json) or merge small tensors")
+
+
+def _bounded_int(path: Path, where: str | None, fix: str) -> Callable[[str], int]:
+    """parse_int for json.loads: an integer of more than MAX_INT_DIGITS digits is refused by name (Python's
+    int-string conversion limit would raise a plain ValueError past 4,300)."""
+    def parse(digits: str) -> int:
+        n = len(digits.lstrip("-"))
+        if n > MAX_INT_DIGITS:
+            raise SafetensorsError(path, where, f"holds an integer of {n:,} digits; sizes and offsets have at "
+                                                f"most {MAX_INT_DIGITS}", fix)
+        return int(digits)
+
+    return parse
+
+
+def _load_json(path: Path, text: str, where: str | None, fix: str,
+               hook: Callable[[list[tuple[str, object]]], object] | None = None) -> object:
+    """json.loads, with every way hostile text can make it fail (bad syntax, nesting past the recursion
+    limit, a huge integer) raised as a SafetensorsError naming the file: one bad file must never surface
+    as an error its callers do not expect (RecursionError, a plain ValueError)."""
+    try:
+        return json.loads(text, object_pairs_hook=hook, parse_int=_bounded_int(path, where, fix))
+    except SafetensorsError:
+        raise
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except RecursionError:
+        problem = f"JSON nested too deeply to read (deeper than {sys.getrecursionlimit()} levels)"
+    except ValueError as exc:  # what else json raises on its input; its message quotes none of it
+        problem = f"not readable as JSON ({exc})"
+    raise SafetensorsError(path, where, problem, fix) from None
 
 
 def _parse_entry(path: Path, name: str, raw: object) -> TensorEntry:
@@ -217,19 +283,37 @@ def _parse_entry(path: Path, name: str, raw: object) -> TensorEntry:
         )
 
     entry = TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
-    expected = entry.numel * entry.itemsize
+    expected = _bytes_needed(entry.shape, entry.itemsize)
     if expected != entry.nbytes:
+        needs = f"{expected} bytes" if expected is not None else "more than 2**64 bytes"
         raise SafetensorsError(
             path,
             where,
-            f"shape {list(entry.shape)} x {dtype} ({entry.itemsize} B) needs {expected} bytes "
+            f"shape {_shape_text(entry.shape)} x {dtype} ({entry.itemsize} B) needs {needs} "
             f"but data_offsets [{begin}, {end}] span {entry.nbytes}",
         )
     return entry
 
 
+def _bytes_needed(shape: tuple[int, ...], itemsize: int) -> int | None:
+    """dtype x shape in bytes, or None past 2**64 (no file is that big): a shape of many huge dimensions
+    must not build a product of millions of digits (a header may hold a million dimensions)."""
+    if 0 in shape:
+        return 0
+    n = itemsize
+    for d in shape:
+        n *= d
+        if n > 1 << 64:
+            return None
+    return n
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return str(list(shape)) if len(shape) <= 8 else f"[{', '.join(map(str, shape[:8]))}, ... ({len(shape)} dims)]"
+
+
 def _open(p: Path, roots: Roots, what: str = "file") -> int:
-    """open_inside, its refusals and a missing file as SafetensorsError naming `p`."""
+    """open_inside, its refusals and any OSError opening it as SafetensorsError naming `p`."""
     try:
         return open_inside(p, roots)
     except RefusedFile as exc:
@@ -238,6 +322,13 @@ def _open(p: Path, roots: Roots, what: str = "file") -> int:
         raise SafetensorsError(p, None, f"{what} not found", "check the path in the catalog or index") from None
     except IsADirectoryError:
         raise SafetensorsError(p, None, "is a directory, expected a .safetensors file", "") from None
+    except OSError as exc:
+        raise _unreadable(p, what, exc) from None
+
+
+def _unreadable(p: Path, what: str, exc: OSError) -> SafetensorsError:
+    return SafetensorsError(p, None, f"{what} cannot be read ({exc.strerror or exc})",
+                            "check the file's permissions and the storage it lies on")
 
 
 def read_header(path: str | os.PathLike[str], roots: Roots = None) -> SafetensorsHeader:
@@ -260,6 +351,8 @@ def read_header(path: str | os.PathLike[str], roots: Roots = None) -> Safetensor
             prefix = os.pread(fd, 8, 0)
         except IsADirectoryError:
             raise SafetensorsError(p, None, "is a directory, expected a .safetensors file", "") from None
+        except OSError as exc:
+            raise _unreadable(p, "file", exc) from None
         (header_len,) = struct.unpack("<Q", prefix)
         # The length is the file's first 8 bytes: quoting it would quote the file (issue 17).
         if header_len == 0 or header_len > MAX_HEADER_BYTES:
@@ -276,7 +369,10 @@ def read_header(path: str | os.PathLike[str], roots: Roots = None) -> Safetensor
                 f"the declared header length runs past the end of the {file_size}-byte file "
                 "(truncated, or not a safetensors file)",
             )
-        raw = os.pread(fd, header_len, 8)
+        try:
+            raw = os.pread(fd, header_len, 8)
+        except OSError as exc:
+            raise _unreadable(p, "file", exc) from None
     finally:
         os.close(fd)
     if len(raw) != header_len:
@@ -290,10 +386,7 @@ def _parse_header(p: Path, file_size: int, header_len: int, raw: bytes,
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SafetensorsError(p, "header", f"not valid UTF-8 at byte {8 + exc.start}") from None
-    try:
-        doc = json.loads(text, object_pairs_hook=_reject_duplicate_keys(p))
-    except json.JSONDecodeError as exc:
-        raise SafetensorsError(p, "header", f"not valid JSON ({exc.msg} at header byte {exc.pos})") from None
+    doc = _load_json(p, text, "header", _FIX_FILE, _header_objects(p))
     if not isinstance(doc, dict):
         raise SafetensorsError(p, "header", f"JSON is {type(doc).__name__}, expected an object")
 
@@ -306,6 +399,8 @@ def _parse_header(p: Path, file_size: int, header_len: int, raw: bytes,
             raise SafetensorsError(p, "field '__metadata__'", "must be an object of string to string")
         metadata = dict(meta)
 
+    if len(doc) > MAX_TENSORS_PER_FILE:  # the hook stops most such headers early; this is the exact count
+        raise _too_many_tensors(p, f"{len(doc):,}")
     entries = [_parse_entry(p, name, value) for name, value in doc.items()]
 
     data_offset = 8 + header_len
@@ -369,34 +464,29 @@ def read_index(index_json_path: str | os.PathLike[str], roots: Roots = None) -> 
     checked when it is opened: read_header with the same roots.)
     """
     p = Path(index_json_path)
-    fd = _open(p, roots, "index file")
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            text = f.read().decode("utf-8")
-    except UnicodeDecodeError:
-        raise SafetensorsError(p, None, "index is not UTF-8 text", "") from None
-    finally:
-        os.close(fd)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SafetensorsError(
-            p, None, f"index is not valid JSON ({exc.msg} at line {exc.lineno})", "fix or regenerate the index"
-        ) from None
+    text = _read_index_text(p, roots)
+    doc = _load_json(p, text, None, "fix or regenerate the index")
     if not isinstance(doc, dict) or "weight_map" not in doc:
         raise SafetensorsError(p, "field 'weight_map'", "missing: not a safetensors index", "")
     wmap = doc["weight_map"]
     if not isinstance(wmap, dict) or not wmap:
         raise SafetensorsError(p, "field 'weight_map'", "must be a non-empty object of tensor name to shard file", "")
+    if len(wmap) > MAX_TENSORS_PER_INDEX:
+        raise SafetensorsError(p, "field 'weight_map'", f"lists {len(wmap):,} tensors; prewarm reads at most "
+                                                        f"{MAX_TENSORS_PER_INDEX:,} per index (MAX_TENSORS_PER_INDEX)",
+                               "regenerate the index")
 
     base = p.parent
     out: dict[str, Path] = {}
     missing: dict[str, list[str]] = {}
+    present: dict[str, bool] = {}  # one stat per shard, not one per tensor
     for name, shard in wmap.items():
         if not isinstance(shard, str) or not shard:
             raise SafetensorsError(p, f"weight_map[{name!r}]", f"shard {shard!r} is not a file name", "")
         shard_path = Path(shard) if os.path.isabs(shard) else base / shard
-        if not shard_path.is_file():
+        if shard not in present:
+            present[shard] = shard_path.is_file()
+        if not present[shard]:
             missing.setdefault(shard, []).append(name)
         out[name] = shard_path
     if missing:
@@ -410,6 +500,24 @@ def read_index(index_json_path: str | os.PathLike[str], roots: Roots = None) -> 
             "copy the missing shard next to the index or re-download the model",
         )
     return out
+
+
+def _read_index_text(p: Path, roots: Roots) -> str:
+    """The index's text, opened inside the roots; refused above MAX_HEADER_BYTES before it is read."""
+    fd = _open(p, roots, "index file")
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_HEADER_BYTES:
+            raise SafetensorsError(p, None, f"index is {size:,} bytes; prewarm reads at most {MAX_HEADER_BYTES:,} "
+                                            "(MAX_HEADER_BYTES)", "fix or regenerate the index")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_HEADER_BYTES + 1).decode("utf-8")
+    except UnicodeDecodeError:
+        raise SafetensorsError(p, None, "index is not UTF-8 text", "") from None
+    except OSError as exc:
+        raise _unreadable(p, "index file", exc) from None
+    finally:
+        os.close(fd)
 
 
 def _resolve(path: str | os.PathLike[str], roots: Roots) -> tuple[Path, dict[str, Path] | None]:

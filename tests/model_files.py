@@ -2,7 +2,8 @@
 
     cat = tiny_catalog(tmp_path, ["tiny-lm", "tiny-sharded"])   # real weights + catalog.toml, a few MB
     truncate(file), corrupt_header(file), offsets_past_eof(file), retype_tensor(file, name, dtype),
-    reshape_tensor(file, name), model_files(cat, "tiny-sharded")
+    reshape_tensor(file, name), model_files(cat, "tiny-sharded"),
+    hostile_json(kind), write_hostile_header(file, kind)   # JSON that breaks a naive parser
 """
 
 from __future__ import annotations
@@ -93,3 +94,23 @@ def reshape_tensor(path: Path, name: str) -> None:
     tensors = load_file(str(path))
     tensors[name] = tensors[name][:-1].clone()
     save_file(tensors, str(path))
+
+
+# JSON crafted against a parser rather than against the format (an outside probe, issue 24 finding 2.1):
+# nesting past the recursion limit (a RecursionError in json.loads) and an integer past Python's
+# int-string conversion limit of 4,300 digits (a plain ValueError).
+HOSTILE = ("deeply-nested", "huge-integer")
+
+
+def hostile_json(kind: str) -> bytes:
+    if kind == "deeply-nested":  # 200,000 levels, 400 KB
+        return b'{"w":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    if kind == "huge-integer":  # a 5 KB file
+        return b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,' + b"1" * 5_000 + b"]}}"
+    raise ValueError(f"unknown hostile JSON {kind!r}; one of {HOSTILE}")
+
+
+def write_hostile_header(path: Path, kind: str) -> None:
+    """Replace the file with a safetensors file whose header is hostile JSON (and one data byte)."""
+    raw = hostile_json(kind)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0")

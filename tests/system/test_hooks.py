@@ -16,6 +16,9 @@ import redis
 from flask.testing import FlaskClient
 
 from prewarm import celery_app, events, keys, state, traffic
+from prewarm.catalog import Catalog
+from tests.model_files import HOSTILE, write_hostile_header
+from tests.procs import wait_for
 from tests.web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, queued_tasks, replica
 from web.app import create_app
 from web.schemas import MAX_BATCH
@@ -517,6 +520,80 @@ def test_a_catalog_change_is_seen_after_the_recheck_interval(redis_url: str, tmp
     # ... after it, the new entry is served.
     assert client.post("/hooks/requests", json={"model": "delta"}).status_code == 202
     assert traffic.totals(r) == {"alpha": 1, "delta": 1}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_weights_file_is_its_entrys_problem_and_the_hooks_serve_the_others(
+        redis_url: str, tmp_path: Path, r: redis.Redis, kind: str) -> None:
+    # Before: the header's RecursionError / ValueError escaped the catalog load, and every hook answered 500.
+    path = make_catalog(tmp_path / "models", {"alpha": 1})
+    evil = tmp_path / "models" / "evil-v1.safetensors"
+    write_hostile_header(evil, kind)
+    path.write_text(path.read_text() + '[[models]]\nid = "evil"\nversion = "v1"\nweights = "evil-v1.safetensors"\n'
+                    'builder = "json:loads"\n[[models.warmup]]\nshape = [1, 4]\n')
+    client = create_app(make_context(redis_url, path)).test_client()
+    assert client.post("/hooks/requests", json={"model": "alpha"}).status_code == 202
+    assert client.get("/hooks/route?model=alpha").status_code == 200
+    refused = client.post("/hooks/requests", json={"model": "evil"})
+    assert refused.status_code == 422 and refused.get_json()["field"] == "model"
+    problem = client.get("/api/models").get_json()["catalog_problems"]["evil"]
+    assert problem.startswith(f"model 'evil': weights: {evil}: header: ")
+    assert traffic.totals(r) == {"alpha": 1}
+
+
+def _open_fifo_writer(path: Path) -> int:
+    """The write end of the FIFO at `path`, once a reader has it open (O_NONBLOCK: ENXIO until then)."""
+    def attempt() -> int | None:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+    fd = wait_for(lambda: (fd := attempt()) is not None and fd + 1, 60, what="the reload to open the catalog") - 1
+    os.set_blocking(fd, True)
+    return fd
+
+
+def test_one_catalog_reload_at_a_time_and_the_other_threads_are_served_the_old_catalog(
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: every request thread that saw the file change started its own reload (a slow catalog piled up
+    # gigabytes in one web worker and hung requests). The reload here reads a FIFO: it lasts exactly until
+    # the test writes the new catalog into it.
+    from prewarm import context
+
+    monkeypatch.setattr(context, "CATALOG_RECHECK_S", 0.0)  # every call looks at the file
+    path = make_catalog(tmp_path / "models", {"alpha": 1})
+    ctx = make_context(redis_url, path)
+    old = ctx.catalog
+    new_text = make_catalog(tmp_path / "models", {"alpha": 1, "delta": 1}).read_text()
+    path.unlink()
+    os.mkfifo(path)
+    os.utime(path, (time.time() + 5, time.time() + 5))  # a new mtime even on a coarse-grained filesystem
+
+    got: dict[str, list[Catalog]] = {"reloader": [], "others": []}
+    reloader = threading.Thread(target=lambda: got["reloader"].append(ctx.catalog))
+    reloader.start()
+    fd = _open_fifo_writer(path)  # the reloader is now inside its reload, blocked reading the FIFO
+    others = [threading.Thread(target=lambda: got["others"].append(ctx.catalog)) for _ in range(8)]
+    try:
+        for t in others:
+            t.start()
+        guard = time.monotonic() + 60  # against a hang (a second reload blocks on the FIFO too), not a timing
+        for t in others:
+            t.join(timeout=max(0.0, guard - time.monotonic()))
+        assert len(got["others"]) == len(others), "a thread waited for the reload (or started its own)"
+        assert all(c is old for c in got["others"])
+        assert got["reloader"] == []  # still reloading: the others did not wait for it
+    finally:
+        os.write(fd, new_text.encode())
+        os.close(fd)
+        reloader.join(timeout=60)
+        for t in others:
+            t.join(timeout=60)
+    assert not reloader.is_alive() and len(got["reloader"]) == 1
+    new = got["reloader"][0]
+    assert new is not old and new.ids() == ["alpha", "delta"]
+    monkeypatch.setattr(context, "CATALOG_RECHECK_S", 3600.0)  # (writing the FIFO changed its mtime again)
+    assert ctx.catalog is new
 
 
 def test_unknown_ids_leave_no_trace_and_known_ones_only_expiring_buckets(client: FlaskClient,

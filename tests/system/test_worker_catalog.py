@@ -18,7 +18,7 @@ from celery import Celery
 
 from prewarm import celery_app, events, state
 from tests import procs
-from tests.model_files import model_files, tiny_catalog
+from tests.model_files import model_files, tiny_catalog, write_hostile_header
 from tests.procs import WorkerProc, wait_for
 from tests.web_support import make_context
 
@@ -58,9 +58,14 @@ def test_one_bad_entry_is_refused_by_name_and_every_other_is_served(r: redis.Red
     elsewhere.mkdir()
     weights = model_files(cat, "tiny-lm")[0]
     shutil.copy(weights, elsewhere / weights.name)
+    # A header nested past json's recursion limit (issue 24, 2.1): its RecursionError used to fail every
+    # preload of the worker, good models' included.
+    (models / "nested-v1").mkdir()
+    write_hostile_header(models / "nested-v1" / weights.name, "deeply-nested")
     cat.write_text(good
                    + _variant(cat, "tiny-lm", "escaped", 'weights = "tiny-lm-v1/', 'weights = "../elsewhere/')
-                   + _variant(cat, "tiny-lm", "typo", "gpu_worker.demo_models:", "gpu_worker.demo_modles:"))
+                   + _variant(cat, "tiny-lm", "typo", "gpu_worker.demo_models:", "gpu_worker.demo_modles:")
+                   + _variant(cat, "tiny-lm", "nested", 'weights = "tiny-lm-v1/', 'weights = "nested-v1/'))
 
     w: WorkerProc = worker_factory(cat, devices="cpu:0=64MiB")
     q = w.queues[GPU]
@@ -70,11 +75,12 @@ def test_one_bad_entry_is_refused_by_name_and_every_other_is_served(r: redis.Red
         assert out["state"] == "ready" and out["model"] == model
     # ... the bad ones are named in the heartbeat (the node record), each with its problem ...
     node = wait_for(lambda: (n := _node(r)) and n.catalog_problems and n, 10, what="catalog problems", log=w.log)
-    assert set(node.catalog_problems) == {"escaped", "typo"}
+    assert set(node.catalog_problems) == {"escaped", "typo", "nested"}
     assert "lie outside the model roots" in node.catalog_problems["escaped"]
     assert "builder module 'gpu_worker.demo_modles' cannot be found" in node.catalog_problems["typo"]
+    assert "JSON nested too deeply" in node.catalog_problems["nested"]
     # ... and in the log ...
-    assert "model escaped refused" in w.log() and "model typo refused" in w.log()
+    assert all(f"model {m} refused" in w.log() for m in ("escaped", "typo", "nested"))
     # ... and a preload of one fails with that entry's problem as the reason.
     with pytest.raises(Exception, match="lie outside the model roots") as info:
         celery.send_task(celery_app.PRELOAD, args=["escaped", "v1"], queue=q).get(timeout=30)
@@ -88,7 +94,7 @@ def test_one_bad_entry_is_refused_by_name_and_every_other_is_served(r: redis.Red
 
     body = create_app(make_context(redis_url, web_catalog)).test_client().get("/api/models").get_json()
     assert {m["id"] for m in body["models"]} == {"tiny-lm", "tiny-mlp"}
-    assert set(body["catalog_problems"]) == {"escaped", "typo"}
+    assert set(body["catalog_problems"]) == {"escaped", "typo", "nested"}
     assert body["catalog_problems"]["escaped"] == f"node node-a: {node.catalog_problems['escaped']}"
 
 

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from prewarm.catalog import CatalogError, load_catalog, parse_catalog
-from tests.model_files import model_files, tiny_catalog
+from prewarm.safetensors_header import INDEX_FILENAME
+from tests.model_files import HOSTILE, hostile_json, model_files, tiny_catalog, write_hostile_header
+
+HOSTILE_PROBLEM = {"deeply-nested": "JSON nested too deeply", "huge-integer": "integer of 5,000 digits"}
 
 
 @pytest.fixture
@@ -100,6 +103,64 @@ def test_models_list_lists_healthy_entries_and_fails_naming_the_broken_one(cat: 
     assert rc == 1
     assert [m["id"] for m in out["models"]] == ["tiny-sharded"]
     assert "tiny-lm" in out["problems"]
+
+
+def _only_this_entry_refused(cat: Path, model: str, bad_file: Path, problem: str) -> None:
+    """The strict load refuses the catalog naming the entry and file; the lenient one serves the others."""
+    with pytest.raises(CatalogError, match=f"model '{model}'") as info:
+        load_catalog(cat)
+    assert str(bad_file) in str(info.value) and problem in str(info.value)
+    lenient = load_catalog(cat, strict=False)
+    assert model not in lenient.ids() and lenient.ids() == [m for m in ("tiny-lm", "tiny-sharded") if m != model]
+    assert set(lenient.problems) == {model}
+    assert str(bad_file) in lenient.problems[model] and problem in lenient.problems[model]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_header_is_that_entrys_named_error_and_the_others_load(cat: Path, kind: str) -> None:
+    # Before: RecursionError / ValueError out of load_catalog, so no entry of the catalog was served.
+    weights = model_files(cat, "tiny-lm")[0]
+    write_hostile_header(weights, kind)
+    _only_this_entry_refused(cat, "tiny-lm", weights, HOSTILE_PROBLEM[kind])
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_index_is_that_entrys_named_error_and_the_others_load(cat: Path, kind: str) -> None:
+    index = cat.parent / "tiny-sharded-v1" / INDEX_FILENAME
+    index.write_bytes(hostile_json(kind).replace(b'{"w":', b'{"weight_map":', 1))
+    _only_this_entry_refused(cat, "tiny-sharded", index, HOSTILE_PROBLEM[kind])
+
+
+def test_an_unexpected_error_in_one_entry_is_named_with_its_type_and_the_others_load(
+        cat: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A builder whose package raises on import: find_spec lets that through (not an ImportError), an error
+    # no check of the entry names. It is still only that entry's problem, with its type and a logged traceback.
+    pkg = tmp_path / "pkgs" / "boom_builders"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ZeroDivisionError('the builder package is broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    _edit(cat, 'builder = "gpu_worker.demo_models:build_lm"', 'builder = "boom_builders.lm:build"')
+    lenient = load_catalog(cat, strict=False)
+    assert lenient.ids() == ["tiny-sharded"]
+    assert lenient.problems["tiny-lm"].startswith("model 'tiny-lm': unexpected ZeroDivisionError while reading "
+                                                  "the entry: the builder package is broken")
+    assert any(r.exc_info and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
+    with pytest.raises(CatalogError, match="model 'tiny-lm': unexpected ZeroDivisionError"):
+        load_catalog(cat)
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_models_list_prints_a_hostile_entrys_error_not_a_traceback(cat: Path, kind: str, capsys) -> None:
+    from prewarm.programs.cli import main
+
+    weights = model_files(cat, "tiny-lm")[0]
+    write_hostile_header(weights, kind)
+    rc = main(["models", "list", "--catalog", str(cat)])  # before: the RecursionError / ValueError escaped
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "tiny-sharded" in out and "tiny-lm " not in out
+    assert f"model 'tiny-lm': weights: {weights}: header: " in err and HOSTILE_PROBLEM[kind] in err
+    assert "Traceback" not in err
 
 
 # --- runtimes ---------------------------------------------------------------------------------------

@@ -15,12 +15,16 @@ from safetensors.torch import save_file
 
 from prewarm.safetensors_header import (
     INDEX_FILENAME,
+    MAX_HEADER_BYTES,
+    MAX_TENSORS_PER_FILE,
+    MAX_TENSORS_PER_INDEX,
     SafetensorsError,
     read_header,
     read_index,
     read_weight_set,
     weight_files,
 )
+from tests.model_files import HOSTILE, hostile_json, write_hostile_header
 
 
 def craft(path: Path, header: dict, data: bytes, *, header_len: int | None = None) -> Path:
@@ -183,6 +187,60 @@ def test_bad_header_text(tmp_path, raw, match):
         read_header(path)
 
 
+HOSTILE_PROBLEM = {"deeply-nested": "JSON nested too deeply", "huge-integer": "integer of 5,000 digits"}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_json_in_a_header_is_a_safetensors_error_naming_the_file(tmp_path, kind):
+    # Before: RecursionError / ValueError (Python's int-string limit), which no caller catches.
+    path = tmp_path / "evil.safetensors"
+    write_hostile_header(path, kind)
+    with pytest.raises(SafetensorsError, match=HOSTILE_PROBLEM[kind]) as err:
+        read_header(path)
+    assert str(err.value).startswith(f"{path}: header: ")
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_hostile_json_in_an_index_is_a_safetensors_error_naming_the_index(tmp_path, kind):
+    index = tmp_path / INDEX_FILENAME
+    index.write_bytes(hostile_json(kind).replace(b'{"w":', b'{"weight_map":', 1))
+    for read in (read_index, weight_files, read_weight_set):
+        with pytest.raises(SafetensorsError, match=HOSTILE_PROBLEM[kind]) as err:
+            read(index)
+        assert str(err.value).startswith(f"{index}: ")
+
+
+def test_a_shape_of_many_huge_dimensions_is_refused_without_multiplying_them_out(tmp_path):
+    # 50,000 dims of 2**64-1 would be a product of ~1,000,000 digits (and the last-dim 0 makes it 0 bytes).
+    dims = [2**64 - 1] * 50_000
+    path = craft(tmp_path / "dims.safetensors", {"a": {"dtype": "U8", "shape": dims, "data_offsets": [0, 1]}}, b"\0")
+    with pytest.raises(SafetensorsError, match=r"tensor 'a'.*\(50000 dims\).*needs more than 2\*\*64 bytes"):
+        read_header(path)
+    zero = craft(tmp_path / "zero.safetensors", {"a": {"dtype": "U8", "shape": [*dims, 0], "data_offsets": [0, 0]}}, b"")
+    assert read_header(zero).tensors["a"].numel == 0
+
+
+def _many_tensors(path: Path, n: int, *, metadata: bool) -> Path:
+    """A real file of n one-byte tensors (its header written directly: json.dumps of n dicts is slow)."""
+    parts = [b'"__metadata__":{"format":"pt"}'] if metadata else []
+    parts += [b'"t%d":{"dtype":"U8","shape":[1],"data_offsets":[%d,%d]}' % (i, i, i + 1) for i in range(n)]
+    raw = b"{" + b",".join(parts) + b"}"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * n)
+    return path
+
+
+def test_a_file_of_more_tensors_than_the_bound_is_refused(tmp_path):
+    n = MAX_TENSORS_PER_FILE
+    assert len(read_header(_many_tensors(tmp_path / "at.safetensors", n, metadata=True)).tensors) == n
+    over = _many_tensors(tmp_path / "over.safetensors", n + 1, metadata=False)
+    with pytest.raises(SafetensorsError, match=rf"header: holds {n + 1:,} tensors; prewarm reads at most {n:,}"):
+        read_header(over)
+    # With more objects than the bound allows the parse stops early, before the whole header is objects.
+    early = _many_tensors(tmp_path / "early.safetensors", n + 1, metadata=True)
+    with pytest.raises(SafetensorsError, match=rf"header: holds more than {n:,} tensors"):
+        read_header(early)
+
+
 F32x4 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
 
 
@@ -321,6 +379,19 @@ def test_bad_index(tmp_path, text, match):
     index = tmp_path / INDEX_FILENAME
     index.write_text(text)
     with pytest.raises(SafetensorsError, match=match):
+        read_index(index)
+
+
+def test_an_index_over_the_bounds_is_refused(tmp_path):
+    save_file({"x": torch.ones(2)}, tmp_path / "a.safetensors")
+    index = tmp_path / INDEX_FILENAME
+    index.write_text('{"weight_map": {' + ",".join(f'"t{i}":"a.safetensors"' for i in range(MAX_TENSORS_PER_INDEX + 1))
+                     + "}}")
+    with pytest.raises(SafetensorsError, match=rf"lists {MAX_TENSORS_PER_INDEX + 1:,} tensors; prewarm reads at most"):
+        read_index(index)
+    with open(index, "r+b") as f:  # sparse: no disk, refused on its size before a byte is read
+        f.truncate(MAX_HEADER_BYTES + 1)
+    with pytest.raises(SafetensorsError, match=rf"index is {MAX_HEADER_BYTES + 1:,} bytes; prewarm reads at most"):
         read_index(index)
 
 
