@@ -30,8 +30,9 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import eta, events, replica_states, roi, rooms, state, traffic
+from prewarm import eta, events, replica_states, roi, state, traffic
 from prewarm.catalog import ModelEntry
+from prewarm.services import operator
 from prewarm.store import cold_starts, eta_promises, load_times, overlays, slo_state
 from prewarm.store import policy as running_policy
 from web.auth import require_admin
@@ -273,49 +274,34 @@ def api_events() -> ResponseReturnValue:
 
 # --- actions ------------------------------------------------------------------------------------------
 def _entry(model: str, version: str | None) -> ModelEntry:
-    catalog = ctx().catalog
-    if model not in catalog:
-        raise ApiError(404, f"model: unknown model {model!r}", "model")
     try:
-        return catalog.get(model, version)
-    except KeyError:
-        raise ApiError(422, f"version: unknown version {version!r} of {model!r}", "version") from None
+        return operator.entry(ctx(), model, version)
+    except operator.Refused as exc:
+        raise _api_error(exc) from None
+
+
+def _api_error(exc: operator.Refused) -> ApiError:
+    return ApiError(exc.status, exc.message, exc.field)
 
 
 def do_preload(model: str, body: PreloadBody) -> dict[str, Any]:
-    c = ctx()
     entry = _entry(model, body.version)
-    fleet = state.read_fleet(c.r)
     try:
-        gpu = rooms.pick_gpu(c.r, fleet, c.catalog, entry, body.gpu, c.settings.max_loads_per_gpu)
-    except LookupError as exc:
-        raise ApiError(422 if body.gpu else 409, f"gpu: {exc}", "gpu") from None
-    if any(x.model == entry.id and x.version == entry.version for x in gpu.replicas):
-        raise ApiError(409, f"{entry.key} is already on {gpu.id}", "gpu")
-    d = c.dispatcher.preload(entry.id, entry.version, gpu, actor="operator", kind="operator",
-                             reason=body.reason or "operator preload from the console", priority=entry.priority)
-    if not d.sent:
-        raise ApiError(409, d.message, "gpu")
+        d = operator.preload(ctx(), entry, body.gpu, body.reason or "operator preload from the console")
+    except operator.Refused as exc:
+        raise _api_error(exc) from None
     return {"queued": True, "task_id": d.task_id, "gpu": d.gpu, "model": entry.id, "version": entry.version,
             "message": d.message}
 
 
 def do_evict(model: str, body: EvictBody) -> dict[str, Any]:
-    c = ctx()
     entry = _entry(model, body.version)
-    fleet = state.read_fleet(c.r)
-    if body.gpu and fleet.gpu(body.gpu) is None:
-        raise ApiError(422, f"gpu: GPU {body.gpu!r} is not in the fleet", "gpu")
-    targets = rooms.evict_targets(c.r, [g for g in fleet.alive() if body.gpu in (None, g.id)], entry.id, entry.version)
-    if not targets:
-        where = f" on {body.gpu}" if body.gpu else ""
-        raise ApiError(409, f"{entry.key} is not resident{where}: nothing to evict", "model")
-    sent = []
-    for g in targets:
-        d = c.dispatcher.evict(entry.id, entry.version, g, actor="operator", kind="operator",
-                               reason=body.reason or "operator evict from the console")
-        sent.append({"gpu": g.id, "queued": d.sent, "task_id": d.task_id, "message": d.message,
-                     "cancels": d.held.action if d.superseded and d.held else None})
+    try:
+        done = operator.evict(ctx(), entry, body.gpu, body.reason or "operator evict from the console")
+    except operator.Refused as exc:
+        raise _api_error(exc) from None
+    sent = [{"gpu": x.gpu.id, "queued": x.sent.sent, "task_id": x.sent.task_id, "message": x.sent.message,
+             "cancels": x.sent.held.action if x.sent.superseded and x.sent.held else None} for x in done]
     message = "; ".join(s["message"] for s in sent)
     if not all(s["queued"] for s in sent):
         # Refused (another action on it in flight): say so with a non-2xx, naming what was and was not sent.

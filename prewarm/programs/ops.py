@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from prewarm import events, keys, rooms, state
+from prewarm import events, keys, state
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
+from prewarm.services import operator
 from prewarm.store import overlays
 
 T = TypeVar("T")
@@ -117,26 +118,20 @@ def _wait_gone(ctx, model: str, version: str, gpu: str, timeout: float) -> int: 
 def cmd_preload(args: argparse.Namespace) -> int:
     ctx = _ctx()
     try:
-        entry = ctx.catalog.get(args.model, args.version)
-        gpu = rooms.pick_gpu(ctx.r, state.read_fleet(ctx.r), ctx.catalog, entry, args.gpu,
-                             ctx.settings.max_loads_per_gpu)
-    except (KeyError, LookupError, CatalogError) as exc:
+        entry = operator.entry(ctx, args.model, args.version)
+        d = operator.preload(ctx, entry, args.gpu, args.reason or "operator preload from the CLI")
+    except (operator.Refused, CatalogError) as exc:
         return _lookup_err(exc)
-    d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="operator",
-                               reason=args.reason or "operator preload from the CLI", kind="operator",
-                               priority=entry.priority)
-    if not d.sent:
-        return _err(d.message)
     print(d.message)
     if not args.wait:
         return 0
     # This attempt's own outcome (its task), never an older attempt's `failed` record still listed.
-    out, error = _task_outcome(ctx, d, args.timeout, gpu=gpu.id)
+    out, error = _task_outcome(ctx, d, args.timeout, gpu=d.gpu)
     if error is not None:
-        return _err(f"preload of {entry.key} on {gpu.id} failed: {error}")
+        return _err(f"preload of {entry.key} on {d.gpu} failed: {error}")
     assert out is not None
     already = " (already resident)" if out.get("noop") else ""
-    print(f"{entry.key} ready on {gpu.id}{already}: {format_bytes(out['bytes'])}, load "
+    print(f"{entry.key} ready on {d.gpu}{already}: {format_bytes(out['bytes'])}, load "
           f"{out['load_seconds'] or 0:.2f} s, warmup {out['warmup_seconds'] or 0:.2f} s")
     return 0
 
@@ -144,26 +139,23 @@ def cmd_preload(args: argparse.Namespace) -> int:
 def cmd_evict(args: argparse.Namespace) -> int:
     ctx = _ctx()
     try:
-        entry = ctx.catalog.get(args.model, args.version)
-    except (KeyError, CatalogError) as exc:
+        entry = operator.entry(ctx, args.model, args.version)
+        done = operator.evict(ctx, entry, args.gpu, args.reason or "operator evict from the CLI")
+    except operator.Refused as exc:
+        if exc.conflict and exc.field == "model":  # nothing resident: already as the operator wants, exit 0
+            print(exc.message)
+            return 0
         return _lookup_err(exc)
-    fleet = state.read_fleet(ctx.r)
-    targets = rooms.evict_targets(ctx.r, [g for g in fleet.alive() if args.gpu in (None, g.id, g.device)],
-                            entry.id, entry.version)
-    if not targets:
-        where = f" on {args.gpu}" if args.gpu else ""
-        print(f"{entry.id} is not resident{where}: nothing to evict")
-        return 0
+    except CatalogError as exc:
+        return _lookup_err(exc)
     rc = 0
-    for g in targets:
-        d = ctx.dispatcher.evict(entry.id, entry.version, g, actor="operator",
-                                 reason=args.reason or "operator evict from the CLI")
-        if not d.sent:
-            rc = _err(d.message)
+    for x in done:
+        if not x.sent.sent:
+            rc = _err(x.sent.message)
             continue
-        print(d.message)
+        print(x.sent.message)
         if args.wait:
-            rc = _wait_gone(ctx, entry.id, entry.version, g.id, args.timeout) or rc
+            rc = _wait_gone(ctx, entry.id, entry.version, x.gpu.id, args.timeout) or rc
     return rc
 
 

@@ -1,0 +1,1 @@
+"""Use cases, one home each, called by the apps (web/, scheduler/, the CLI): see DESIGN.md, Layers."""
