@@ -23,7 +23,7 @@ from gpu_worker.errors import (
     WorkerError,
 )
 from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
-from gpu_worker.runtimes.engine_records import EngineRecords
+from gpu_worker.runtimes.engine_records import EngineLeftRunning, EngineRecords
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, WorkerOptions
@@ -478,13 +478,20 @@ class Lifecycle:
 
     def reap_engines(self, g: GpuSlot) -> None:
         """Stop every engine a previous worker recorded for `g` and left running (a SIGKILLed worker whose
-        launcher could not take its engine down). Called once the GPU is claimed, before it is announced."""
+        launcher could not take its engine down). Called once the GPU is claimed, before it is announced:
+        an engine that survives means the GPU's memory is not free, so the GPU is not announced at all."""
         if self.engine_records is None:
             return
         for rec, line in self.engine_records.reap(g.id):
             log.warning("%s: a previous worker's %s", g.id, line)
             self._event("reaped", rec.model, g, f"a previous worker's {line}", {"version": rec.version,
                                                                                 "port": rec.port})
+        left = self.engine_records.records(g.id)  # kept: their processes survived SIGKILL
+        if left:
+            raise EngineLeftRunning(
+                f"GPU {g.id}: a previous worker's engine(s) {', '.join(r.engine_id for r in left)} could not be "
+                f"stopped, so its memory is not free (records under {self.engine_records.root}); stop those "
+                "processes, then start the worker again")
 
     def release_runtimes(self, g: GpuSlot) -> None:
         """Let every replica's runtime go (worker shutdown): engines stop, no process is left behind."""

@@ -17,6 +17,7 @@ import redis
 
 from gpu_worker.heartbeat import ClaimTaken, Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
+from gpu_worker.runtimes.engine_records import EngineLeftRunning
 from prewarm import runtime
 from prewarm.celery_app import make_celery
 from prewarm.config import Settings
@@ -138,7 +139,7 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
-    except ClaimTaken as exc:
+    except (ClaimTaken, EngineLeftRunning) as exc:
         log.error("%s", exc)
         exitcode = 1
     finally:

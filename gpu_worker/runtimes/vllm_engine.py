@@ -50,7 +50,13 @@ import psutil
 
 from gpu_worker.runtimes import CheckCancel, Progress, ReplicaSpec
 from gpu_worker.runtimes.checkpoint import check_files, read_checkpoint
-from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
+from gpu_worker.runtimes.engine_records import (
+    ENGINE_ID_ENV,
+    EngineRecord,
+    EngineRecords,
+    group_members,
+    port_is_free,
+)
 from gpu_worker.runtimes.errors import (
     BadServeRequest,
     EngineFailed,
@@ -91,18 +97,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could listen on `port` now (as servers do, with SO_REUSEADDR: connections the
-    engine closed linger in TIME_WAIT without holding the port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         with path.open("rb") as f:
@@ -112,18 +106,6 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Live (not zombie) processes of process group `pgid`."""
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return out
 
 
 class VllmRuntime:
@@ -416,7 +398,7 @@ class VllmRuntime:
                                         env=env, start_new_session=True, close_fds=True)
 
             self.proc = _spawner.submit(spawn).result()
-        self.pgid = self.proc.pid  # start_new_session: the launcher leads its own group
+        self.pgid = self.proc.pid  # start_new_session: the launcher leads its own session and group
         self.port = port
         if self.records is not None:
             try:
@@ -426,7 +408,7 @@ class VllmRuntime:
             self.records.add(EngineRecord(engine_id=self.engine_id, gpu=self.spec.gpu or self.spec.device,
                                           model=self.spec.model, version=self.spec.version, pid=self.proc.pid,
                                           create_time=created, port=port, worker_pid=os.getpid(),
-                                          log=str(self.log_path)))
+                                          log=str(self.log_path), pgid=self.pgid))
         self.timings["process_start_seconds"] = time.perf_counter() - t0
 
     def _wait_healthy(self, check_cancel: CheckCancel | None) -> None:

@@ -317,6 +317,97 @@ def test_a_restarted_worker_stops_the_engines_its_predecessor_recorded_before_an
                 p.wait()
 
 
+# The launch path as a worker runs it (VllmRuntime, the spawner thread, engine_launcher.py, the engine
+# record); only the engine command is the stand-in (tests/engine_standin.py: a server whose "engine core"
+# and "worker" hide the engine's id, as vLLM's renamed processes do).
+KILLED_WITH_LAUNCHER = """
+import json, sys, time
+from pathlib import Path
+from gpu_worker.runtimes import ReplicaSpec
+from gpu_worker.runtimes.engine_records import EngineRecords
+from gpu_worker.runtimes.vllm_engine import VllmRuntime
+
+ckpt, data, gpu, standin = sys.argv[1:5]
+
+class StandIn(VllmRuntime):
+    def command(self, python, port):
+        return [str(python), standin, "server", str(port)]
+
+rt = StandIn(ReplicaSpec(model="tiny-chat", version="v1", path=Path(ckpt), gpu=gpu), python=sys.executable,
+             host="127.0.0.1", log_dir=data, records=EngineRecords(Path(data) / "engines"), start_timeout=120)
+rt.load()
+print(json.dumps({"pgid": rt.pgid, "launcher": rt.proc.pid, "port": rt.port}), flush=True)
+time.sleep(600)
+"""
+
+
+RENAMED = ["VLLM::EngineCor", "VLLM::Worker"]  # what the stand-ins' names read as (15 characters at most)
+
+
+def _renamed(group: list[psutil.Process]) -> list[psutil.Process] | None:
+    """The group once all four processes run and the core and the worker have renamed themselves."""
+    try:
+        names = sorted(n for p in group if (n := p.name()).startswith("VLLM::"))
+        return group if len(group) == 4 and names == RENAMED else None
+    except psutil.Error:
+        return None
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_a_restarted_worker_ends_the_whole_engine_group_a_killed_worker_and_launcher_left(
+        r: redis.Redis, tmp_path: Path, worker_factory) -> None:
+    """Worker and launcher SIGKILLed together leave the engine's server, its renamed "engine core" and
+    "worker" (no PREWARM_ENGINE_ID to be seen) running; the next worker on that GPU ends the whole process
+    group recorded at launch, port included, before the GPU joins the fleet."""
+    from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecords
+    from gpu_worker.runtimes.vllm_engine import group_members, port_is_free
+
+    cat = catalog_for(tmp_path / "models", "transformers")
+    data = tmp_path / "data"
+    out = tmp_path / "first-worker.out"
+    with out.open("wb") as f:
+        first = subprocess.Popen([sys.executable, "-c", KILLED_WITH_LAUNCHER, str(tmp_path / "models" / "tiny-chat"),
+                                  str(data), GPU, str(REPO / "tests" / "engine_standin.py")],
+                                 cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    tree: list[psutil.Process] = []
+    info: dict = {}
+    try:
+        line = wait_for(lambda: out.read_text().strip().startswith("{") and out.read_text(), 120,
+                        what="the stand-in engine to be healthy", log=out.read_text)
+        info = json.loads(line.strip().splitlines()[-1])
+        tree = wait_for(lambda: _renamed(group_members(info["pgid"])), 60,
+                        what="launcher, server, engine core and worker (renamed) in one group")
+        hidden = [p for p in tree if ENGINE_ID_ENV not in p.environ()]
+        assert sorted(p.name() for p in hidden) == RENAMED  # what the environment search cannot see
+        launcher = psutil.Process(info["launcher"])
+        launcher.kill()  # first: the worker's death alone would make the launcher take its group down
+        first.kill()
+        first.wait()
+        wait_for(lambda: not _running(launcher), 30, what="the launcher to be gone")
+        engine = [p for p in tree if p.pid != launcher.pid]
+        assert all(_running(p) for p in engine)  # what the finding saw: the engine outlives both
+
+        w = worker_factory(cat, devices="cpu:0=256MiB", env={"PREWARM_DATA_DIR": str(data)})
+        # Announced (worker_factory waited for its heartbeat): the whole group is gone already.
+        assert [p.pid for p in engine if _running(p)] == []
+        assert group_members(info["pgid"]) == [] and port_is_free(info["port"])
+        assert EngineRecords(data / "engines").records(GPU) == []
+        assert "stopped 3 leftover process(es)" in w.log()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        for p in tree + (group_members(info["pgid"]) if info else []):
+            if _running(p):
+                p.kill()
+
+
 @needs_vllm
 def test_a_sigkilled_worker_takes_its_ready_engine_with_it(r: redis.Redis, celery: Celery, tmp_path: Path,
                                                            worker_factory) -> None:

@@ -6,9 +6,14 @@ CPU), and the model-roots check of a vllm checkpoint directory before its engine
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -17,7 +22,13 @@ from gpu_worker.device import make_device
 from gpu_worker.runtimes import ReplicaSpec
 from gpu_worker.runtimes.checkpoint import check_files
 from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
-from gpu_worker.runtimes.engine_records import ENGINE_ID_ENV, EngineRecord, EngineRecords
+from gpu_worker.runtimes.engine_records import (
+    ENGINE_ID_ENV,
+    EngineRecord,
+    EngineRecords,
+    group_members,
+    port_is_free,
+)
 from gpu_worker.runtimes.errors import CheckpointError, EngineFailed
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.vllm_engine import NO_HOST_TIER_CPU, VllmRuntime
@@ -26,6 +37,7 @@ from prewarm.catalog import CatalogError, ModelEntry, load_catalog
 from prewarm.config import DeviceSpec
 from prewarm.engines import VLLM_HOST_TIER_CPU, VLLM_HOST_TIER_CUDA, engine_status
 from tests.model_files import tiny_catalog
+from tests.procs import wait_for
 
 GiB = 1 << 30
 
@@ -95,6 +107,66 @@ def test_engine_records_are_written_whole_read_back_and_a_gone_engine_is_dropped
     assert rec == gone and "already gone" in line and recs.records("n/cuda:0") == []
     recs.remove("n/cuda:0", "abc")  # idempotent
     assert json.loads(json.dumps(gone.__dict__))["pid"] == gone.pid
+
+
+def test_an_older_record_without_its_group_reads_the_launchers_pid_as_the_group(tmp_path: Path) -> None:
+    recs = EngineRecords(tmp_path / "engines")
+    d = tmp_path / "engines" / "n__cuda_0"
+    d.mkdir(parents=True)
+    (d / "old.json").write_text(json.dumps({"engine_id": "old", "gpu": "n/cuda:0", "model": "m", "version": "v1",
+                                            "pid": 4321, "create_time": 1.0, "port": 9, "worker_pid": 1}))
+    [rec] = recs.records("n/cuda:0")
+    assert rec.pgid == 0 and rec.group == 4321
+
+
+# A group leader that starts a child with an empty environment (no PREWARM_ENGINE_ID, as vLLM's renamed
+# engine core shows none), then exits once its stdin closes: the child is left in the leader's group.
+LEADER = ("import subprocess, sys\n"
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={})\n"
+          "sys.stdin.read()\n")
+
+
+def test_reap_ends_the_recorded_session_after_its_leader_died_and_never_an_older_process(tmp_path: Path) -> None:
+    leader = subprocess.Popen([sys.executable, "-c", LEADER], start_new_session=True, stdin=subprocess.PIPE)
+    child = None
+    try:
+        created = psutil.Process(leader.pid).create_time()
+        child = wait_for(lambda: [p for p in group_members(leader.pid) if p.pid != leader.pid], 30,
+                         what="the leader's child")[0]
+        assert ENGINE_ID_ENV not in child.environ()
+        leader.communicate(timeout=30)  # the leader exits; its group (the child) stays
+        recs = EngineRecords(tmp_path / "engines")
+        # A record whose launcher started after the child (a wrong record: every process of an engine
+        # starts after its launcher): the child is not taken for the engine.
+        recs.add(EngineRecord("newer", "n/cpu:0", "m", "v1", pid=leader.pid, create_time=created + 100.0,
+                              port=0, worker_pid=1, pgid=leader.pid))
+        [(_, line)] = recs.reap("n/cpu:0", grace=5.0, timeout=5.0)
+        assert "already gone" in line and child.is_running()
+        recs.add(EngineRecord("e1", "n/cpu:0", "m", "v1", pid=leader.pid, create_time=created, port=0,
+                              worker_pid=1, pgid=leader.pid))
+        [(_, line)] = recs.reap("n/cpu:0", grace=5.0, timeout=5.0)
+        assert f"stopped 1 leftover process(es) ({child.pid})" in line
+        assert group_members(leader.pid) == [] and recs.records("n/cpu:0") == []
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        if child is not None and child.is_running():
+            child.kill()
+
+
+def test_a_recorded_port_someone_else_listens_on_is_said_and_left_alone(tmp_path: Path) -> None:
+    recs = EngineRecords(tmp_path / "engines")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        recs.add(EngineRecord("gone", "n/cpu:0", "m", "v1", pid=2**22 + 12345, create_time=1.0, port=port,
+                              worker_pid=1))
+        [(_, line)] = recs.reap("n/cpu:0")
+        assert f"already gone; port {port} is held by pid {os.getpid()}, not the engine's: left alone" in line
+        assert not port_is_free(port)  # still listening: nothing of ours was touched
+    assert recs.records("n/cpu:0") == []
 
 
 def test_cuda_graphs_plan_and_the_eager_fallback() -> None:
