@@ -10,6 +10,7 @@ import redis
 
 from prewarm import keys, traffic
 
+
 @pytest.fixture
 def now() -> float:
     """A fixed clock near the real one, read when the test starts (buckets expire by Redis's clock, so a
