@@ -127,11 +127,11 @@ BOUNDS: dict[str, Bound] = {
 }
 
 
-def check_number(where: str, name: str, raw: object, bound: Bound | None = None) -> Any:
-    """`raw` if it is a number within `bound` (BOUNDS[name] by default), else the entry's CatalogError:
+def check_number(where: str, name: str, raw: object) -> Any:
+    """`raw` if it is a number within BOUNDS[name], else the entry's CatalogError:
     "max_rate_per_replica must be a finite number between 0.001 and 1,000,000 (requests/s), got nan".
     A bool is not a number here (TOML's true is not 1)."""
-    b = bound or BOUNDS[name]
+    b = BOUNDS[name]
     if _within(raw, b):
         return raw
     raise _fail(where, f"{name} must be {b.text()}, got {raw!r}")
