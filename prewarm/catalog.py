@@ -34,6 +34,18 @@ A Hugging Face checkpoint is served by another runtime (default `runtime = "torc
     prompt_tokens = 16               # a batch of `batch` prompts of this many tokens
     batch = 1
 
+Every numeric field is checked to be finite and within its range (a value outside it is that entry's
+error, naming the field, its range and the value; a lenient load serves the other entries):
+
+    min_replicas            integer, 0 to 64
+    max_rate_per_replica    number, 0.001 to 1e6 (requests/s)
+    max_replica_age         duration, 1 s to 365 days
+    warmup                  1 to 256 entries; shape: 1 to 8 dimensions, each 1 to 1,048,576, at most
+                            1,073,741,824 elements in all; high: integer, 1 to 2,147,483,648
+                            prompt_tokens: integer, 1 to 1,048,576; batch: integer, 1 to 4,096
+    kv_cache_bytes          integer, 1 to 17,592,186,044,416 (16 TiB)
+    engine_bytes            integer, 0 to 17,592,186,044,416 (16 TiB)
+
 A checkpoint's config.json is read by its runtime when a replica is loaded (a missing one fails that
 replica with the reason); here only its weights' headers are validated. A vllm entry's size_bytes is its
 weights plus kv_cache_bytes plus engine_bytes: what the placement gives it room for (the worker then commits
@@ -48,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -74,6 +87,85 @@ _TOP_KEYS = {"models", "roots"}
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _BUILDER_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A numeric field's range (inclusive): every real fleet's values lie well inside it, and a value out
+    of it (nan, inf, 5e-324, a typo's extra digits) would only break what reads it later (the planner
+    divides by max_rate_per_replica; the worker allocates warmup shapes)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    unit: str = ""  # shown after the range, e.g. "requests/s"
+
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        unit = f" ({self.unit})" if self.unit else ""
+        return f"{kind} between {_show(self.low)} and {_show(self.high)}{unit}"
+
+
+def _show(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+TIB = 1 << 40
+# One home for every numeric field's range (the module docstring and the README list them).
+BOUNDS: dict[str, Bound] = {
+    "min_replicas": Bound(0, 64, integer=True),
+    "max_rate_per_replica": Bound(0.001, 1e6, unit="requests/s"),
+    # a duration: _max_age words it; under 1 s a replica would reload about as fast as it loads
+    "max_replica_age": Bound(1.0, 365 * 86400.0, unit="seconds"),
+    "warmup_entries": Bound(1, 256, integer=True),
+    "warmup_dims": Bound(1, 8, integer=True),
+    "shape": Bound(1, 1 << 20, integer=True),  # each dimension
+    "warmup_elements": Bound(1, 1 << 30, integer=True),
+    "high": Bound(1, 1 << 31, integer=True),
+    "prompt_tokens": Bound(1, 1 << 20, integer=True),
+    "batch": Bound(1, 4096, integer=True),
+    "kv_cache_bytes": Bound(1, 16 * TIB, integer=True, unit="bytes, up to 16 TiB"),
+    "engine_bytes": Bound(0, 16 * TIB, integer=True, unit="bytes, up to 16 TiB"),
+}
+
+
+def check_number(where: str, name: str, raw: object) -> Any:
+    """`raw` if it is a number within BOUNDS[name], else the entry's CatalogError:
+    "max_rate_per_replica must be a finite number between 0.001 and 1,000,000 (requests/s), got nan".
+    A bool is not a number here (TOML's true is not 1)."""
+    b = BOUNDS[name]
+    if _within(raw, b):
+        return raw
+    raise _fail(where, f"{name} must be {b.text()}, got {raw!r}")
+
+
+def _within(raw: object, b: Bound) -> bool:
+    if isinstance(raw, bool) or not isinstance(raw, int if b.integer else int | float):
+        return False
+    # an int is exact (and may be too large for a float); a float must be finite
+    return (isinstance(raw, int) or math.isfinite(raw)) and b.low <= raw <= b.high  # type: ignore[operator]
+
+
+def _warmup_list(where: str, raw: object, what: str) -> list:
+    """The [[models.warmup]] tables: a list of 1 to BOUNDS["warmup_entries"].high of them."""
+    if not isinstance(raw, list) or not raw:
+        raise _fail(where, f"warmup must be a non-empty list of [[models.warmup]] tables with {what}")
+    most = BOUNDS["warmup_entries"].high
+    if len(raw) > most:
+        raise _fail(where, f"warmup has {len(raw):,} entries; at most {_show(most)} (each runs at every load)")
+    return raw
+
+
+def _check_shape(where: str, shape: object) -> tuple[int, ...]:
+    dims, each, elements = BOUNDS["warmup_dims"], BOUNDS["shape"], BOUNDS["warmup_elements"]
+    if not isinstance(shape, list) or not dims.low <= len(shape) <= dims.high \
+            or not all(_within(d, each) for d in shape):
+        raise _fail(where, f"shape {shape!r} must be a list of {_show(dims.low)} to {_show(dims.high)} integers, "
+                           f"each between {_show(each.low)} and {_show(each.high)}")
+    n = math.prod(shape)
+    if n > elements.high:
+        raise _fail(where, f"shape {shape!r} has {n:,} elements; at most {_show(elements.high)}")
+    return tuple(shape)
 
 
 class CatalogError(ValueError):
@@ -192,35 +284,28 @@ def _check_builder(where: str, builder: object) -> str:
 
 
 def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise _fail(where, "warmup must be a non-empty list of [[models.warmup]] tables with shape and dtype")
     out = []
-    for i, w in enumerate(raw):
+    for i, w in enumerate(_warmup_list(where, raw, "shape and dtype")):
         wh = f"{where} warmup[{i}]"
         if not isinstance(w, dict):
             raise _fail(wh, "must be a table with shape and dtype")
         unknown = set(w) - _WARMUP_KEYS
         if unknown:
             raise _fail(wh, f"unknown key {sorted(unknown)[0]!r}; allowed: {sorted(_WARMUP_KEYS)}")
-        shape = w.get("shape")
-        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-            raise _fail(wh, f"shape {shape!r} must be a list of positive integers")
+        shape = _check_shape(wh, w.get("shape"))
         dtype = w.get("dtype", "float32")
         if dtype not in WARMUP_DTYPES:
             raise _fail(wh, f"dtype {dtype!r} is not one of {', '.join(WARMUP_DTYPES)}")
         high = w.get("high")
-        if high is not None and (not isinstance(high, int) or high <= 0):
-            raise _fail(wh, f"high {high!r} must be a positive integer")
-        out.append(WarmupInput(tuple(shape), dtype, high))
+        if high is not None:
+            check_number(wh, "high", high)
+        out.append(WarmupInput(shape, dtype, high))
     return tuple(out)
 
 
 def _parse_token_warmup(where: str, raw: object) -> tuple[TokenWarmupInput, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise _fail(where, "warmup must be a non-empty list of [[models.warmup]] tables with prompt_tokens "
-                           "(and batch)")
     out = []
-    for i, w in enumerate(raw):
+    for i, w in enumerate(_warmup_list(where, raw, "prompt_tokens (and batch)")):
         wh = f"{where} warmup[{i}]"
         if not isinstance(w, dict):
             raise _fail(wh, "must be a table with prompt_tokens and batch")
@@ -228,11 +313,8 @@ def _parse_token_warmup(where: str, raw: object) -> tuple[TokenWarmupInput, ...]
         if unknown:
             raise _fail(wh, f"unknown key {sorted(unknown)[0]!r}; a checkpoint runtime's warmup takes "
                             f"{', '.join(sorted(_TOKEN_WARMUP_KEYS))}")
-        n, b = w.get("prompt_tokens"), w.get("batch", 1)
-        for name, v in (("prompt_tokens", n), ("batch", b)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise _fail(wh, f"{name} {v!r} must be a positive integer")
-        out.append(TokenWarmupInput(n, b))
+        out.append(TokenWarmupInput(check_number(wh, "prompt_tokens", w.get("prompt_tokens")),
+                                    check_number(wh, "batch", w.get("batch", 1))))
     return tuple(out)
 
 
@@ -248,12 +330,8 @@ def _parse_checkpoint_entry(where: str, raw: dict[str, Any], runtime: str, base:
         raise _fail(where, f"path {path_raw!r} lies outside the model roots {[str(r) for r in roots]}")
     kv = engine = 0
     if runtime == "vllm":
-        kv = raw.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)
-        if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
-            raise _fail(where, f"kv_cache_bytes {kv!r} must be a positive integer (bytes)")
-        engine = raw.get("engine_bytes", DEFAULT_VLLM_ENGINE_BYTES)
-        if not isinstance(engine, int) or isinstance(engine, bool) or engine < 0:
-            raise _fail(where, f"engine_bytes {engine!r} must be a non-negative integer (bytes)")
+        kv = check_number(where, "kv_cache_bytes", raw.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES))
+        engine = check_number(where, "engine_bytes", raw.get("engine_bytes", DEFAULT_VLLM_ENGINE_BYTES))
     files: tuple[Path, ...] = ()
     size = 0
     if check_files:
@@ -352,12 +430,10 @@ def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
     pinned = raw.get("pinned", False)
     if not isinstance(pinned, bool):
         raise _fail(where, f"pinned {pinned!r} must be true or false")
-    min_replicas = raw.get("min_replicas", 0)
-    if not isinstance(min_replicas, int) or isinstance(min_replicas, bool) or not 0 <= min_replicas <= 64:
-        raise _fail(where, f"min_replicas {min_replicas!r} must be an integer from 0 to 64")
+    min_replicas = check_number(where, "min_replicas", raw.get("min_replicas", 0))
     cap = raw.get("max_rate_per_replica")
-    if cap is not None and (not isinstance(cap, int | float) or isinstance(cap, bool) or cap <= 0):
-        raise _fail(where, f"max_rate_per_replica {cap!r} must be a positive number")
+    if cap is not None:
+        check_number(where, "max_rate_per_replica", cap)
     fallback = raw.get("fallback")
     if fallback is not None and (not isinstance(fallback, str) or not _ID_RE.fullmatch(fallback)):
         raise _fail(where, f"fallback {fallback!r} must be the id of another model in the catalog")
@@ -366,12 +442,10 @@ def _common(where: str, raw: dict[str, Any]) -> dict[str, Any]:
     except ValueError:
         raise _fail(where, f"priority {raw.get('priority')!r} must be one of {', '.join(priorities.LEVELS)} "
                            f"(default {priorities.DEFAULT})") from None
-    return {"pinned": pinned, "min_replicas": min_replicas, "max_rate_per_replica": float(cap) if cap else None,
+    return {"pinned": pinned, "min_replicas": min_replicas,
+            "max_rate_per_replica": None if cap is None else float(cap),
             "description": str(raw.get("description", "")), "fallback": fallback, "priority": priority,
             "max_replica_age_s": _max_age(where, raw.get("max_replica_age"))}
-
-
-MIN_REPLICA_AGE_S = 1.0  # a shorter limit would reload a replica about as fast as it loads
 
 
 def _max_age(where: str, raw: object) -> float | None:
@@ -384,8 +458,10 @@ def _max_age(where: str, raw: object) -> float | None:
         seconds = parse_duration(str(raw))
     except ValueError:
         raise _fail(where, f"max_replica_age {raw!r} must be a duration such as 90s, 30m or 6h") from None
-    if seconds < MIN_REPLICA_AGE_S:
-        raise _fail(where, f"max_replica_age {raw!r} must be at least {MIN_REPLICA_AGE_S:g} s")
+    b = BOUNDS["max_replica_age"]
+    if not _within(seconds, b):  # e.g. a 400-digit number of seconds reads as inf
+        raise _fail(where, f"max_replica_age must be a duration between {b.low:g} s and {b.high / 86400:g} days, "
+                           f"got {raw!r}")
     return seconds
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from prometheus_client import Histogram
+    from prometheus_client import Counter, Histogram
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,30 @@ SCHEDULER_PLAN_ACTIONS = HistogramDef("prewarm_scheduler_plan_actions", "Actions
 SCHEDULER_HISTOGRAMS = (SCHEDULER_TICK, SCHEDULER_TICK_PART, SCHEDULER_ROUND_TRIPS, SCHEDULER_PLAN_ACTIONS)
 
 
+@dataclass(frozen=True)
+class CounterDef:
+    name: str  # without `_total`: prometheus_client adds it in the exposition
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+SCHEDULER_PLAN_FAILURES = CounterDef("prewarm_scheduler_plan_failures", "Scheduler plans that raised, by the "
+                                     "model the fault was put on (left out of the plan until its spec changes; "
+                                     "the other models are planned); model=\"\" when no one model explains it "
+                                     "(that tick planned nothing)", labels=("model",))
+
+
 @functools.cache
 def in_process(d: HistogramDef) -> Histogram:
     """The prometheus_client histogram for `d` in this process (made on first use, registered once)."""
     from prometheus_client import Histogram
 
     return Histogram(d.name, d.help, labelnames=d.labels, buckets=d.buckets)
+
+
+@functools.cache
+def in_process_counter(d: CounterDef) -> Counter:
+    """The prometheus_client counter for `d` in this process (made on first use, registered once)."""
+    from prometheus_client import Counter
+
+    return Counter(d.name, d.help, labelnames=d.labels)

@@ -13,6 +13,10 @@ Stage/Unstage act on a node's host cache: the task goes to the queue of the node
 by id), and is skipped when the node has none (nothing there could run it). The dispatcher records every
 sent action in the event log.
 
+A model whose spec makes the policy raise is left out of the plan and the others are planned
+(scheduler.isolation): logged, a `plan_failed` event, counted in prewarm_scheduler_plan_failures{model}, and
+listed in each tick's result (`left_out`) and in the status hash until its spec changes.
+
 A standby runs the same ticks and plans nothing until it gets the lock. The dispatcher's intents are
 claimed atomically, so even two schedulers that both believe they lead never send one action twice.
 
@@ -42,8 +46,9 @@ from prewarm.dispatch import Dispatched, Order, order_preload
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
+from scheduler.isolation import Isolation
 from scheduler.leader import Leadership
-from scheduler.policy import Action, Evict, Keep, PolicyConfig, Preload, Stage, Unstage
+from scheduler.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
 from scheduler.policy import native as policy_native
 from scheduler.policy.choice import Policy, make_policy
 from scheduler.snapshot import SnapshotReader
@@ -73,6 +78,8 @@ class TickResult:
     plan_cpu_seconds: float = 0.0
     dispatch_cpu_seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    # models left out of this tick's plan (their spec made the policy raise) -> what it raised
+    left_out: dict[str, str] = field(default_factory=dict)
     woken_by: list[str] = field(default_factory=list)  # "<model>@<version>" of the cold lookups that woke it
 
 
@@ -89,6 +96,7 @@ class Scheduler:
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None
         self.policy: Policy | None = None
+        self.isolation = Isolation()
         self._tick_lock = threading.Lock()  # periodic and woken ticks never run at once
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
@@ -105,6 +113,7 @@ class Scheduler:
         if self.steering is not None:
             self.steering.reset()
         self.policy = self._choose_policy()
+        self.isolation = Isolation()
 
     def _choose_policy(self) -> Policy:
         """The policy PREWARM_POLICY names, fresh for this term. Starting with another one than the last
@@ -119,6 +128,43 @@ class Scheduler:
                           maxlen=self.ctx.settings.event_log_max)
             log.info("policy changed from %s to %s", before.name, name)
         return make_policy(name, self.config)
+
+    def _fresh_policy(self) -> Policy:
+        return make_policy(self.ctx.settings.policy, self.config)
+
+    def _plan(self, snap: Snapshot, now: float) -> list[Action]:
+        """The policy's actions for `snap`, without the models whose spec makes it raise (see isolation)."""
+        assert self.reader is not None and self.policy is not None
+        planned, back = self.isolation.view(snap)
+        if back:  # their spec changed: planned again, by a policy whose cache has all the models
+            log.info("planning %s again: its spec changed", ", ".join(back))
+            self.policy = self._fresh_policy()
+        try:
+            return self.policy.decide(planned, now, self.reader.arrivals)
+        except Exception as exc:
+            return self._plan_around(snap, now, exc)
+
+    def _plan_around(self, snap: Snapshot, now: float, error: Exception) -> list[Action]:
+        assert self.reader is not None
+        failures = metrics_defs.in_process_counter(metrics_defs.SCHEDULER_PLAN_FAILURES)
+        try:
+            self.policy, actions, found = self.isolation.isolate(self._fresh_policy, snap, now,
+                                                                 self.reader.arrivals, error)
+        except Exception:
+            failures.labels("").inc()
+            self.policy = self._fresh_policy()  # the failed call may have left its cache half updated
+            raise
+        for key, why in found.items():
+            failures.labels(key).inc()
+            ref = self.reader.refs.get(key)
+            log.error("planning %s failed (%s): left out of the plan until its spec changes; the other models "
+                      "are planned", key, why)
+            events.record(self.ctx.r, "plan_failed", "scheduler", model=ref.id if ref else key,
+                          reason=f"planning {key} failed ({why}): left out of the plan until its catalog entry or "
+                                 "measured load time changes; the other models are planned",
+                          numbers={"error": why, "version": ref.version if ref else ""},
+                          maxlen=self.ctx.settings.event_log_max)
+        return actions
 
     def tick(self, now: float | None = None, *, woken_by: Sequence[str] = ()) -> TickResult:
         """One planning round. `woken_by`: the models whose cold route lookups asked for this extra tick
@@ -142,10 +188,10 @@ class Scheduler:
         memory_time.account(self.ctx.r, fleet, self._accounted_at, now)
         self._accounted_at = now
         t_plan, c_plan = time.perf_counter(), time.process_time()
-        assert self.policy is not None
-        actions = self.policy.decide(snap, now, self.reader.arrivals)
+        actions = self._plan(snap, now)
         t_dispatch, c_dispatch = time.perf_counter(), time.process_time()
-        result = TickResult(True, actions=len(actions), woken_by=list(woken_by))
+        result = TickResult(True, actions=len(actions), woken_by=list(woken_by),
+                            left_out={m: x.reason for m, x in self.isolation.left_out.items()})
         gpus = {g.id: g for g in fleet.alive()}
         try:
             answers = self.dispatch_all(actions, gpus, now)
@@ -168,10 +214,12 @@ class Scheduler:
         result.seconds = done - started
         if woken_by:
             self._record_wake(result)
+        assert self.policy is not None
         self.ctx.r.hset(keys.SCHEDULER_STATUS, mapping={
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched,
-            "trigger": "wake" if woken_by else "interval", "policy": self.policy.name})
+            "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
+            "left_out": ",".join(sorted(result.left_out))})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
 

@@ -39,6 +39,8 @@ SCHEDULER_TICK = metrics_defs.in_process(metrics_defs.SCHEDULER_TICK)
 SCHEDULER = tuple(metrics_defs.in_process(d) for d in metrics_defs.SCHEDULER_HISTOGRAMS)
 for _part in metrics_defs.TICK_PARTS:
     metrics_defs.in_process(metrics_defs.SCHEDULER_TICK_PART).labels(_part)
+SCHEDULER_PLAN_FAILURES = metrics_defs.in_process_counter(metrics_defs.SCHEDULER_PLAN_FAILURES)
+SCHEDULER_PLAN_FAILURES.labels("")  # zero: no failed plan yet
 for _result in ("ready", "loading", "cold"):
     ROUTE_LOOKUPS.labels(_result)  # export zeros so the hit-rate ratio exists before the first lookup
 
@@ -117,7 +119,7 @@ def exposition(r: redis.Redis) -> bytes:
 
         multiprocess.MultiProcessCollector(registry)
     else:
-        for collector in (ROUTE_LOOKUPS, COLD_STARTS, FALLBACK_OFFERS, *SCHEDULER):
+        for collector in (ROUTE_LOOKUPS, COLD_STARTS, FALLBACK_OFFERS, *SCHEDULER, SCHEDULER_PLAN_FAILURES):
             registry.register(collector)
     registry.register(RedisCollector(r))
     return generate_latest(registry)

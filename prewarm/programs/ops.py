@@ -63,7 +63,11 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         out: dict = {"models": [m.summary() for m in cat.models]}
         if cat.problems:
             out["problems"] = cat.problems
-        print(json.dumps(out, indent=2))
+        try:  # strict JSON: a non-finite number (the catalog refuses them) fails here, never prints NaN
+            text = json.dumps(out, indent=2, allow_nan=False)
+        except ValueError as exc:
+            return _err(f"{cat.path}: cannot write the catalog as JSON: {exc}")
+        print(text)
         return 1 if cat.problems else 0
     print(f"{'id':28} {'version':10} {'size':>12} {'shards':>6}  builder")
     for m in cat.models:

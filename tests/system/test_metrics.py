@@ -34,7 +34,7 @@ REQUIRED = ("prewarm_requests_total", "prewarm_route_lookups_total", "prewarm_co
             "prewarm_gpu_memory_bytes", "prewarm_preloads_total", "prewarm_evictions_total",
             "prewarm_scheduler_tick_seconds", "prewarm_stages_total", "prewarm_unstages_total",
             "prewarm_host_cache_bytes", "prewarm_scheduler_tick_part_seconds", "prewarm_scheduler_redis_round_trips",
-            "prewarm_scheduler_plan_actions")
+            "prewarm_scheduler_plan_actions", "prewarm_scheduler_plan_failures_total")
 GPU = "node-a/cpu:0"
 
 
