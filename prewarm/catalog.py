@@ -17,7 +17,7 @@
     priority = "normal"              # optional: high | normal | low: whose load goes first on a busy GPU
     max_replica_age = "6h"           # optional: replace a replica this old (make-before-break): 90s, 30m, 6h
     [[models.warmup]]                # one or more sample inputs run before the replica is ready
-    shape = [1, 64]
+    shape = [1, 64]                  # at most MAX_INPUT_DIMS (8) dims and MAX_INPUT_ELEMENTS (4,194,304) elements
     dtype = "int64"
     high = 32000                     # optional: integer inputs are drawn from [0, high)
 
@@ -32,12 +32,17 @@ A Hugging Face checkpoint is served by another runtime (default `runtime = "torc
     engine_bytes = 2147483648        # vllm only: what the engine's processes hold besides (default 2 GiB)
     [[models.warmup]]
     prompt_tokens = 16               # a batch of `batch` prompts of this many tokens
-    batch = 1
+    batch = 1                        # prompt_tokens x batch: at most MAX_INPUT_TOKENS (65,536)
 
 A checkpoint's config.json is read by its runtime when a replica is loaded (a missing one fails that
 replica with the reason); here only its weights' headers are validated. A vllm entry's size_bytes is its
 weights plus kv_cache_bytes plus engine_bytes: what the placement gives it room for (the worker then commits
 what the engine measures itself to hold).
+
+Warmup inputs are bounded (an entry past a bound is refused, naming the field and the bound; a lenient
+load serves the others): at most MAX_WARMUP_INPUTS (16) per entry, each the size of a request the runtime
+would take (the worker's `infer` checks requests against the same bounds). The memory the warmup passes
+need is counted against the GPU when a replica warms (gpu_worker/runtimes/warmup_memory.py).
 
 Loading validates every entry and names the entry and field at fault. Sizes come from the safetensors
 headers (exact data bytes), read without torch so web and scheduler can load the catalog too.
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -60,6 +66,12 @@ from prewarm.model_roots import within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+# Bounds on what a model is asked to run (one home: the catalog's warmup entries and the worker's infer
+# requests check against these). A [1000000, 64] warmup on a tiny MLP once cost the worker 1.8 GB.
+MAX_INPUT_ELEMENTS = 1 << 22  # elements of one torch input (the product of its shape): 16 MiB of float32
+MAX_INPUT_DIMS = 8
+MAX_INPUT_TOKENS = 1 << 16  # tokens of one checkpoint-runtime input (prompt_tokens x batch)
+MAX_WARMUP_INPUTS = 16  # warmup entries per model: each may take PREWARM_WARMUP_MAX_SECONDS
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
                 "description", "fallback", "priority", "max_replica_age"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
@@ -189,9 +201,27 @@ def _check_builder(where: str, builder: object) -> str:
     return builder
 
 
+def _check_warmup_count(where: str, raw: list[Any]) -> None:
+    if len(raw) > MAX_WARMUP_INPUTS:
+        raise _fail(where, f"warmup lists {len(raw)} inputs; at most {MAX_WARMUP_INPUTS} are allowed "
+                           "(each is warmed for up to PREWARM_WARMUP_MAX_SECONDS)")
+
+
+def check_input_shape(shape: list[int] | tuple[int, ...]) -> str | None:
+    """Why a torch input of `shape` (positive integers) is too large, or None when it is within the bounds."""
+    if len(shape) > MAX_INPUT_DIMS:
+        return f"has {len(shape)} dims; at most {MAX_INPUT_DIMS} (MAX_INPUT_DIMS) are allowed"
+    n = math.prod(shape)
+    if n > MAX_INPUT_ELEMENTS:
+        return (f"has {n:,} elements; at most {MAX_INPUT_ELEMENTS:,} (MAX_INPUT_ELEMENTS) are allowed per input: "
+                "warm with a shape a request would have")
+    return None
+
+
 def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
     if not isinstance(raw, list) or not raw:
         raise _fail(where, "warmup must be a non-empty list of [[models.warmup]] tables with shape and dtype")
+    _check_warmup_count(where, raw)
     out = []
     for i, w in enumerate(raw):
         wh = f"{where} warmup[{i}]"
@@ -203,6 +233,8 @@ def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
         shape = w.get("shape")
         if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
             raise _fail(wh, f"shape {shape!r} must be a list of positive integers")
+        if (too_big := check_input_shape(shape)) is not None:
+            raise _fail(wh, f"shape {shape!r} {too_big}")
         dtype = w.get("dtype", "float32")
         if dtype not in WARMUP_DTYPES:
             raise _fail(wh, f"dtype {dtype!r} is not one of {', '.join(WARMUP_DTYPES)}")
@@ -217,6 +249,7 @@ def _parse_token_warmup(where: str, raw: object) -> tuple[TokenWarmupInput, ...]
     if not isinstance(raw, list) or not raw:
         raise _fail(where, "warmup must be a non-empty list of [[models.warmup]] tables with prompt_tokens "
                            "(and batch)")
+    _check_warmup_count(where, raw)
     out = []
     for i, w in enumerate(raw):
         wh = f"{where} warmup[{i}]"
@@ -230,6 +263,9 @@ def _parse_token_warmup(where: str, raw: object) -> tuple[TokenWarmupInput, ...]
         for name, v in (("prompt_tokens", n), ("batch", b)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise _fail(wh, f"{name} {v!r} must be a positive integer")
+        if n * b > MAX_INPUT_TOKENS:
+            raise _fail(wh, f"prompt_tokens x batch = {n} x {b} = {n * b:,} tokens; at most {MAX_INPUT_TOKENS:,} "
+                            "(MAX_INPUT_TOKENS) are allowed per input")
         out.append(TokenWarmupInput(n, b))
     return tuple(out)
 
