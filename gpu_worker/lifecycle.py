@@ -195,7 +195,8 @@ class Lifecycle:
                            warmup=tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup
                                         if isinstance(w, TokenWarmupInput)),
                            policy=policy, kv_cache_bytes=entry.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
-                           device_total_bytes=g.device.total_bytes() if g.spec.is_cuda else None)
+                           device_total_bytes=g.device.total_bytes() if g.spec.is_cuda else None,
+                           budget=g.device)
         if entry.runtime == "transformers":
             from gpu_worker.runtimes.hf import HFRuntime
 

@@ -168,3 +168,25 @@ def test_bad_requests_say_what_to_send(checkpoints: dict[str, Path], tmp_path: P
         rt.serve({"prompt_tokens": 0})
     assert rt.serve({"prompt_tokens": 4, "batch": 2})["output"]["shape"] == [2, 4, 2048]
     rt.release()
+
+
+def test_a_warmup_entry_whose_activations_pass_the_device_budget_is_refused(checkpoints: dict[str, Path]) -> None:
+    from gpu_worker.device import CpuDevice
+    from gpu_worker.errors import WarmupDoesNotFit
+    from prewarm.config import DeviceSpec
+
+    path = checkpoints["single"]
+    need = read_weight_set(path).data_bytes
+    # Room for the weights and 256 KiB: 64 tokens x 4 prompts of logits alone are 64 x 4 x 2048 x 2 = 1 MiB.
+    dev = CpuDevice(DeviceSpec("cpu", need + 8192 + 256 * 1024), "node/cpu:0")
+    rt = HFRuntime(spec(path, warmup=(TokenWarmup(8, 1), TokenWarmup(64, 4)), budget=dev))
+    dev.reserve("tiny-llama@v1", rt.required_bytes())
+    dev.commit_measured("tiny-llama@v1", rt.load())
+    before = dev.inventory()
+    with pytest.raises(WarmupDoesNotFit) as info:
+        rt.warm()
+    msg = str(info.value)
+    assert "tiny-llama@v1 on node/cpu:0: warmup entry #1 (64 tokens x 4): its first pass's activations passed" in msg
+    assert "declare a smaller warmup input" in msg
+    assert dev.inventory() == before  # the warmup's reservations are gone; the replica's bytes as committed
+    rt.release()
