@@ -213,8 +213,7 @@ def check_input_shape(shape: list[int] | tuple[int, ...]) -> str | None:
         return f"has {len(shape)} dims; at most {MAX_INPUT_DIMS} (MAX_INPUT_DIMS) are allowed"
     n = math.prod(shape)
     if n > MAX_INPUT_ELEMENTS:
-        return (f"has {n:,} elements; at most {MAX_INPUT_ELEMENTS:,} (MAX_INPUT_ELEMENTS) are allowed per input: "
-                "warm with a shape a request would have")
+        return f"has {n:,} elements; at most {MAX_INPUT_ELEMENTS:,} (MAX_INPUT_ELEMENTS) are allowed per input"
     return None
 
 
@@ -234,7 +233,7 @@ def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
         if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
             raise _fail(wh, f"shape {shape!r} must be a list of positive integers")
         if (too_big := check_input_shape(shape)) is not None:
-            raise _fail(wh, f"shape {shape!r} {too_big}")
+            raise _fail(wh, f"shape {shape!r} {too_big}: warm with a shape a request would have")
         dtype = w.get("dtype", "float32")
         if dtype not in WARMUP_DTYPES:
             raise _fail(wh, f"dtype {dtype!r} is not one of {', '.join(WARMUP_DTYPES)}")

@@ -110,7 +110,7 @@ def infer_input(entry: ModelEntry, inputs: Any, device: torch.device, module: to
         if dtype not in TORCH_INPUT_DTYPES:
             raise BadRequest(f"inputs dtype {dtype!r} is not one of {', '.join(TORCH_INPUT_DTYPES)}")
         if (too_big := check_input_shape(shape)) is not None:
-            raise BadRequest(f"inputs of shape {shape} {too_big}")
+            raise BadRequest(f"inputs shape {shape} {too_big}")
         spec = WarmupInput(tuple(shape), dtype, inputs.get("high", base.high))
         return make_input(spec, device, default_high=high, seed=seed)
     if isinstance(inputs, list):
