@@ -33,6 +33,11 @@ class WarmupFailed(WorkerError):
     """The loaded module failed on a declared warmup input."""
 
 
+class WarmupDoesNotFit(DoesNotFit, WarmupFailed):
+    """A warmup input's passes (the input and its activations) need more device memory than is free: the
+    load is refused and the replica released (gpu_worker/runtimes/warmup_memory.py)."""
+
+
 class NotResident(WorkerError):
     """The model is not ready on this GPU."""
 

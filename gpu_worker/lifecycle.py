@@ -153,9 +153,16 @@ class Lifecycle:
         except redis.RedisError as exc:
             log.warning("could not record load time of %s: %s", key, exc)
         self._release_intent(entry.id, g, intent_id)
-        self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)}, from {rec.source})",
+        cut = [i for i, f in enumerate(s.warmup) if f.get("cut_short")]
+        note = ""
+        if cut:  # the time ceiling stopped these before the minimum passes (runtimes/warmup.py)
+            note = (f"; warmup cut short by PREWARM_WARMUP_MAX_SECONDS ({self.options.warmup_max_seconds:g} s) "
+                    f"for input(s) #{', #'.join(map(str, cut))}")
+            log.warning("%s on %s: %s", key, g.id, note.removeprefix("; "))
+        self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)}, from {rec.source}){note}",
                     {"version": entry.version, "bytes": rec.bytes, "load_seconds": rec.load_seconds,
-                     "warmup_seconds": rec.warmup_seconds, "kind": kind, "source": rec.source})
+                     "warmup_seconds": rec.warmup_seconds, "kind": kind, "source": rec.source,
+                     **({"warmup_cut_short": cut} if cut else {})})
         return self._result(rec, s, noop=False)
 
     def _result(self, rec: state.Replica, s: Slot, *, noop: bool) -> dict[str, Any]:
@@ -189,7 +196,7 @@ class Lifecycle:
                                         if isinstance(w, TokenWarmupInput)),
                            policy=policy, kv_cache_bytes=entry.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES,
                            device_total_bytes=g.device.total_bytes() if g.spec.is_cuda else None,
-                           roots=entry.roots)
+                           roots=entry.roots, budget=g.device)
         if entry.runtime == "transformers":
             from gpu_worker.runtimes.hf import HFRuntime
 

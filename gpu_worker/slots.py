@@ -33,7 +33,7 @@ class WorkerOptions:
     warmup_min_passes: int = 3  # the first pass is cold (allocator, kernels); stability needs two more
     warmup_max_passes: int = 10
     warmup_tolerance: float = 0.15  # last two passes within 15% of each other: latency is stable
-    warmup_max_seconds: float = 5.0  # per input: past this (and the minimum passes) stop even if not stable
+    warmup_max_seconds: float = 5.0  # per input, a hard ceiling over min_passes (runtimes/warmup.py)
     progress_publish_seconds: float = 0.2
     max_loads_per_gpu: int = 2  # concurrent loads on one GPU; more preloads wait in the queue (see Busy)
     failed_retention_seconds: float = 600.0

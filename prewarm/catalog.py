@@ -17,7 +17,7 @@
     priority = "normal"              # optional: high | normal | low: whose load goes first on a busy GPU
     max_replica_age = "6h"           # optional: replace a replica this old (make-before-break): 90s, 30m, 6h
     [[models.warmup]]                # one or more sample inputs run before the replica is ready
-    shape = [1, 64]
+    shape = [1, 64]                  # at most MAX_INPUT_DIMS (8) dims and MAX_INPUT_ELEMENTS (4,194,304) elements
     dtype = "int64"
     high = 32000                     # optional: integer inputs are drawn from [0, high)
 
@@ -32,7 +32,7 @@ A Hugging Face checkpoint is served by another runtime (default `runtime = "torc
     engine_bytes = 2147483648        # vllm only: what the engine's processes hold besides (default 2 GiB)
     [[models.warmup]]
     prompt_tokens = 16               # a batch of `batch` prompts of this many tokens
-    batch = 1
+    batch = 1                        # prompt_tokens x batch: at most MAX_INPUT_TOKENS (65,536)
 
 Every numeric field is checked to be finite and within its range (a value outside it is that entry's
 error, naming the field, its range and the value; a lenient load serves the other entries):
@@ -40,9 +40,9 @@ error, naming the field, its range and the value; a lenient load serves the othe
     min_replicas            integer, 0 to 64
     max_rate_per_replica    number, 0.001 to 1e6 (requests/s)
     max_replica_age         duration, 1 s to 365 days
-    warmup                  1 to 256 entries; shape: 1 to 8 dimensions, each 1 to 1,048,576, at most
-                            1,073,741,824 elements in all; high: integer, 1 to 2,147,483,648
-                            prompt_tokens: integer, 1 to 1,048,576; batch: integer, 1 to 4,096
+    warmup                  1 to 16 entries; shape: 1 to 8 dimensions, at most 4,194,304 elements in
+                            all; high: integer, 1 to 2,147,483,648; prompt_tokens: integer, 1 to 65,536;
+                            batch: integer, 1 to 4,096; prompt_tokens x batch at most 65,536
     kv_cache_bytes          integer, 1 to 17,592,186,044,416 (16 TiB)
     engine_bytes            integer, 0 to 17,592,186,044,416 (16 TiB)
 
@@ -50,6 +50,11 @@ A checkpoint's config.json is read by its runtime when a replica is loaded (a mi
 replica with the reason); here only its weights' headers are validated. A vllm entry's size_bytes is its
 weights plus kv_cache_bytes plus engine_bytes: what the placement gives it room for (the worker then commits
 what the engine measures itself to hold).
+
+Warmup inputs are bounded (an entry past a bound is refused, naming the field and the bound; a lenient
+load serves the others): at most MAX_WARMUP_INPUTS (16) per entry, each the size of a request the runtime
+would take (the worker's `infer` checks requests against the same bounds). The memory the warmup passes
+need is counted against the GPU when a replica warms (gpu_worker/runtimes/warmup_memory.py).
 
 Loading validates every entry and names the entry and field at fault. Sizes come from the safetensors
 headers (exact data bytes), read without torch so web and scheduler can load the catalog too.
@@ -74,6 +79,12 @@ from prewarm.model_roots import within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+# Bounds on what a model is asked to run (one home: the catalog's warmup entries and the worker's infer
+# requests check against these). A [1000000, 64] warmup on a tiny MLP once cost the worker 1.8 GB.
+MAX_INPUT_ELEMENTS = 1 << 22  # elements of one torch input (the product of its shape): 16 MiB of float32
+MAX_INPUT_DIMS = 8
+MAX_INPUT_TOKENS = 1 << 16  # tokens of one checkpoint-runtime input (prompt_tokens x batch)
+MAX_WARMUP_INPUTS = 16  # warmup entries per model: each may take PREWARM_WARMUP_MAX_SECONDS
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
                 "description", "fallback", "priority", "max_replica_age"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
@@ -117,12 +128,10 @@ BOUNDS: dict[str, Bound] = {
     "max_rate_per_replica": Bound(0.001, 1e6, unit="requests/s"),
     # a duration: _max_age words it; under 1 s a replica would reload about as fast as it loads
     "max_replica_age": Bound(1.0, 365 * 86400.0, unit="seconds"),
-    "warmup_entries": Bound(1, 256, integer=True),
-    "warmup_dims": Bound(1, 8, integer=True),
-    "shape": Bound(1, 1 << 20, integer=True),  # each dimension
-    "warmup_elements": Bound(1, 1 << 30, integer=True),
+    "warmup_entries": Bound(1, MAX_WARMUP_INPUTS, integer=True),
+    "shape": Bound(1, MAX_INPUT_ELEMENTS, integer=True),  # each dimension
     "high": Bound(1, 1 << 31, integer=True),
-    "prompt_tokens": Bound(1, 1 << 20, integer=True),
+    "prompt_tokens": Bound(1, MAX_INPUT_TOKENS, integer=True),
     "batch": Bound(1, 4096, integer=True),
     "kv_cache_bytes": Bound(1, 16 * TIB, integer=True, unit="bytes, up to 16 TiB"),
     "engine_bytes": Bound(0, 16 * TIB, integer=True, unit="bytes, up to 16 TiB"),
@@ -157,14 +166,12 @@ def _warmup_list(where: str, raw: object, what: str) -> list:
 
 
 def _check_shape(where: str, shape: object) -> tuple[int, ...]:
-    dims, each, elements = BOUNDS["warmup_dims"], BOUNDS["shape"], BOUNDS["warmup_elements"]
-    if not isinstance(shape, list) or not dims.low <= len(shape) <= dims.high \
-            or not all(_within(d, each) for d in shape):
-        raise _fail(where, f"shape {shape!r} must be a list of {_show(dims.low)} to {_show(dims.high)} integers, "
-                           f"each between {_show(each.low)} and {_show(each.high)}")
-    n = math.prod(shape)
-    if n > elements.high:
-        raise _fail(where, f"shape {shape!r} has {n:,} elements; at most {_show(elements.high)}")
+    each = BOUNDS["shape"]
+    if not isinstance(shape, list) or not shape or not all(_within(d, each) for d in shape):
+        raise _fail(where, f"shape {shape!r} must be a non-empty list of integers, each between {_show(each.low)} "
+                           f"and {_show(each.high)}")
+    if (too_big := check_input_shape(shape)) is not None:
+        raise _fail(where, f"shape {shape!r} {too_big}: warm with a shape a request would have")
     return tuple(shape)
 
 
@@ -283,6 +290,16 @@ def _check_builder(where: str, builder: object) -> str:
     return builder
 
 
+def check_input_shape(shape: list[int] | tuple[int, ...]) -> str | None:
+    """Why a torch input of `shape` (positive integers) is too large, or None when it is within the bounds."""
+    if len(shape) > MAX_INPUT_DIMS:
+        return f"has {len(shape)} dims; at most {MAX_INPUT_DIMS} (MAX_INPUT_DIMS) are allowed"
+    n = math.prod(shape)
+    if n > MAX_INPUT_ELEMENTS:
+        return f"has {n:,} elements; at most {MAX_INPUT_ELEMENTS:,} (MAX_INPUT_ELEMENTS) are allowed per input"
+    return None
+
+
 def _parse_warmup(where: str, raw: object) -> tuple[WarmupInput, ...]:
     out = []
     for i, w in enumerate(_warmup_list(where, raw, "shape and dtype")):
@@ -313,8 +330,12 @@ def _parse_token_warmup(where: str, raw: object) -> tuple[TokenWarmupInput, ...]
         if unknown:
             raise _fail(wh, f"unknown key {sorted(unknown)[0]!r}; a checkpoint runtime's warmup takes "
                             f"{', '.join(sorted(_TOKEN_WARMUP_KEYS))}")
-        out.append(TokenWarmupInput(check_number(wh, "prompt_tokens", w.get("prompt_tokens")),
-                                    check_number(wh, "batch", w.get("batch", 1))))
+        n = check_number(wh, "prompt_tokens", w.get("prompt_tokens"))
+        b = check_number(wh, "batch", w.get("batch", 1))
+        if n * b > MAX_INPUT_TOKENS:
+            raise _fail(wh, f"prompt_tokens x batch = {n} x {b} = {n * b:,} tokens; at most {MAX_INPUT_TOKENS:,} "
+                            "(MAX_INPUT_TOKENS) are allowed per input")
+        out.append(TokenWarmupInput(n, b))
     return tuple(out)
 
 

@@ -13,9 +13,11 @@ Lifecycle (prewarm/state.py's replica states) and the calls behind each step::
     loading   runtime.load(progress, check_cancel) -> bytes the replica holds, measured
               -> the worker commits those bytes; `progress(done, total)` drives the published
                  progress; `check_cancel()` raises Cancelled when an evict arrives meanwhile
-    warming   runtime.warm(check_cancel) -> per-entry figures (passes, stable, latency_ms, first_ms)
+    warming   runtime.warm(check_cancel) -> per-entry figures (passes, stable, cut_short, latency_ms, first_ms)
               -> every declared warmup entry runs until its latency is stable (warmup.run_until_stable,
-                 the same rule as the torch path: two passes within tolerance, bounded by passes/time)
+                 the same rule as the torch path: two passes within tolerance, bounded by passes, and by
+                 time as a hard ceiling); in-process runtimes count each entry's memory against the
+                 device while it warms (warmup_memory.WarmupMemory; WarmupDoesNotFit when it cannot)
     ready     runtime.serve(request) -> JSON-able answer (the `infer` task), concurrently with others;
               runtime.endpoint -> where a router sends requests itself (None: only through `infer`)
               runtime.measure() -> bytes held now (an engine's own process tree); the heartbeat asks
@@ -43,10 +45,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES
+
+if TYPE_CHECKING:
+    from gpu_worker.device import Device
 
 Progress = Callable[[int, int], None]
 CheckCancel = Callable[[], None]
@@ -93,6 +98,9 @@ class ReplicaSpec:
     # one prewarm reads at its open, the directory before a reader that opens by name is handed it).
     # None: no boundary (tools and tests that name their own checkpoint).
     roots: tuple[Path, ...] | None = None
+    # In-process runtimes (transformers): the GPU's accounting, which each warmup entry's memory is counted
+    # against while it warms (runtimes/warmup_memory.py); None: measured only (a bench).
+    budget: Device | None = None
 
     @property
     def key(self) -> str:

@@ -37,10 +37,11 @@ from gpu_worker.runtimes.errors import (
     UnknownArchitecture,
 )
 from gpu_worker.runtimes.warmup import run_until_stable
+from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes
+from prewarm.catalog import MAX_INPUT_TOKENS  # the catalog's bound on a warmup input: one rule for both
 from prewarm.safetensors_header import SafetensorsError
 
 MAX_NEW_TOKENS = 256
-MAX_INPUT_TOKENS = 1 << 16
 
 
 def _fmt(dtype: torch.dtype, shape: tuple[int, ...] | list[int]) -> str:
@@ -239,17 +240,26 @@ class HFRuntime:
     def warm(self, check_cancel: CheckCancel | None = None) -> list[dict[str, Any]]:
         out = []
         for i, w in enumerate(self.spec.warmup):
-            ids = self._ids(w.batch, w.prompt_tokens, seed=i)
+            where = f"warmup entry #{i} ({w.prompt_tokens} tokens x {w.batch})"
+            # Its token ids and activations count against the device while it warms (as the torch runtime's).
+            memory = WarmupMemory(self.spec.budget, f"{self.spec.where}: {where}", self.device)
+            try:
+                memory.reserve_input(input_bytes((w.batch, w.prompt_tokens), torch.long))
+                ids = self._ids(w.batch, w.prompt_tokens, seed=i)
 
-            def one(ids: torch.Tensor = ids, i: int = i) -> None:
-                try:
-                    self._forward(ids)
-                except Exception as exc:  # noqa: BLE001
-                    raise EngineWarmupFailed(f"{self.spec.where}: warmup entry #{i} ({ids.shape[1]} tokens x "
-                                             f"{ids.shape[0]}) failed: {type(exc).__name__}: {exc}") from None
+                def one(ids: torch.Tensor = ids, where: str = where) -> None:
+                    try:
+                        self._forward(ids)
+                    except OverBudget:
+                        raise  # the memory meter stopped the pass: WarmupMemory says why
+                    except Exception as exc:  # noqa: BLE001
+                        raise EngineWarmupFailed(f"{self.spec.where}: {where} failed: {type(exc).__name__}: "
+                                                 f"{exc}") from None
 
-            fig = run_until_stable(one, self.spec.policy, check_cancel)
-            out.append({"prompt_tokens": w.prompt_tokens, "batch": w.batch, **fig})
+                fig = run_until_stable(memory.metered(one), self.spec.policy, check_cancel)
+            finally:
+                memory.release()
+            out.append({"prompt_tokens": w.prompt_tokens, "batch": w.batch, **fig, "peak_bytes": memory.peak_bytes})
         return out
 
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +27,9 @@ from gpu_worker.errors import BadRequest, Cancelled, LoadFailed, NotResident, Wa
 from gpu_worker.runtimes import CheckCancel, Progress
 from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
 from gpu_worker.runtimes.warmup import WarmupPolicy, run_until_stable
+from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes
 from gpu_worker.staging import HostCache
-from prewarm.catalog import ModelEntry, WarmupInput
+from prewarm.catalog import MAX_INPUT_ELEMENTS, ModelEntry, WarmupInput, check_input_shape
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 log = logging.getLogger("prewarm.worker")
@@ -37,7 +37,7 @@ Expected = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
 TORCH_INPUT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                       "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
-MAX_INFER_ELEMENTS = 1 << 22
+MAX_INFER_ELEMENTS = MAX_INPUT_ELEMENTS  # the catalog's bound on a warmup input: one rule for both
 
 
 def _import_builder(path: str) -> Callable[..., torch.nn.Module]:
@@ -109,8 +109,8 @@ def infer_input(entry: ModelEntry, inputs: Any, device: torch.device, module: to
             raise BadRequest(f"inputs shape {shape!r} must be a list of positive integers")
         if dtype not in TORCH_INPUT_DTYPES:
             raise BadRequest(f"inputs dtype {dtype!r} is not one of {', '.join(TORCH_INPUT_DTYPES)}")
-        if math.prod(shape) > MAX_INFER_ELEMENTS:
-            raise BadRequest(f"inputs of shape {shape} exceed {MAX_INFER_ELEMENTS} elements")
+        if (too_big := check_input_shape(shape)) is not None:
+            raise BadRequest(f"inputs shape {shape} {too_big}")
         spec = WarmupInput(tuple(shape), dtype, inputs.get("high", base.high))
         return make_input(spec, device, default_high=high, seed=seed)
     if isinstance(inputs, list):
@@ -238,23 +238,36 @@ class TorchRuntime:
         for i, spec in enumerate(self.entry.warmup):
             assert isinstance(spec, WarmupInput)
             where = f"warmup input #{i} (shape {list(spec.shape)}, {spec.dtype})"
+            # Its input and activations count against the device while it warms (refused if they do not fit).
+            memory = WarmupMemory(self.device, f"{self.entry.key} on {self.gpu}: {where}")
             try:
-                x = make_input(spec, self.device.torch_device, default_high=high, seed=i)
-            except Exception as exc:  # noqa: BLE001
-                raise WarmupFailed(f"{self.entry.key} on {self.gpu}: {where}: cannot make the input: {exc}") from None
-
-            def one(x: torch.Tensor = x, where: str = where) -> None:
-                try:
-                    with torch.inference_mode():
-                        module(x)
-                    self.device.synchronize()
-                except Exception as exc:  # noqa: BLE001
-                    raise WarmupFailed(f"{self.entry.key} on {self.gpu}: {where} failed: {type(exc).__name__}: "
-                                       f"{exc}") from None
-
-            fig = run_until_stable(one, self.policy, check_cancel)
-            out.append({"shape": list(spec.shape), "dtype": spec.dtype, **fig, **self._graph(x, where, check_cancel)})
+                memory.reserve_input(input_bytes(spec.shape, TORCH_INPUT_DTYPES[spec.dtype]))
+                out.append(self._warm_one(module, spec, i, where, high, memory, check_cancel))
+            finally:
+                memory.release()
         return out
+
+    def _warm_one(self, module: torch.nn.Module, spec: WarmupInput, i: int, where: str, high: int,
+                  memory: WarmupMemory, check_cancel: CheckCancel | None) -> dict[str, Any]:
+        try:
+            x = make_input(spec, self.device.torch_device, default_high=high, seed=i)
+        except Exception as exc:  # noqa: BLE001
+            raise WarmupFailed(f"{self.entry.key} on {self.gpu}: {where}: cannot make the input: {exc}") from None
+
+        def one() -> None:
+            try:
+                with torch.inference_mode():
+                    module(x)
+                self.device.synchronize()
+            except OverBudget:
+                raise  # the memory meter stopped the pass: WarmupMemory says why
+            except Exception as exc:  # noqa: BLE001
+                raise WarmupFailed(f"{self.entry.key} on {self.gpu}: {where} failed: {type(exc).__name__}: "
+                                   f"{exc}") from None
+
+        fig = run_until_stable(memory.metered(one), self.policy, check_cancel)
+        return {"shape": list(spec.shape), "dtype": spec.dtype, **fig, "peak_bytes": memory.peak_bytes,
+                **self._graph(x, where, check_cancel)}
 
     def _graph(self, x: torch.Tensor, where: str, check_cancel: CheckCancel | None) -> dict[str, Any]:
         """Capture this warmup input's CUDA graph (the eager passes before were its warm-up) and run the

@@ -263,3 +263,25 @@ def test_a_checkpoint_directory_swapped_for_a_symlink_out_of_the_roots_is_refuse
     with pytest.raises(CheckpointError, match=r"ckpt: resolves to .*outside the model roots"):
         HFRuntime(roots_spec(entry)).load()
     HFRuntime(spec(entry.weights)).required_bytes()  # the same files, no roots given: no boundary
+
+
+def test_a_warmup_entry_whose_activations_pass_the_device_budget_is_refused(checkpoints: dict[str, Path]) -> None:
+    from gpu_worker.device import CpuDevice
+    from gpu_worker.errors import WarmupDoesNotFit
+    from prewarm.config import DeviceSpec
+
+    path = checkpoints["single"]
+    need = read_weight_set(path).data_bytes
+    # Room for the weights and 256 KiB: 64 tokens x 4 prompts of logits alone are 64 x 4 x 2048 x 2 = 1 MiB.
+    dev = CpuDevice(DeviceSpec("cpu", need + 8192 + 256 * 1024), "node/cpu:0")
+    rt = HFRuntime(spec(path, warmup=(TokenWarmup(8, 1), TokenWarmup(64, 4)), budget=dev))
+    dev.reserve("tiny-llama@v1", rt.required_bytes())
+    dev.commit_measured("tiny-llama@v1", rt.load())
+    before = dev.inventory()
+    with pytest.raises(WarmupDoesNotFit) as info:
+        rt.warm()
+    msg = str(info.value)
+    assert "tiny-llama@v1 on node/cpu:0: warmup entry #1 (64 tokens x 4): its first pass's activations passed" in msg
+    assert "declare a smaller warmup input" in msg
+    assert dev.inventory() == before  # the warmup's reservations are gone; the replica's bytes as committed
+    rt.release()

@@ -127,7 +127,7 @@ def test_burst_of_wake_ups_is_one_tick_and_standby_ignores_them(ctx: Context, r:
 
 @pytest.fixture
 def catalog(tmp_path: Path) -> Path:
-    return tiny_catalog(tmp_path / "models", ["tiny-lm", "tiny-lm-wide"])
+    return tiny_catalog(tmp_path / "models", ["tiny-lm", "tiny-lm-wide", "tiny-sharded"])
 
 
 def route(web: WebProc, model: str) -> dict:
@@ -139,8 +139,9 @@ def route(web: WebProc, model: str) -> dict:
 @pytest.mark.slow
 def test_cold_lookups_on_a_full_fleet_wake_the_leader_to_make_room(redis_url, r, catalog, web, schedulers,
                                                                    tmp_path, worker_factory) -> None:  # noqa: F811
-    # One GPU with room for one of the two models (tiny-lm-wide 2.7 MB, tiny-lm 0.7 MB).
-    w = worker_factory(catalog, devices="cpu:0=3MiB")
+    # One GPU with room for one of the two models (tiny-lm-wide 2.7 MB, tiny-sharded 3.5 MB) and the peak
+    # of its warmup (0.9 MB each, counted against the device while it warms).
+    w = worker_factory(catalog, devices="cpu:0=4.5MiB")
     gpu = w.gpu_ids[0]
     sched = SchedulerProc(redis_url, catalog, tmp_path, tick=LONG_TICK, leader_ttl=LONG_TTL)
     schedulers.append(sched)
@@ -153,11 +154,11 @@ def test_cold_lookups_on_a_full_fleet_wake_the_leader_to_make_room(redis_url, r,
                                  None), 60, what="tiny-lm-wide ready", log=w.log)
     wait_for(lambda: time.time() - wide.since > MIN_RESIDENCY_S + 0.5, 30, what="minimum residency")
     g = state.read_fleet(r).gpu(gpu)
-    assert g is not None and g.free_bytes < 678_912  # no room for tiny-lm
+    assert g is not None and g.free_bytes < 3_461_632  # no room for tiny-sharded
     assert not wakes(r)
 
     with ThreadPoolExecutor(8) as pool:  # a burst of 20 routers asking at once
-        answers = list(pool.map(lambda _: route(web, "tiny-lm"), range(20)))
+        answers = list(pool.map(lambda _: route(web, "tiny-sharded"), range(20)))
     assert {a["state"] for a in answers} <= {"cold", "loading"}
     cold = [a for a in answers if a["state"] == "cold"]
     assert cold and set(cold[0]) == {"model", "version", "replicas", "state", "preload", "eta_seconds"}
@@ -165,20 +166,20 @@ def test_cold_lookups_on_a_full_fleet_wake_the_leader_to_make_room(redis_url, r,
 
     # Behaviour check, not a timing: the next periodic tick is LONG_TICK away, far beyond this wait, so
     # only the wake-up can have planned the eviction and the preload.
-    wait_for(lambda: any(x.state == "ready" for x in state.read_fleet(r).replicas("tiny-lm")), 60,
-             what="tiny-lm ready after the wake-up", log=sched.log)
+    wait_for(lambda: any(x.state == "ready" for x in state.read_fleet(r).replicas("tiny-sharded")), 60,
+             what="tiny-sharded ready after the wake-up", log=sched.log)
     assert not state.read_fleet(r).replicas("tiny-lm-wide")
     evicts = [e for e in events.read(r, model="tiny-lm-wide") if e.kind == "evict"]
-    preloads = [e for e in events.read(r, model="tiny-lm") if e.kind == "preload"]
+    preloads = [e for e in events.read(r, model="tiny-sharded") if e.kind == "preload"]
     assert len(evicts) == 1 and evicts[0].actor == "scheduler" and "make room" in evicts[0].reason, evicts
     assert len(preloads) == 1 and preloads[0].actor == "scheduler", preloads  # 20 lookups, one preload
     woke = wakes(r)
     assert len(woke) == 1, woke  # one cold episode, one wake-up, one extra tick
-    assert woke[0].model == "tiny-lm" and woke[0].numbers["models"] == ["tiny-lm@v1"]
+    assert woke[0].model == "tiny-sharded" and woke[0].numbers["models"] == ["tiny-sharded@v1"]
     assert woke[0].numbers["scheduler"] == sched.ident and woke[0].numbers["dispatched"] >= 2
     assert "woken by a cold route lookup" in woke[0].reason
     assert woke[0].ts <= preloads[0].ts + 1.0  # the woken tick is the one that sent the preload
-    assert "tick woken by tiny-lm@v1" in sched.log()
+    assert "tick woken by tiny-sharded@v1" in sched.log()
 
 
 @pytest.mark.slow

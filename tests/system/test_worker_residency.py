@@ -305,10 +305,12 @@ def test_model_bigger_than_the_gpu(r: redis.Redis, catalog: Path) -> None:
 
 
 def test_model_that_does_not_fit_the_free_budget(r: redis.Redis, catalog: Path) -> None:
-    w = make_worker(r, catalog, devices="cpu:0=4MiB")
+    # 4.5 MiB: room for tiny-sharded's weights (3.3 MiB) and its warmup's peak (0.9 MiB, counted too) once
+    # the others are evicted.
+    w = make_worker(r, catalog, devices="cpu:0=4.5MiB")
     g = w.gpu_for("cpu:0")
-    w.preload(g, "tiny-lm-wide")  # 2.5 MiB of 4
-    msg = _expect_failure(r, w, "tiny-sharded", DoesNotFit, "free of 4.0 MiB", "tiny-lm-wide@v1",
+    w.preload(g, "tiny-lm-wide")  # 2.5 MiB of 4.5
+    msg = _expect_failure(r, w, "tiny-sharded", DoesNotFit, "free of 4.5 MiB", "tiny-lm-wide@v1",
                           "evict something first")
     assert "can never fit" not in msg
     w.evict(g, "tiny-lm-wide")
@@ -319,9 +321,11 @@ def test_model_that_does_not_fit_the_free_budget(r: redis.Redis, catalog: Path) 
 def test_preload_waits_for_a_make_room_evict_in_flight(r: redis.Redis, catalog: Path) -> None:
     # The scheduler sends a make-room evict and the preload it makes room for at once, to the same queue;
     # a thread pool may start the preload first. While the evict's intent is held, the preload waits for it.
-    w = make_worker(r, catalog, devices="cpu:0=3MiB")
+    # 4.5 MiB: tiny-lm-wide (2.5 MiB) and its warmup's peak (0.9 MiB) fit, tiny-sharded (3.3 MiB) not beside
+    # it, and alone with its warmup (0.9 MiB) it does.
+    w = make_worker(r, catalog, devices="cpu:0=4.5MiB")
     g = w.gpu_for("cpu:0")
-    w.preload(g, "tiny-lm-wide")  # 2.5 MiB of 3: tiny-lm (0.65 MiB) does not fit beside it
+    w.preload(g, "tiny-lm-wide")
     now = time.time()
     assert state.claim_intent(r, state.Intent("evict", "tiny-lm-wide", "v1", g.id, "scheduler", "make room", now,
                                               now + 60))
@@ -330,20 +334,20 @@ def test_preload_waits_for_a_make_room_evict_in_flight(r: redis.Redis, catalog: 
 
     def load() -> None:
         try:
-            out.update(w.preload(g, "tiny-lm"))
+            out.update(w.preload(g, "tiny-sharded"))
         except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
             errors.append(exc)
 
     t = threading.Thread(target=load)
     t.start()
-    wait_for(lambda: (x := replica(r, g.id, "tiny-lm")) is not None and x.state == "pending", 10,
+    wait_for(lambda: (x := replica(r, g.id, "tiny-sharded")) is not None and x.state == "pending", 10,
              what="the preload waits (pending)")
     time.sleep(0.3)
     assert t.is_alive() and not errors, errors  # waiting for the evict, not failed
     w.evict(g, "tiny-lm-wide", reason="make room")  # frees the bytes, then releases its intent
     t.join(30)
     assert not errors and out["state"] == "ready", errors
-    assert not [e for e in events.read(r, model="tiny-lm") if e.kind == "failed"]
+    assert not [e for e in events.read(r, model="tiny-sharded") if e.kind == "failed"]
 
 
 def test_builder_errors_and_bad_infer_inputs(r: redis.Redis, tmp_path: Path) -> None:
@@ -359,6 +363,11 @@ def test_builder_errors_and_bad_infer_inputs(r: redis.Redis, tmp_path: Path) -> 
         w.infer(g, "ok-lm", {"shape": [1, 4], "dtype": "complex"})
     with pytest.raises(BadRequest, match="max_seq"):
         w.infer(g, "ok-lm", {"shape": [1, 65]})
+    # The catalog's bounds on a warmup input bound a request's too (prewarm.catalog.check_input_shape).
+    with pytest.raises(BadRequest, match=r"inputs shape \[4096, 4096\] has 16,777,216 elements; at most 4,194,304"):
+        w.infer(g, "ok-lm", {"shape": [4096, 4096]})
+    with pytest.raises(BadRequest, match=r"has 9 dims; at most 8 \(MAX_INPUT_DIMS\)"):
+        w.infer(g, "ok-lm", {"shape": [1] * 9})
     with pytest.raises(BadRequest, match="GPU 'cuda:7' is not served"):
         w.gpu_for("cuda:7")
     assert w.infer(g, "ok-lm")["output"]["finite"]

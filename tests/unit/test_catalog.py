@@ -217,5 +217,49 @@ def test_token_warmup_entries_are_validated(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="warmup.0.: unknown key 'shape'; a checkpoint runtime's warmup takes batch, prompt_tokens"):
         load_catalog(path)
     path = _checkpoint_catalog(tmp_path, 'runtime = "transformers"\npath = "ck"\n[[models.warmup]]\nprompt_tokens = 0\n')
-    with pytest.raises(CatalogError, match="prompt_tokens must be an integer between 1 and 1,048,576, got 0"):
+    with pytest.raises(CatalogError, match="prompt_tokens must be an integer between 1 and 65,536, got 0"):
         load_catalog(path)
+
+
+# --- warmup bounds (issue 24, 2.6): a warmup input the size of a request, named with its bound -------------
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ('shape = [1, 16]', 'shape = [1000000, 64]',
+     "model 'tiny-lm' warmup[0]: shape [1000000, 64] has 64,000,000 elements; at most 4,194,304 "
+     "(MAX_INPUT_ELEMENTS) are allowed per input"),
+    ('shape = [1, 16]', 'shape = [1, 1, 1, 1, 1, 1, 1, 1, 16]',
+     "model 'tiny-lm' warmup[0]: shape [1, 1, 1, 1, 1, 1, 1, 1, 16] has 9 dims; at most 8 (MAX_INPUT_DIMS)"),
+])
+def test_a_huge_warmup_shape_refuses_that_entry_naming_the_field_and_the_bound(cat: Path, old: str, new: str,
+                                                                               needle: str) -> None:
+    _edit(cat, old, new)
+    with pytest.raises(CatalogError) as info:
+        load_catalog(cat)  # strict: the whole file, for an operator editing it
+    assert needle in str(info.value)
+    lenient = load_catalog(cat, strict=False)  # the worker's read: that entry refused, the rest served
+    assert lenient.ids() == ["tiny-sharded"] and set(lenient.problems) == {"tiny-lm"}
+    assert needle in lenient.problems["tiny-lm"]
+
+
+def test_the_largest_allowed_warmup_shape_loads(cat: Path) -> None:
+    from prewarm.catalog import MAX_INPUT_ELEMENTS
+
+    _edit(cat, "shape = [1, 16]", f"shape = [{MAX_INPUT_ELEMENTS // 64}, 64]")
+    assert load_catalog(cat).get("tiny-lm").warmup[0].shape == (MAX_INPUT_ELEMENTS // 64, 64)
+
+
+def test_too_many_warmup_inputs_refuse_the_entry(cat: Path) -> None:
+    text = cat.read_text()
+    first = text[: text.index("[[models]]", 1)]
+    one = '[[models.warmup]]\nshape = [1, 8]\ndtype = "int64"\n'
+    cat.write_text(first.rstrip("\n") + "\n" + one * 16 + text[len(first):])
+    with pytest.raises(CatalogError, match=r"model 'tiny-lm': warmup has 18 entries; at most 16"):
+        load_catalog(cat)
+
+
+def test_a_huge_token_warmup_refuses_the_entry_naming_the_fields_and_the_bound(tmp_path: Path) -> None:
+    path = _checkpoint_catalog(tmp_path, 'runtime = "transformers"\npath = "ck"\n[[models.warmup]]\n'
+                                         'prompt_tokens = 65536\nbatch = 2\n')
+    lenient = load_catalog(path, strict=False)
+    assert lenient.ids() == []
+    assert "model 'chat' warmup[0]: prompt_tokens x batch = 65536 x 2 = 131,072 tokens; at most 65,536 " \
+           "(MAX_INPUT_TOKENS) are allowed per input" in lenient.problems["chat"]

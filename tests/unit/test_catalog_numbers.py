@@ -74,12 +74,12 @@ def test_other_common_numbers(cat: Path, lines: str, needle: str) -> None:
 @pytest.mark.parametrize(("old", "new", "needle"), [
     ("high = 512", "high = 4294967296", "warmup[0]: high must be an integer between 1 and 2,147,483,648, got 4294967296"),
     ("high = 512", "high = nan", "warmup[0]: high must be an integer between 1 and 2,147,483,648, got nan"),
-    ("shape = [1, 16]", "shape = [1, 2097152]", "warmup[0]: shape [1, 2097152] must be a list of 1 to 8 integers, "
-                                                "each between 1 and 1,048,576"),
-    ("shape = [1, 16]", "shape = [1, 1, 1, 1, 1, 1, 1, 1, 1]", "warmup[0]: shape [1, 1, 1, 1, 1, 1, 1, 1, 1] must be"),
+    ("shape = [1, 16]", "shape = [1, 8388608]", "warmup[0]: shape [1, 8388608] must be a non-empty list of "
+                                                "integers, each between 1 and 4,194,304"),
+    ("shape = [1, 16]", "shape = [1, 1, 1, 1, 1, 1, 1, 1, 1]", "warmup[0]: shape [1, 1, 1, 1, 1, 1, 1, 1, 1] has 9 dims; at most 8"),
     ("shape = [1, 16]", "shape = [65536, 65536]", "warmup[0]: shape [65536, 65536] has 4,294,967,296 elements; "
-                                                  "at most 1,073,741,824"),
-    ("shape = [1, 16]", "shape = [1.5, 16]", "warmup[0]: shape [1.5, 16] must be a list of"),
+                                                  "at most 4,194,304"),
+    ("shape = [1, 16]", "shape = [1.5, 16]", "warmup[0]: shape [1.5, 16] must be a non-empty list of integers"),
 ])
 def test_warmup_numbers(cat: Path, old: str, new: str, needle: str) -> None:
     _edit(cat, old, new)
@@ -93,11 +93,11 @@ def test_too_many_warmup_entries(cat: Path) -> None:
     text = cat.read_text()
     first = text.index("[[models.warmup]]")
     entry = text[first: text.index("[[models.warmup]]", first + 1)]  # tiny-lm's first warmup table
-    cat.write_text(text.replace(entry, entry * 256, 1))  # with its second one: 257
-    with pytest.raises(CatalogError, match="model 'tiny-lm': warmup has 257 entries; at most 256"):
+    cat.write_text(text.replace(entry, entry * 16, 1))  # with its second one: 17
+    with pytest.raises(CatalogError, match="model 'tiny-lm': warmup has 17 entries; at most 16"):
         load_catalog(cat)
-    cat.write_text(text.replace(entry, entry * 255, 1))  # 256: the most
-    assert len(load_catalog(cat).get("tiny-lm").warmup) == 256
+    cat.write_text(text.replace(entry, entry * 15, 1))  # 16: the most
+    assert len(load_catalog(cat).get("tiny-lm").warmup) == 16
 
 
 def _checkpoint_catalog(tmp_path: Path, fields: str, warmup: str = "prompt_tokens = 8\n") -> Path:
@@ -118,8 +118,8 @@ def _checkpoint_catalog(tmp_path: Path, fields: str, warmup: str = "prompt_token
      "kv_cache_bytes must be an integer between 1 and 17,592,186,044,416 (bytes, up to 16 TiB), got 1125899906842624"),
     ("kv_cache_bytes = 1e9\n", "prompt_tokens = 8\n", "kv_cache_bytes must be an integer between 1 and"),
     ("engine_bytes = inf\n", "prompt_tokens = 8\n", "engine_bytes must be an integer between 0 and"),
-    ("", "prompt_tokens = nan\n", "warmup[0]: prompt_tokens must be an integer between 1 and 1,048,576, got nan"),
-    ("", "prompt_tokens = 2097152\n", "warmup[0]: prompt_tokens must be an integer between 1 and 1,048,576, got 2097152"),
+    ("", "prompt_tokens = nan\n", "warmup[0]: prompt_tokens must be an integer between 1 and 65,536, got nan"),
+    ("", "prompt_tokens = 2097152\n", "warmup[0]: prompt_tokens must be an integer between 1 and 65,536, got 2097152"),
     ("", "prompt_tokens = 8\nbatch = 5000\n", "warmup[0]: batch must be an integer between 1 and 4,096, got 5000"),
 ])
 def test_checkpoint_numbers(tmp_path: Path, fields: str, warmup: str, needle: str) -> None:
