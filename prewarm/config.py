@@ -10,8 +10,9 @@ import math
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from prewarm import policy_names
 
@@ -190,8 +191,37 @@ def parse_slo(text: str | None) -> ColdStartSlo | None:
     return ColdStartSlo(metric, target, window)
 
 
+MASK = "***"
+# URL query parameters redis-py passes on as connection options that hold a secret (a password, the TLS
+# key's passphrase ssl_password): masked by `redacted` like the password in the netloc.
+_SECRET_QUERY = re.compile(r"pass|secret|token", re.IGNORECASE)
+
+
+def redacted(url: str) -> str:
+    """`url` with its password (if any), and any query parameter holding a secret, replaced by ***: fit for
+    messages, logs and repr."""
+    parts = urlsplit(url)
+    if parts.password is not None:
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port else ""
+        url = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{MASK}@{host}{port}"))
+    base, mark, rest = url.partition("?")  # by hand: urlunsplit would drop unix:///'s empty netloc
+    query, hash_, fragment = rest.partition("#")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if not any(_SECRET_QUERY.search(k) for k, _ in pairs):
+        return url
+    masked = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*")
+    return f"{base}{mark}{masked}{hash_}{fragment}"
+
+
+DEFAULT_WEB_HOST = "127.0.0.1"  # loopback: exposing the web is the operator's explicit choice
+
+
 @dataclass(frozen=True)
 class Settings:
+    """Every secret is masked in repr/str (`__repr__`): settings get logged and printed in tracebacks."""
+
     redis_url: str | None
     catalog: Path
     node: str
@@ -215,9 +245,9 @@ class Settings:
     # PREWARM_MAX_DEMAND_WAIT: a request waiting this long is served next (PolicyConfig.overdue_wait_s)
     max_demand_wait: float | None = None
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
-    secret_key: str | None = field(default=None, repr=False)
-    # failed admin-token tries (console login or API bearer) allowed per 10-minute window, from one
-    # client address and from all clients together, before the web answers 429
+    secret_key: str | None = None
+    # wrong tries of the admin token (console login or API bearer), and apart of the hook token, allowed
+    # per 10-minute window from one client address and from all clients together (web.throttle)
     login_max_failures: int = 10
     login_max_failures_global: int = 100
     cold_start_slo: ColdStartSlo | None = None  # None: the speculative budget stays where it is set
@@ -225,6 +255,8 @@ class Settings:
     gpu_hour_cost: float = 0.0
     # the scheduler's policy (PREWARM_POLICY): prewarm's plan or one of the baselines, prewarm.policy_names
     policy: str = policy_names.DEFAULT
+    # the address `prewarm web` binds (PREWARM_WEB_HOST; `prewarm web --host` wins)
+    web_host: str = DEFAULT_WEB_HOST
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -256,7 +288,21 @@ class Settings:
             cold_start_slo=parse_slo(e.get("PREWARM_COLD_START_SLO")),
             gpu_hour_cost=float(e.get("PREWARM_GPU_HOUR_COST") or 0.0),
             policy=(e.get("PREWARM_POLICY") or policy_names.DEFAULT).strip(),
+            web_host=(e.get("PREWARM_WEB_HOST") or "").strip() or DEFAULT_WEB_HOST,  # blank would bind all
         )
+
+    _SECRETS = ("hook_token", "admin_token", "secret_key")
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in self._SECRETS and value is not None:
+                value = MASK
+            elif f.name == "redis_url" and value is not None:
+                value = redacted(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         policy_names.check(self.policy)

@@ -36,6 +36,9 @@ class Context:
         self._catalog_mtime = 0.0
         self._catalog_checked = -CATALOG_RECHECK_S  # time.monotonic() of the last mtime check
         self._catalog_reload = threading.Lock()  # held by the one thread checking or reloading the catalog
+        # web.throttle: the clients this process saw throttled, with their window (the hook paths look
+        # only these up in Redis before letting a right token through)
+        self.throttled_clients: dict[str, int] = {}
 
     @cached_property
     def r(self) -> redis.Redis:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 
-from prewarm.config import Settings
+from prewarm.config import Settings, redacted
 from prewarm.redis_server import EmbeddedRedis
 
 _owned: EmbeddedRedis | None = None
@@ -71,17 +71,6 @@ def stop_owned() -> None:
 
 def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5)
-
-
-def redacted(url: str) -> str:
-    """`url` with its password (if any) replaced by ***: fit for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}{port}"))
 
 
 def redis_failure(exc: BaseException) -> str | None:

@@ -1,13 +1,14 @@
 """Credentials: the hook token for the request router, the admin token for the console and the API.
 
-- Hooks: when PREWARM_HOOK_TOKEN is set, `Authorization: Bearer <token>` is required.
+- Hooks: when PREWARM_HOOK_TOKEN is set, `Authorization: Bearer <token>` is required; wrong tries are
+  throttled per client address like the admin token's (`web.throttle`), at no Redis cost to a right one.
 - Mutating console and API routes: a console session (logged in with PREWARM_ADMIN_TOKEN) plus a CSRF
   token, or `Authorization: Bearer <PREWARM_ADMIN_TOKEN>` for API clients (no cookie, so no CSRF risk).
   With no admin token configured, every action is refused: there is no way to log in.
 - Read-only pages and GET endpoints are open (the console is meant to sit on an operator network; the
   request router also reads /api/models). Nothing secret is shown on them.
 - A console session is a server-side record checked on every request (`web.sessions`): /logout ends it,
-  and changing the admin token ends them all. Tries of the admin token are throttled (`web.throttle`).
+  and changing the admin token ends them all. Wrong tries of the admin token are throttled (`web.throttle`).
 
 Tokens are compared in constant time and never logged.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 from flask import current_app, g, request, session
 
+from prewarm.context import Context
 from web import sessions, throttle
 from web.util import ApiError, ctx
 
@@ -47,11 +49,26 @@ def bearer_matches(authorization: str, expected: str) -> bool:
     return _matches(_bearer_of(authorization), expected)
 
 
+def hook_token_passes(c: Context, authorization: str, client: str | None) -> bool:
+    """The hot path's test: the right hook token (or none configured) from a client this process does not
+    remember as throttled; no Redis call. False: `check_hook_token` decides (401 or 429)."""
+    expected = c.settings.hook_token
+    return not expected or (bearer_matches(authorization, expected)
+                            and not throttle.remembered(c, throttle.HOOK, client))
+
+
 def check_hook_token() -> None:
-    expected = ctx().settings.hook_token
-    if expected and not bearer_matches(request.headers.get("Authorization", ""), expected):
-        raise ApiError(401, "Authorization: a valid 'Bearer <PREWARM_HOOK_TOKEN>' header is required",
-                       "Authorization")
+    c, client = ctx(), request.remote_addr
+    if hook_token_passes(c, request.headers.get("Authorization", ""), client):
+        return
+    given = _bearer()
+    if _matches(given, c.settings.hook_token):  # right, from a client remembered as throttled
+        throttle.hook_refuse_if_throttled(c, client, "Authorization")
+        return
+    if given is not None:  # a wrong token is a try; no token at all guesses nothing
+        throttle.hook_failed(c, client, "Authorization")
+    raise ApiError(401, "Authorization: a valid 'Bearer <PREWARM_HOOK_TOKEN>' header is required",
+                   "Authorization")
 
 
 def require_hook_token(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,6 +85,7 @@ def _admin_token_matches(given: str | None, field: str) -> bool:
     c = ctx()
     tried = throttle.attempt(c, request.remote_addr, field)
     if not _matches(given, c.settings.admin_token):
+        throttle.failed(c, tried, field)
         return False
     throttle.succeeded(c, tried)
     return True

@@ -1,5 +1,9 @@
 """`prewarm web`: the Flask app under gunicorn on PORT.
 
+It binds loopback unless told otherwise (--host, PREWARM_WEB_HOST), and refuses to serve the hooks on any
+other address without PREWARM_HOOK_TOKEN: anyone who reaches an open hook can inject traffic and start
+loads (`GET /hooks/route` preloads a cold model). `--insecure-no-hook-token` serves them open anyway.
+
 Metrics: gunicorn runs several worker processes, so prometheus_client's multiprocess mode is switched on
 (PROMETHEUS_MULTIPROC_DIR, set here before anything imports prometheus_client when the environment does
 not set it) and each dead worker's files are marked as such.
@@ -9,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ipaddress
 import os
 import shutil
 import sys
 from typing import Any
+
+from prewarm.config import DEFAULT_WEB_HOST, Settings
 
 
 def _multiproc_dir(data_dir: str) -> tuple[str, bool]:
@@ -30,11 +37,39 @@ def _multiproc_dir(data_dir: str) -> tuple[str, bool]:
     return path, created
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` serves this machine alone (127.0.0.0/8, ::1, localhost); 0.0.0.0 and :: serve all."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any address
+
+
+def bind_host(args: argparse.Namespace, settings: Settings) -> str:
+    return args.host or settings.web_host
+
+
+def open_hooks_refusal(host: str, settings: Settings, insecure: bool) -> str | None:
+    """Why `prewarm web` must not serve on `host` (None: it may)."""
+    if settings.hook_token or insecure or is_loopback(host):
+        return None
+    return (f"prewarm web: refusing to serve the hooks on {host} without a hook token: anyone who reaches the port "
+            "could report traffic and start model loads. Set PREWARM_HOOK_TOKEN (and give the request router the "
+            "same token), bind loopback (--host 127.0.0.1, the default, or PREWARM_WEB_HOST), or pass "
+            "--insecure-no-hook-token to serve them open anyway")
+
+
 def cmd_web(args: argparse.Namespace) -> int:
     from prewarm import runtime
-    from prewarm.config import Settings
 
     settings = Settings.from_env()
+    host = bind_host(args, settings)
+    refusal = open_hooks_refusal(host, settings, args.insecure_no_hook_token)
+    if refusal:  # before anything starts (Redis, gunicorn): nothing is left behind
+        print(refusal, file=sys.stderr)
+        return 2
     metrics_dir, own_metrics_dir = _multiproc_dir(str(settings.data_dir))
     # Resolve (or start) Redis once in the master, so every worker shares it and we own its lifetime.
     url = runtime.redis_url(settings, start=True)
@@ -58,7 +93,7 @@ def cmd_web(args: argparse.Namespace) -> int:
 
     class _App(BaseApplication):
         def load_config(self) -> None:
-            self.cfg.set("bind", f"{args.host}:{port}")
+            self.cfg.set("bind", f"{host}:{port}")
             self.cfg.set("workers", workers)
             self.cfg.set("worker_class", "gthread")
             self.cfg.set("threads", args.threads)
@@ -78,7 +113,7 @@ def cmd_web(args: argparse.Namespace) -> int:
 
             return create_app()
 
-    print(f"prewarm web: http://{args.host}:{port}/ ({workers} workers × {args.threads} threads)",
+    print(f"prewarm web: http://{host}:{port}/ ({workers} workers × {args.threads} threads)",
           file=sys.stderr, flush=True)
     master = os.getpid()
     try:
@@ -94,8 +129,11 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("web", help="serve the console, JSON API, hooks and /metrics (gunicorn on PORT)")
-    p.add_argument("--host", default=os.environ.get("PREWARM_WEB_HOST") or "0.0.0.0",
-                   help="address to bind (default PREWARM_WEB_HOST or 0.0.0.0)")
+    p.add_argument("--host", help=f"address to bind (default PREWARM_WEB_HOST or {DEFAULT_WEB_HOST}, loopback; "
+                                  "any other address needs PREWARM_HOOK_TOKEN)")
+    p.add_argument("--insecure-no-hook-token", action="store_true",
+                   help="serve the hooks without PREWARM_HOOK_TOKEN on a non-loopback address (anyone who "
+                        "reaches the port can inject traffic and start loads)")
     p.add_argument("--port", type=int, help="port (default PORT or 8000)")
     p.add_argument("--workers", type=int, help="gunicorn worker processes (default PREWARM_WEB_WORKERS or 2)")
     p.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")

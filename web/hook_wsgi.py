@@ -2,8 +2,9 @@
 
 A router posts a request event for every request it serves, so this hook is the web's hottest path. When the
 request has a Content-Length (not chunked) within the body limit, a JSON content type, the hook token if one
-is set, and a body `web.hook_events.counts` takes whole (well-formed JSON, known models, sane values), it is
-recorded and answered 202 here, with the headers every answer carries (`web.util.SECURITY_HEADERS`). Anything
+is set (from a client this process does not remember as throttled: `web.throttle`), and a body
+`web.hook_events.counts` takes whole (well-formed JSON, known models, sane values), it is recorded and
+answered 202 here, with the headers every answer carries (`web.util.SECURITY_HEADERS`). Anything
 else goes on to Flask untouched (the body put back for it to read), so every refusal keeps its status, field
 and words from one place: the Flask view. A Redis error while recording goes on to the view too, carried in
 the environ, and the view raises it, so the 503 is the app's own; nothing was recorded (one Lua call, all or
@@ -25,7 +26,7 @@ import redis
 
 from prewarm.context import Context
 from web import hook_events
-from web.auth import bearer_matches
+from web.auth import hook_token_passes
 from web.util import SECURITY_HEADERS
 
 PATH = "/hooks/requests"
@@ -57,9 +58,8 @@ class HookFastPath:
         length = environ.get("CONTENT_LENGTH", "")
         if not length.isdigit() or not 0 < int(length) <= self.max_body_bytes:
             return None  # none (chunked), empty or over the limit: the view's and werkzeug's rules
-        token = self.context.settings.hook_token
-        if token and not bearer_matches(environ.get("HTTP_AUTHORIZATION", ""), token):
-            return None
+        if not hook_token_passes(self.context, environ.get("HTTP_AUTHORIZATION", ""), environ.get("REMOTE_ADDR")):
+            return None  # a wrong token, or a client this process saw throttled: the view's 401 or 429
         raw = environ["wsgi.input"].read(int(length))
         environ["wsgi.input"] = io.BytesIO(raw)  # read once: put back for Flask if it answers
         try:

@@ -29,7 +29,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     words = {400: "malformed request", 401: "missing or wrong credentials", 403: "forbidden (CSRF or actions "
              "disabled)", 404: "unknown model or version", 409: "conflicts with the fleet's state",
              413: "batch or body too large", 415: "not JSON", 422: "invalid field (named in the message)",
-             429: "too many failed tries of the admin token (see Retry-After)", 503: "Redis is unavailable"}
+             429: "too many failed tries of the token (see Retry-After)", 503: "Redis is unavailable"}
     return {str(c): _resp(words[c], _ERROR) for c in (*codes, 503)}
 
 
@@ -64,7 +64,7 @@ def spec() -> dict[str, Any]:
             "responses": {"202": _resp("recorded", {"type": "object", "required": ["accepted", "requests"],
                                                    "properties": {"accepted": {"type": "integer"},
                                                                   "requests": {"type": "integer"}}}),
-                          **_errors(400, 401, 413, 415, 422)}}},
+                          **_errors(400, 401, 413, 415, 422, 429)}}},
         "/hooks/route": {"get": {
             "summary": "Where is the model warm? Ready replicas first; a cold model gets one on-demand preload",
             "security": hook_sec,
@@ -87,13 +87,13 @@ def spec() -> dict[str, Any]:
                                                               "is ready (also the Retry-After header)"},
                                "fallback": {"type": "object", "required": ["model", "version", "replicas"],
                                             "description": "loading/cold with a catalog fallback: its ready "
-                                                           "replicas"}}}), **_errors(400, 401, 404)}}},
+                                                           "replicas"}}}), **_errors(400, 401, 404, 429)}}},
         "/hooks/rollout": {"post": {
             "summary": "A new version is about to take a share of the model's traffic: warm it first",
             "security": hook_sec,
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": {"$ref": "#/components/schemas/Rollout"}}}},
-            "responses": {"202": _resp("stored for the scheduler"), **_errors(400, 401, 413, 415, 422)}}},
+            "responses": {"202": _resp("stored for the scheduler"), **_errors(400, 401, 413, 415, 422, 429)}}},
         "/healthz": {"get": {"summary": "Liveness and Redis reachability", "security": [],
                              "responses": {"200": _resp("ok"), **_errors()}}},
         "/api/fleet": {"get": {"summary": "Every GPU with memory split and replicas; stale GPUs flagged",

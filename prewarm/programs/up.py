@@ -3,7 +3,8 @@
 It starts (or reuses) the Redis, generates the demo models once, then runs the Procfile's processes
 (web, scheduler, worker) under honcho, plus a traffic player replaying the bundled Azure trace through
 the hooks so models are seen warming ahead of demand and being evicted when they go quiet. It prints the
-console's URL and login. Ctrl-C stops every process it started, the embedded Redis included.
+console's URL and login. The web binds loopback unless PREWARM_WEB_HOST says otherwise (then a hook token
+is made when none is set). Ctrl-C stops every process it started, the embedded Redis included.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prewarm.config import Settings, repo_root
+from prewarm.config import Settings, redacted, repo_root
 
 
 def _procfile(path: Path) -> dict[str, str]:
@@ -46,6 +47,19 @@ def choose_devices(given: str | None, engines: list[str]) -> str:
     return f"{DEFAULT_DEVICES},{ENGINE_DEVICE}" if engines else DEFAULT_DEVICES
 
 
+def exposed_hook_token(env: dict[str, str], web_host: str) -> str:
+    """With the web told to serve beyond loopback (PREWARM_WEB_HOST) and no hook token, make one for the web
+    and the traffic player, as for the admin token (`prewarm web` refuses open hooks there); the banner's
+    line for it, or ''."""
+    from web.cli import is_loopback
+
+    if env.get("PREWARM_HOOK_TOKEN") or is_loopback(web_host):
+        return ""
+    env["PREWARM_HOOK_TOKEN"] = secrets.token_urlsafe(16)
+    return (f"  web on {web_host}: hooks need 'Authorization: Bearer {env['PREWARM_HOOK_TOKEN']}' "
+            "(PREWARM_HOOK_TOKEN)\n")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from honcho.manager import Manager
 
@@ -69,6 +83,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         env.setdefault("PREWARM_NODE", "node-a")
         token = env.get("PREWARM_ADMIN_TOKEN") or secrets.token_urlsafe(12)
         env["PREWARM_ADMIN_TOKEN"] = token
+        hook_line = exposed_hook_token(env, settings.web_host)
         port = str(args.port or settings.port)
         env["PORT"] = port
         env["PYTHONUNBUFFERED"] = "1"
@@ -90,8 +105,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             if args.trace:
                 replay.insert(4, args.trace)
             manager.add_process("traffic", shlex.join(replay), env=env, cwd=str(repo_root()))
-        print(f"\n  prewarm console: http://127.0.0.1:{port}/   login token: {token}\n"
-              f"  metrics: http://127.0.0.1:{port}/metrics   Redis: {url}\n  Ctrl-C stops everything.\n",
+        print(f"\n  prewarm console: http://127.0.0.1:{port}/   login token: {token}\n{hook_line}"
+              f"  metrics: http://127.0.0.1:{port}/metrics   Redis: {redacted(url)}\n  Ctrl-C stops everything.\n",
               flush=True)
         manager.loop()
         return manager.returncode or 0

@@ -16,14 +16,15 @@ import pytest
 import redis
 import requests
 import schemathesis
-from flask import Flask
+from flask import Flask, request
 from flask.json.tag import TaggedJSONSerializer
 from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from prewarm import events, keys
+from prewarm import events, keys, traffic
 from prewarm.config import Settings
+from prewarm.context import Context
 from prewarm.redis_server import EmbeddedRedis, free_port
 from tests.web_support import WebProc, make_catalog, make_context, publish_gpu, replica
 from web.app import create_app
@@ -293,12 +294,143 @@ def test_wrong_logins_are_throttled_per_client_and_for_all(secure_web: WebProc, 
     assert _try_login(second, secure_web, ADMIN).status_code == 302
     for _ in range(OVERALL - PER_CLIENT):
         assert _try_login(second, secure_web, "guess").status_code == 401
-    resp = _try_login(_browser("127.0.0.3"), secure_web, ADMIN)  # the global limit: many clients guessing
-    assert resp.status_code == 429 and "from all clients together" in resp.text
-    assert not r.sismember(keys.PINNED, "alpha")
+    # The global limit is spent, by many clients guessing: it never refuses a right token from a client
+    # that is not throttled itself (a lockout of the operator), only wrong ones.
+    third = _browser("127.0.0.3")
+    assert _try_login(third, secure_web, ADMIN).status_code == 302
+    api = third.post(secure_web.url + "/api/models/alpha/pin", headers={"Authorization": f"Bearer {ADMIN}"},
+                     timeout=10)
+    assert api.status_code == 200 and r.sismember(keys.PINNED, "alpha")
+    # ...while a wrong try past it is a 429 that throttles its client for the rest of the window: a guesser
+    # spread over many addresses gets one guess per address
+    fourth = _browser("127.0.0.4")
+    resp = _try_login(fourth, secure_web, "guess")
+    assert resp.status_code == 429 and "from all clients together" in resp.text, resp.text
+    resp = _try_login(fourth, secure_web, ADMIN)
+    assert resp.status_code == 429 and "from all clients together" in resp.text, resp.text
     log = secure_web.log()
     assert log.count("login throttled") == 2, log  # once per limit passed in this window, not once per try
     assert ADMIN not in log
+
+
+# --- the hook token's throttle ---------------------------------------------------------------------
+WRONG, RIGHT = {"Authorization": "Bearer guess"}, {"Authorization": f"Bearer {HOOK}"}
+HOOK_OVERALL = 7  # failed hook-token tries from all clients: two clients can each spend their own limit
+
+
+def _from(app: Flask, address: str) -> FlaskClient:
+    client = app.test_client()
+    client.environ_base["REMOTE_ADDR"] = address  # the peer address the web sees
+    return client
+
+
+def _throttle_reads(r: redis.Redis) -> dict[str, int]:
+    """How many times Redis ran the commands the throttle uses (INCR, GET, EXISTS) so far."""
+    stats = r.info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("incr", "get", "exists")}
+
+
+def test_wrong_hook_tokens_are_throttled_through_the_fast_path_and_the_view(
+        redis_url: str, catalog: Path, r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    env = {**_env(redis_url, catalog), "PREWARM_HOOK_TOKEN": HOOK, "PREWARM_LOGIN_MAX_FAILURES": str(PER_CLIENT),
+           "PREWARM_LOGIN_MAX_FAILURES_GLOBAL": str(HOOK_OVERALL)}
+    app = create_app(Context(Settings.from_env(env), start_redis=False))
+    seen: list[str] = []  # every request Flask itself handled (the rest the fast path answered)
+    app.before_request(lambda: seen.append(request.path))
+    publish_gpu(r, "node-a/cpu:0")
+    event = {"model": "alpha"}
+
+    fast = _from(app, "10.0.0.1")  # a body the fast path would take: the fast path's rule
+    for _ in range(PER_CLIENT):
+        assert fast.post("/hooks/requests", json=event, headers=WRONG).status_code == 401
+    for headers in (WRONG, RIGHT):  # the right token too: a right guess must not show
+        resp = fast.post("/hooks/requests", json=event, headers=headers)
+        assert resp.status_code == 429, resp.get_json()
+        assert "too many failed hook-token tries from 10.0.0.1" in resp.get_json()["error"]
+        assert int(resp.headers["Retry-After"]) > 0
+    assert fast.get("/hooks/route?model=alpha", headers=RIGHT).status_code == 429
+
+    view = _from(app, "10.0.0.2")  # GET /hooks/route is the Flask view's alone
+    for _ in range(PER_CLIENT):
+        assert view.get("/hooks/route?model=alpha", headers=WRONG).status_code == 401
+    assert view.get("/hooks/route?model=alpha", headers=RIGHT).status_code == 429
+    assert view.post("/hooks/requests", json=event, headers=RIGHT).status_code == 429
+    assert traffic.totals(r) == {} and not r.exists(keys.cold_claim("alpha@v1"))
+
+    # No token at all guesses nothing; the 7th wrong try spends the global limit.
+    assert _from(app, "10.0.0.3").post("/hooks/requests", json=event).status_code == 401
+    assert _from(app, "10.0.0.3").post("/hooks/requests", json=event, headers=WRONG).status_code == 401
+
+    fresh = _from(app, "10.0.0.4")  # past the global limit a right token still gets in...
+    seen.clear()
+    before = _throttle_reads(r)
+    assert fresh.post("/hooks/requests", json=event, headers=RIGHT).status_code == 202
+    assert seen == [] and _throttle_reads(r) == before  # ...on the fast path, and with no throttle lookup
+    assert fresh.get("/hooks/route?model=beta", headers=RIGHT).status_code == 200
+    assert traffic.totals(r) == {"alpha": 1}
+    resp = fresh.get("/hooks/route?model=alpha", headers=WRONG)  # a wrong one is refused, and locks its address
+    assert resp.status_code == 429 and "from all clients together" in resp.get_json()["error"]
+    assert fresh.post("/hooks/requests", json=event, headers=RIGHT).status_code == 429
+    assert traffic.totals(r) == {"alpha": 1}
+    # once per client over its own limit and once for the global one, not once per try
+    assert caplog.text.count("hook token throttled") == 3 and HOOK not in caplog.text
+
+
+def test_prewarm_web_throttles_wrong_hook_tokens(redis_url: str, catalog: Path, tmp_path: Path,
+                                                 r: redis.Redis) -> None:
+    # One gunicorn worker: a worker learns that a client is throttled from Redis at that client's next
+    # wrong try (web.throttle), so with two, a right token could still land on the one that has not yet.
+    w = WebProc(redis_url, catalog, tmp_path, workers=1,
+                env={"PREWARM_HOOK_TOKEN": HOOK, "PREWARM_LOGIN_MAX_FAILURES": str(PER_CLIENT)})
+    try:
+        guesser = _browser("127.0.0.5")
+        hook = w.url + "/hooks/requests"
+        for _ in range(PER_CLIENT):
+            assert guesser.post(hook, json={"model": "alpha"}, headers=WRONG, timeout=10).status_code == 401
+        resp = guesser.post(hook, json={"model": "alpha"}, headers=RIGHT, timeout=10)
+        assert resp.status_code == 429 and resp.json()["field"] == "Authorization" and resp.headers["Retry-After"]
+        resp = guesser.get(w.url + "/hooks/route?model=alpha", headers=RIGHT, timeout=10)
+        assert resp.status_code == 429
+        router = _browser("127.0.0.6")
+        assert router.post(hook, json={"model": "alpha"}, headers=RIGHT, timeout=10).status_code == 202
+        assert traffic.totals(r) == {"alpha": 1}
+        log = w.log()
+        assert "hook token throttled" in log and HOOK not in log
+    finally:
+        w.stop()
+
+
+# --- the bind address --------------------------------------------------------------------------------
+@pytest.mark.parametrize("told", ["--host", "PREWARM_WEB_HOST"])
+def test_prewarm_web_refuses_open_hooks_off_loopback(tmp_path: Path, told: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
+    env.update({"PREWARM_DATA_DIR": str(tmp_path), "PORT": str(free_port()), "PYTHONPATH": str(repo)})
+    argv = [sys.executable, "-m", "prewarm.programs.cli", "web"]
+    if told == "--host":
+        argv += ["--host", "0.0.0.0"]
+    else:
+        env["PREWARM_WEB_HOST"] = "0.0.0.0"
+    proc = subprocess.Popen(argv, env=env, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+        pytest.fail("prewarm web served open hooks on 0.0.0.0")
+    assert proc.returncode == 2, err
+    assert "refusing to serve the hooks on 0.0.0.0 without a hook token" in err
+    assert "PREWARM_HOOK_TOKEN" in err and "--insecure-no-hook-token" in err and "Traceback" not in err
+    with pytest.raises(ProcessLookupError):  # nothing it started is left behind
+        os.killpg(proc.pid, 0)
+    assert not (tmp_path / "redis.url").exists()  # refused before it started a Redis
 
 
 # --- property-based fuzz ---------------------------------------------------------------------------
