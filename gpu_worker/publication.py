@@ -52,11 +52,7 @@ class Publication:
 
     def _write_gpu(self, g: GpuSlot) -> None:
         """Refresh the GPU's inventory hash alone (the replicas hash is written separately)."""
-        rec = g.gpu_record()
-        info = {"node": rec.node, "device": rec.device, "queue": rec.queue, "total_bytes": rec.total_bytes,
-                "used_bytes": rec.used_bytes, "free_bytes": rec.free_bytes,
-                "last_heartbeat": rec.last_heartbeat, "worker": rec.worker, "started_at": rec.started_at,
-                "kind": rec.kind}
+        info = state.gpu_info(g.gpu_record(self.options.heartbeat_seconds))
         pipe = self.r.pipeline(transaction=True)
         pipe.sadd(keys.GPUS, g.id)
         pipe.hset(keys.gpu(g.id), mapping=info)
@@ -79,7 +75,8 @@ class Publication:
                         if now - at > 3600:
                             del g.cancelled_tasks[tid]
                     reps = [replace(s.record) for s in g.replicas.values()]
-                state.write_heartbeat(self.r, g.gpu_record(), reps, self.options.heartbeat_ttl)
+                state.write_heartbeat(self.r, g.gpu_record(self.options.heartbeat_seconds), reps,
+                                      self.options.heartbeat_ttl)
         self.check_sleepers()
         self._write_node()
 

@@ -138,12 +138,13 @@ class GpuSlot:
                     best = cand
         return None if best is None else best[2]
 
-    def gpu_record(self) -> state.Gpu:
+    def gpu_record(self, heartbeat_seconds: float) -> state.Gpu:
+        """The GPU's inventory record now; it carries the beat period so readers can tell a late beat."""
         inv = self.device.inventory()
         return state.Gpu(id=self.id, node=self.node, device=self.spec.device, queue=self.queue,
                          total_bytes=inv.total_bytes, used_bytes=inv.used_bytes, free_bytes=inv.free_bytes,
                          last_heartbeat=time.time(), worker=self.worker_id, started_at=self.started_at,
-                         kind=self.device.kind)
+                         kind=self.device.kind, heartbeat_seconds=heartbeat_seconds)
 
     def residents(self) -> list[str]:
         with self.lock:

@@ -1,9 +1,12 @@
 """Room on the live fleet for one more load: each GPU's free bytes less what preloads already sent will
 take, its loads in flight or queued, and the nodes holding the model staged, read from the fleet and
 the intents in Redis. These are the inputs of the one placement rule (scheduler.policy.placement.rank);
-the route hook's on-demand preload, the operator CLI and the API all choose through `ranked`."""
+the route hook's on-demand preload, the operator CLI and the API all choose through `ranked`, among the
+GPUs that take loads (state.Fleet.placeable: alive, heartbeat fresh)."""
 
 from __future__ import annotations
+
+import time
 
 import redis
 
@@ -17,12 +20,12 @@ _HOLDING = tuple(s for s in state.REPLICA_STATES if s != "failed")
 
 
 def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Room]:
-    """Per live GPU: measured free bytes less the bytes promised to preloads dispatched but not yet
-    visible as replicas (free bytes do not show them yet: counting them keeps two preloads from being
-    sent into one gap), and its loads in flight or queued, those preloads included."""
-    alive = fleet.alive()
-    pending = dict.fromkeys((g.id for g in alive), 0)
-    loads = {g.id: sum(1 for x in g.replicas if x.state in state.IN_FLIGHT_STATES) for g in alive}
+    """Per GPU that takes loads (fleet.placeable): measured free bytes less the bytes promised to preloads
+    dispatched but not yet visible as replicas (free bytes do not show them yet: counting them keeps two
+    preloads from being sent into one gap), and its loads in flight or queued, those preloads included."""
+    placeable = fleet.placeable()
+    pending = dict.fromkeys((g.id for g in placeable), 0)
+    loads = {g.id: sum(1 for x in g.replicas if x.state in state.IN_FLIGHT_STATES) for g in placeable}
     for it in state.read_intents(r):
         g = fleet.gpu(it.gpu)
         if it.action != "preload" or g is None or g.id not in loads:
@@ -37,7 +40,7 @@ def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Roo
             pending[g.id] += catalog.get(it.model, it.version).size_bytes
         except KeyError:
             continue
-    return [Room(g.id, g.node, g.free_bytes - pending[g.id], loads[g.id]) for g in alive]
+    return [Room(g.id, g.node, g.free_bytes - pending[g.id], loads[g.id]) for g in placeable]
 
 
 def staged_nodes(fleet: state.Fleet, entry: ModelEntry) -> set[str]:
@@ -47,19 +50,27 @@ def staged_nodes(fleet: state.Fleet, entry: ModelEntry) -> set[str]:
 
 def ranked(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry,
            max_loads: int) -> list[state.Gpu]:
-    """The live GPUs that have room for `entry` now, best first by the placement rule; a GPU that
-    already holds this version (loading, ready or evicting it) is not one."""
+    """The GPUs that take loads (fleet.placeable) and have room for `entry` now, best first by the placement
+    rule; a GPU that already holds this version (loading, ready or evicting it) is not one."""
     busy = {g.id for g in fleet.alive() for x in g.replicas
             if x.model == entry.id and x.version == entry.version and x.state in _HOLDING}
     order = rank(read_rooms(r, fleet, catalog), entry.size_bytes, staged_nodes(fleet, entry), busy, max_loads)
-    gpus = {g.id: g for g in fleet.alive()}
+    gpus = {g.id: g for g in fleet.placeable()}
     return [gpus[x.gpu] for x in order]
+
+
+def late_note(fleet: state.Fleet, now: float | None = None) -> str:
+    """Why live GPUs were passed over, for a placement's message: "" when none was (see Fleet.placeable)."""
+    now = time.time() if now is None else now
+    late = [state.late_reason(g, now) for g in fleet.alive() if not g.fresh]
+    return f" (passed over, heartbeat late: {'; '.join(late)})" if late else ""
 
 
 def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry, gpu: str | None,
              max_loads: int) -> state.Gpu:
     """The operator's target: the GPU named (id or device), else the placement rule's first; when no
-    GPU has room, the one with the most free memory (the worker makes room there or refuses, saying why).
+    GPU has room, the one that takes loads with the most free memory (the worker makes room there or
+    refuses, saying why). A GPU whose heartbeat is late is never the target, named or not (Fleet.placeable).
     LookupError says what is wrong."""
     alive = fleet.alive()
     if gpu:
@@ -67,15 +78,22 @@ def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelE
         if found is None:
             names = ", ".join(g.id for g in alive) or "none"
             raise LookupError(f"GPU {gpu!r} is not in the fleet (alive: {names})")
+        if not found.fresh:
+            raise LookupError(f"GPU {found.id} takes no new loads while its heartbeat is late "
+                              f"({state.late_reason(found, time.time())}: stopped or stalled?); name another "
+                              "GPU or leave the choice to prewarm")
         return found
     if not alive:
         raise LookupError("no GPU in the fleet: start a worker with `prewarm worker`")
+    placeable = fleet.placeable()
+    if not placeable:
+        raise LookupError(f"no GPU takes new loads now{late_note(fleet)}")
     size = entry.size_bytes
     if size > max(g.total_bytes for g in alive):
         raise LookupError(f"model needs {format_bytes(size)}, more than any GPU holds "
                           f"(largest {format_bytes(max(g.total_bytes for g in alive))})")
     best = ranked(r, fleet, catalog, entry, max_loads)
-    return best[0] if best else max(alive, key=lambda g: (g.free_bytes, g.id))
+    return best[0] if best else max(placeable, key=lambda g: (g.free_bytes, g.id))
 
 
 def evict_targets(r: redis.Redis, gpus: list[state.Gpu], model: str, version: str) -> list[state.Gpu]:

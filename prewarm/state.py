@@ -7,6 +7,10 @@ state transitions) with a TTL, so a dead worker's GPUs and replicas drop out by 
 Each node's worker also keeps a host-memory cache of staged models (the staging tier, issue 4): a `Node`
 (its host cache budget/used/free) with its `Staged` models. Staged models are node-level entries, not GPU
 replicas: they hold host memory, not device memory, so GPU accounting is unchanged by them.
+
+A GPU takes new loads only while its heartbeat is fresh (`Gpu.fresh`, `Fleet.placeable`): the record lives a
+TTL of several beats, and a worker that stopped (SIGSTOP, swap, a partition) keeps its GPUs alive that long,
+so a load sent there would run only once it resumes, long after the scheduler placed the model elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from prewarm import keys, replica_states
 REPLICA_STATES = replica_states.REPLICA_STATES
 IN_FLIGHT_STATES = replica_states.IN_FLIGHT  # a load holding one of its GPU's load slots, or queued for one
 STAGED_STATES = replica_states.STAGED_STATES
+# A GPU whose last heartbeat is older than this many of its worker's beats is late: its worker missed two
+# beats in a row (a beat's own work stretches one a little, never by a whole period), so it gets no new loads.
+FRESH_BEATS = 3.0
 
 
 def gpu_id(node: str, device: str) -> str:
@@ -100,6 +107,8 @@ class Gpu:
     started_at: float = 0.0
     kind: str = "cpu"
     alive: bool = True  # False: heartbeat expired (kept for display as stale, never routed to)
+    heartbeat_seconds: float = 0.0  # its worker's beat period, from the record (0: not given, freshness unjudged)
+    fresh: bool = True  # alive and its heartbeat younger than FRESH_BEATS beats (heartbeat_fresh): takes loads
     replicas: list[Replica] = field(default_factory=list)
 
     def public(self) -> dict[str, Any]:
@@ -175,6 +184,11 @@ class Fleet:
     def alive(self) -> list[Gpu]:
         return [g for g in self.gpus if g.alive]
 
+    def placeable(self) -> list[Gpu]:
+        """The GPUs a new load may go to: alive with a fresh heartbeat (module docstring). Every placement
+        (the route hook, the operator's preload, the scheduler's snapshot) chooses among these."""
+        return [g for g in self.gpus if g.alive and g.fresh]
+
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.node == name), None)
 
@@ -196,6 +210,18 @@ def node_carrier(gpus: Iterable[Gpu], node: str) -> Gpu | None:
     return min((g for g in gpus if g.node == node and g.alive), key=lambda g: g.id, default=None)
 
 
+def heartbeat_fresh(last_heartbeat: float, heartbeat_seconds: float, now: float) -> bool:
+    """Whether a heartbeat written at `last_heartbeat` (the worker's clock: clocks are assumed in step, as
+    intents' deadlines assume) by a worker beating every `heartbeat_seconds` is fresh at `now`. A record
+    that gives no period (0) is judged by its TTL alone."""
+    return heartbeat_seconds <= 0 or now - last_heartbeat <= FRESH_BEATS * heartbeat_seconds
+
+
+def late_reason(gpu: Gpu, now: float) -> str:
+    """How late a GPU's heartbeat is, in words, for the messages of placements that pass it over."""
+    return f"{gpu.id} last beat {now - gpu.last_heartbeat:.1f} s ago, its worker beats every {gpu.heartbeat_seconds:g} s"
+
+
 _GPU_INT = ("total_bytes", "used_bytes", "free_bytes")
 _GPU_FLOAT = ("last_heartbeat", "started_at")
 
@@ -204,8 +230,10 @@ def _decode(h: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in h.items()}
 
 
-def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes, Replica] | None = None) -> Fleet:
-    """Every GPU ever announced; stale ones (no heartbeat within the TTL) flagged alive=False, no replicas.
+def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes, Replica] | None = None,
+               now: float | None = None) -> Fleet:
+    """Every GPU ever announced; stale ones (no heartbeat within the TTL) flagged alive=False, no replicas;
+    live ones whose heartbeat is late at `now` (default: the clock) flagged fresh=False (heartbeat_fresh).
     `nodes`: every live node's host cache and staged models (read in the same round trips).
 
     `parsed`: a reader's cache from a replica record to the Replica parsed from it, kept between reads (the
@@ -225,6 +253,7 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes
         pipe.hgetall(keys.host_cache(name))
         pipe.hgetall(keys.staged(name))
     raw = pipe.execute()
+    now = time.time() if now is None else now
     nodes = _nodes(names, raw[2 * len(ids):])
     raw = raw[:2 * len(ids)]
     gpus: list[Gpu] = []
@@ -235,13 +264,16 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes
             if include_stale:
                 node, _, device = gid.partition("/")
                 gpus.append(Gpu(id=gid, node=node, device=device, queue=queue_name(node, device),
-                                total_bytes=0, used_bytes=0, free_bytes=0, last_heartbeat=0.0, alive=False))
+                                total_bytes=0, used_bytes=0, free_bytes=0, last_heartbeat=0.0, alive=False,
+                                fresh=False))
             continue
+        beat, period = float(info.get("last_heartbeat", 0)), float(info.get("heartbeat_seconds", 0))
         g = Gpu(id=gid, node=info.get("node", ""), device=info.get("device", ""), queue=info.get("queue", ""),
                 total_bytes=int(info.get("total_bytes", 0)), used_bytes=int(info.get("used_bytes", 0)),
-                free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=float(info.get("last_heartbeat", 0)),
+                free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=beat,
                 worker=info.get("worker", ""), started_at=float(info.get("started_at", 0)),
-                kind=info.get("kind", "cpu"))
+                kind=info.get("kind", "cpu"), heartbeat_seconds=period,
+                fresh=heartbeat_fresh(beat, period, now))
         if parsed is None:
             g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=_replica_order)
         else:
@@ -338,12 +370,17 @@ def clear_node(r: redis.Redis, node: str) -> None:
     _clear(r, host_id(node), keys.host_cache(node), keys.staged(node))
 
 
+def gpu_info(gpu: Gpu) -> dict[str, Any]:
+    """A GPU's inventory hash as its worker writes it (the heartbeat, and each publish between beats)."""
+    return {"node": gpu.node, "device": gpu.device, "queue": gpu.queue, "total_bytes": gpu.total_bytes,
+            "used_bytes": gpu.used_bytes, "free_bytes": gpu.free_bytes, "last_heartbeat": gpu.last_heartbeat,
+            "heartbeat_seconds": gpu.heartbeat_seconds, "worker": gpu.worker, "started_at": gpu.started_at,
+            "kind": gpu.kind}
+
+
 def write_heartbeat(r: redis.Redis, gpu: Gpu, replicas: list[Replica], ttl: float) -> None:
     """Announce a GPU and its full replica set atomically, so a re-announce after a Redis restart is exact."""
-    info = {"node": gpu.node, "device": gpu.device, "queue": gpu.queue, "total_bytes": gpu.total_bytes,
-            "used_bytes": gpu.used_bytes, "free_bytes": gpu.free_bytes, "last_heartbeat": gpu.last_heartbeat,
-            "worker": gpu.worker, "started_at": gpu.started_at, "kind": gpu.kind}
-    _announce(r, keys.GPUS, gpu.id, keys.gpu(gpu.id), info, keys.replicas(gpu.id),
+    _announce(r, keys.GPUS, gpu.id, keys.gpu(gpu.id), gpu_info(gpu), keys.replicas(gpu.id),
               {replica_field(x.model, x.version): x.to_json() for x in replicas}, ttl)
 
 

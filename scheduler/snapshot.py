@@ -222,7 +222,7 @@ class SnapshotReader:
             if mid in catalog and ro.version != catalog.get(mid).version:
                 active[mid] = (f"{mid}@{ro.version}", ro.traffic_fraction)
         self.feed_traffic(now, active)
-        fleet = state.read_fleet(self.r, parsed=self._replicas)
+        fleet = state.read_fleet(self.r, parsed=self._replicas, now=now)
         ids = catalog.ids()
         load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
         pinned = overlays.pinned(self.r)
@@ -248,7 +248,9 @@ class SnapshotReader:
             key = f"{mid}@{entry.version}"
             models[key] = self._spec(key, entry, load_s, pinned, min_replicas=need, promote_s=promote_s)
         replicas: list[ReplicaState] = []
-        for g in fleet.alive():
+        # The policy sees only the GPUs that take loads (state.Fleet.placeable): one whose heartbeat is late is
+        # as good as gone to it (its records just have not expired yet), replicas and all, so it plans around.
+        for g in fleet.placeable():
             for rep in g.replicas:
                 if rep.state == replica_states.FAILED:
                     continue  # holds no memory; the worker keeps it only to show the reason
@@ -296,7 +298,7 @@ class SnapshotReader:
         self._models = models
         waiting_since = self._waiting(catalog, fleet, now)
         gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
-                              joined_at=g.started_at, alive=True) for g in fleet.alive())
+                              joined_at=g.started_at, alive=True) for g in fleet.placeable())
         snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
                         intents=tuple(intents), recent_evictions=dict(self.recent_evictions),
                         waiting=dict.fromkeys(waiting_since, 1), waiting_since=waiting_since,

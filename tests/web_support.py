@@ -50,14 +50,17 @@ def make_context(redis_url: str, catalog: Path, *, hook_token: str | None = None
 
 
 def publish_gpu(r: redis.Redis, gid: str, *, total_mib: int = 64, replicas: list[state.Replica] | None = None,
-                ttl: float = 30.0) -> state.Gpu:
-    """Announce a GPU as its worker would; used bytes are what the replicas hold."""
+                ttl: float = 30.0, heartbeat_seconds: float = 0.0, beat_age_s: float = 0.0) -> state.Gpu:
+    """Announce a GPU as its worker would; used bytes are what the replicas hold. `heartbeat_seconds`: the
+    beat period the record gives (0: none, freshness judged by the TTL alone); `beat_age_s`: how long ago
+    the record says it beat (its key lives `ttl` from now all the same)."""
     node, _, device = gid.partition("/")
     reps = replicas or []
     used = sum(x.bytes for x in reps)
     g = state.Gpu(id=gid, node=node, device=device, queue=state.queue_name(node, device),
                   total_bytes=total_mib * MIB, used_bytes=used, free_bytes=total_mib * MIB - used,
-                  last_heartbeat=time.time(), worker="fake-worker", started_at=time.time(), kind="cpu")
+                  last_heartbeat=time.time() - beat_age_s, worker="fake-worker", started_at=time.time(), kind="cpu",
+                  heartbeat_seconds=heartbeat_seconds)
     state.write_heartbeat(r, g, reps, ttl)
     return g
 

@@ -1,7 +1,8 @@
 """The JSON API behind the console.
 
     GET  /healthz                      {"status": "ok"} (503 while Redis is down)
-    GET  /api/fleet                    every GPU (stale ones flagged alive=false) with replicas and memory (a
+    GET  /api/fleet                    every GPU (stale ones flagged alive=false; late ones, given no new
+                                       loads, fresh=false) with replicas and memory (a
                                        loading replica with eta_seconds, each with last_decision), nodes'
                                        host caches, by_node (the console's grouping), slo (the SLO's state)
     GET  /api/models[?window=60]       every catalog model: requests_total, rate_per_s, replicas, pinned,

@@ -201,10 +201,11 @@ def _place_on_demand(entry: ModelEntry, fleet: state.Fleet, priority: str) -> di
     # from host memory, not a storage read), then a free load slot (on a full GPU the preload would queue
     # behind its loads), fewer loads, the tightest fit; a GPU busy with another action on this model
     # (e.g. loading its other version) refuses the intent, so the next one is tried.
+    # Only GPUs with a fresh heartbeat are in it: a late one (its worker stopped?) is not a fallback either.
     order = rooms.ranked(c.r, fleet, c.catalog, entry, c.settings.max_loads_per_gpu)
     if not order:
         where = "no GPU in the fleet" if not fleet.alive() else \
-            f"no GPU has {format_bytes(entry.size_bytes)} free; the scheduler will make room"
+            f"no GPU has {format_bytes(entry.size_bytes)} free{rooms.late_note(fleet)}; the scheduler will make room"
         return {"queued": False, "message": where}
     staged = rooms.staged_nodes(fleet, entry)
     for gpu in order:

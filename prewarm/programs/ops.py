@@ -89,7 +89,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if not fleet.gpus:
         print("no GPUs: start a worker with `prewarm worker`")
     for g in fleet.gpus:
-        flag = "" if g.alive else "  [STALE: no heartbeat]"
+        flag = "  [STALE: no heartbeat]" if not g.alive else "" if g.fresh else "  [LATE heartbeat: no new loads]"
         print(f"{g.id}  used {format_bytes(g.used_bytes)} / {format_bytes(g.total_bytes)}, "
               f"free {format_bytes(g.free_bytes)}{flag}")
         for rep in g.replicas:

@@ -276,6 +276,16 @@ def test_pages_render_read_only_without_login(client: FlaskClient, r: redis.Redi
     assert client.get("/").status_code == 302
 
 
+def test_a_gpu_whose_heartbeat_is_late_is_marked_in_the_fleet(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, heartbeat_seconds=2.0, beat_age_s=30.0, ttl=600)  # missed its beats, records alive
+    publish_gpu(r, GPU_B, heartbeat_seconds=60.0)
+    gpus = {g["id"]: g for g in client.get("/api/fleet").get_json()["gpus"]}
+    assert gpus[GPU_A]["alive"] and not gpus[GPU_A]["fresh"] and gpus[GPU_A]["heartbeat_seconds"] == 2.0
+    assert gpus[GPU_B]["fresh"]
+    fleet = client.get("/fleet").get_data(as_text=True)
+    assert fleet.count("late · no new loads") == 1 and "STALE" not in fleet
+
+
 def test_login_wrong_token_and_csrf(client: FlaskClient) -> None:
     assert client.post("/login", data={"token": ADMIN}).status_code == 403  # no CSRF token
     resp = client.post("/login", data={"token": "wrong", "csrf_token": _csrf(client)})

@@ -374,6 +374,30 @@ def test_route_for_a_version(client: FlaskClient, r: redis.Redis) -> None:
     assert len(tasks) == 2 and {t["headers"]["task"] for t in tasks} == {celery_app.PRELOAD}
 
 
+def test_on_demand_preload_skips_a_gpu_whose_heartbeat_is_late(client: FlaskClient, r: redis.Redis) -> None:
+    # GPU's worker beats every 2 s but last beat 30 s ago (stopped?), its records alive for minutes more;
+    # the placement rule would pick it (the tightest fit), so the preload goes to node-b, which beats.
+    publish_gpu(r, GPU, total_mib=8, heartbeat_seconds=2.0, beat_age_s=30.0, ttl=600)
+    publish_gpu(r, "node-b/cpu:0", total_mib=64, heartbeat_seconds=60.0)  # (fresh for minutes: no race)
+    body = client.get("/hooks/route?model=beta").get_json()
+    assert body["state"] == "cold" and body["preload"]["queued"] is True
+    assert body["preload"]["gpu"] == "node-b/cpu:0"
+    assert queued_tasks(r, QUEUE) == [] and len(queued_tasks(r, "gpu.node-b.cpu:0")) == 1
+
+
+def test_on_demand_preload_sends_nothing_when_only_a_late_gpu_has_room(client: FlaskClient, r: redis.Redis) -> None:
+    publish_gpu(r, GPU, total_mib=64, heartbeat_seconds=2.0, beat_age_s=30.0, ttl=600)  # late, room for gamma
+    publish_gpu(r, "node-b/cpu:0", total_mib=3, heartbeat_seconds=60.0)  # fresh, but gamma needs 4 MiB
+    body = client.get("/hooks/route?model=gamma").get_json()
+    assert body["state"] == "cold" and body["preload"]["queued"] is False
+    message = body["preload"]["message"]
+    assert "no GPU has 4.0 MiB free" in message and f"heartbeat late: {GPU} last beat" in message, message
+    assert queued_tasks(r, QUEUE) == [] and queued_tasks(r, "gpu.node-b.cpu:0") == []
+    assert not r.exists(keys.cold_claim("gamma@v1"))  # nothing sent: the next lookup tries again
+    # The late GPU stays in the fleet (its records have not expired): only new loads pass it over.
+    assert [g.id for g in state.read_fleet(r).alive()] == [GPU, "node-b/cpu:0"]
+
+
 @pytest.mark.parametrize("query, status, field", [
     ("", 400, "model"), ("?model=nope", 404, "model"), ("?model=alpha&version=v9", 404, "version"),
     ("?model=" + "x" * 300, 400, "model"),

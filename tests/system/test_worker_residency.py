@@ -399,6 +399,18 @@ def test_heartbeat_expires_and_a_new_worker_clears_stale_claims(r: redis.Redis, 
     assert not r.exists(keys.worker_lock(g.id))
 
 
+def test_the_gpu_record_gives_its_beat_period_so_readers_can_tell_a_late_beat(r: redis.Redis,
+                                                                              catalog: Path) -> None:
+    w = make_worker(r, catalog, "cpu:0=16MiB", heartbeat_seconds=2.0)  # (it beats once: no thread)
+    g = w.gpu_for("cpu:0")
+    w.preload(g, "tiny-lm")  # publishes between beats write the same record (state.gpu_info)
+    beat = gpu_state(r, g.id)
+    assert beat.heartbeat_seconds == 2.0
+    assert state.read_fleet(r, now=beat.last_heartbeat + 5.5).gpu(g.id).fresh
+    late = state.read_fleet(r, now=beat.last_heartbeat + 6.5)  # three beats missed; its key lives 30 s
+    assert late.gpu(g.id).alive and not late.gpu(g.id).fresh and late.placeable() == []
+
+
 def test_a_live_workers_claim_is_not_taken(r: redis.Redis, catalog: Path) -> None:
     from gpu_worker.heartbeat import ClaimTaken
 
