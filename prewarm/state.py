@@ -32,6 +32,9 @@ STAGED_STATES = replica_states.STAGED_STATES
 # A GPU whose last heartbeat is older than this many of its worker's beats is late: its worker missed two
 # beats in a row (a beat's own work stretches one a little, never by a whole period), so it gets no new loads.
 FRESH_BEATS = 3.0
+# ...and never sooner than this: on a loaded machine one beat can come a second or two late (tests beat every
+# 0.5 s), and a late GPU leaves the scheduler's snapshot, replicas and all.
+FRESH_MIN_S = 3.0
 
 
 def gpu_id(node: str, device: str) -> str:
@@ -214,7 +217,7 @@ def heartbeat_fresh(last_heartbeat: float, heartbeat_seconds: float, now: float)
     """Whether a heartbeat written at `last_heartbeat` (the worker's clock: clocks are assumed in step, as
     intents' deadlines assume) by a worker beating every `heartbeat_seconds` is fresh at `now`. A record
     that gives no period (0) is judged by its TTL alone."""
-    return heartbeat_seconds <= 0 or now - last_heartbeat <= FRESH_BEATS * heartbeat_seconds
+    return heartbeat_seconds <= 0 or now - last_heartbeat <= max(FRESH_BEATS * heartbeat_seconds, FRESH_MIN_S)
 
 
 def late_reason(gpu: Gpu, now: float) -> str:
