@@ -1,0 +1,217 @@
+"""The route lookup: where a model can be served now, and what to do when it cannot — the core use case of a
+request router (the REST hook GET /hooks/route, and any router integration), with no web framework in it.
+
+    answer = routing.lookup(ctx, entry, priority="normal", counted=True, counters=...)
+
+- `ready`: its ready replicas first, least busy first; an open cold-start episode is closed.
+- `loading`: a replica on its way (or a preload dispatched, not yet visible): the episode stays open.
+- `cold`: nothing: a cold-start episode is opened, one on-demand preload per episode is placed (the claim key,
+  then one placement at a time under a Redis lock, each seeing the intents of those before it), and the
+  leader scheduler is woken once per episode to plan at once (e.g. make room).
+- loading/cold answers carry `eta_seconds` with a `Retry-After` header, the promise recorded for the ETA
+  error metric, and the catalog fallback's ready replicas (`fallback`).
+- `counted`: the lookup is a request, not a router's retry poll (`retry=1`): only requests are counted in
+  the per-minute lookup counts (the SLO's window, /api/roi) and by `counters`.
+
+The app's own in-process counters (Prometheus, in the web process) are handed in as `counters`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis
+
+from prewarm import eta, keys, replica_states, rooms, state
+from prewarm.catalog import ModelEntry
+from prewarm.config import format_bytes
+from prewarm.store import cold_starts, eta_promises, lookup_counts
+
+log = logging.getLogger(__name__)
+
+# Routable replica states, best first: a router sends to `ready`; the others say when it will be.
+_ORDER = {name: i for i, name in enumerate(replica_states.ROUTABLE)}
+
+
+class Counters(Protocol):
+    """What a lookup counts in its app's process (the web's Prometheus counters)."""
+
+    def lookup(self, answer: str) -> None: ...  # ready | loading | cold, once per counted lookup
+
+    def cold_start(self, model: str) -> None: ...  # a new cold-start episode
+
+    def fallback_offer(self, model: str, fallback: str) -> None: ...  # a counted lookup offered a ready fallback
+
+
+class NoCounters:
+    """Counters for a caller that keeps none (tests, tools)."""
+
+    def lookup(self, answer: str) -> None:
+        pass
+
+    def cold_start(self, model: str) -> None:
+        pass
+
+    def fallback_offer(self, model: str, fallback: str) -> None:
+        pass
+
+
+@dataclass
+class Answer:
+    body: dict[str, Any]  # the JSON a router reads (GET /hooks/route's body)
+    headers: dict[str, str] = field(default_factory=dict)  # Retry-After on loading/cold
+
+
+def replica_view(rep: state.Replica, gpu: state.Gpu) -> dict[str, Any]:
+    # endpoint: where a router sends requests itself (an engine's OpenAI base URL); None: through `infer`.
+    return {"gpu": gpu.id, "queue": gpu.queue, "version": rep.version, "state": rep.state,
+            "progress": round(rep.progress, 4), "in_flight": rep.in_flight, "endpoint": rep.endpoint}
+
+
+def lookup(ctx: Any, entry: ModelEntry, *, priority: str, counted: bool,
+           counters: Counters | None = None) -> Answer:
+    """Where `entry` is served now, acting on a cold answer as the module docstring says. `priority`: the
+    on-demand preload's (the lookup's own, else the model's catalog priority)."""
+    counters = counters or NoCounters()
+    r = ctx.r
+    fleet = state.read_fleet(r, include_stale=False)
+    found = [(rep, g) for g in fleet.alive() for rep in g.replicas
+             if rep.model == entry.id and rep.version == entry.version and rep.state in _ORDER]
+    # Ready first; among ready, the least busy; then the furthest along.
+    found.sort(key=lambda p: (_ORDER[p[0].state], p[0].in_flight, -p[0].progress, p[1].id))
+    body: dict[str, Any] = {"model": entry.id, "version": entry.version,
+                            "replicas": [replica_view(rep, g) for rep, g in found]}
+    if found and found[0][0].state == replica_states.READY:
+        body["state"] = "ready"
+        cold_starts.close_ready(r, fleet, [entry.id])
+    elif found or _preload_in_flight(r, entry, fleet):
+        body["state"] = "loading"
+        _open_cold_start(r, entry, counters)
+    else:
+        body["state"] = "cold"
+        new_episode = _open_cold_start(r, entry, counters)
+        body["preload"] = _on_demand_preload(ctx, entry, fleet, priority)
+        if new_episode:  # once per cold episode (its HSETNX claim), not on every router retry
+            _wake_scheduler(r, entry)
+    headers = {} if body["state"] == "ready" else _cold_fields(ctx, body, entry, fleet, counted, counters)
+    if counted:
+        counters.lookup(body["state"])
+        _count_lookup(r, body)
+    return Answer(body, headers)
+
+
+def _open_cold_start(r: redis.Redis, entry: ModelEntry, counters: Counters) -> bool:
+    """Open an episode (the worker closes it when the replica turns ready; a lookup that sees a ready replica
+    first may close it too, exactly once either way); True (and counted) when this lookup opened a new one."""
+    if cold_starts.open_episode(r, entry.id, entry.version):
+        counters.cold_start(entry.id)
+        return True
+    return False
+
+
+def _wake_scheduler(r: redis.Redis, entry: ModelEntry) -> None:
+    """Wake the leader scheduler to plan now (e.g. make room by evicting) rather than at its next tick.
+    Fire-and-forget: a lost wake-up only costs the wait for that tick, so a failure never fails the lookup."""
+    try:
+        r.publish(keys.WAKE, entry.key)
+    except redis.RedisError as exc:
+        log.warning("could not wake the scheduler for %s: %s", entry.key, exc)
+
+
+def _preload_in_flight(r: redis.Redis, entry: ModelEntry, fleet: state.Fleet) -> bool:
+    """A preload already dispatched (by anyone) but not yet visible as a replica."""
+    held = state.held_intents(r, [(entry.id, g.id) for g in fleet.alive()])
+    return any(it.action == "preload" and it.version == entry.version for it in held)
+
+
+def _on_demand_preload(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: str) -> dict[str, Any]:
+    r = ctx.r
+    claim = keys.cold_claim(entry.key)
+    # One on-demand preload per cold episode, however many routers ask at once.
+    if not r.set(claim, f"{time.time():.3f}", nx=True, px=int(ctx.settings.intent_ttl * 1000)):
+        return {"queued": False, "message": "an on-demand preload is already in flight"}
+    answer: dict[str, Any] = {
+        "queued": False, "message": "other on-demand preloads are being placed; the scheduler will place this one"}
+    try:
+        # One placement at a time: each sees the intents of those before it (a few ms each).
+        lock = r.lock(keys.ON_DEMAND_LOCK, timeout=5.0, blocking_timeout=2.0)
+        if lock.acquire():
+            try:
+                answer = _place_on_demand(ctx, entry, fleet, priority)
+            finally:
+                try:
+                    lock.release()
+                except redis.exceptions.LockError:
+                    pass  # held past its timeout (a stalled placement): it has expired already
+        return answer
+    finally:
+        if not answer["queued"]:
+            r.delete(claim)  # nothing sent (or it failed): let the next lookup try again
+
+
+def _place_on_demand(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: str) -> dict[str, Any]:
+    # The placement rule's order (prewarm.rooms.ranked): a node holding a staged copy first (a promotion
+    # from host memory, not a storage read), then a free load slot (on a full GPU the preload would queue
+    # behind its loads), fewer loads, the tightest fit; a GPU busy with another action on this model
+    # (e.g. loading its other version) refuses the intent, so the next one is tried.
+    # Only GPUs with a fresh heartbeat are in it: a late one (its worker stopped?) is not a fallback either.
+    order = rooms.ranked(ctx.r, fleet, ctx.catalog, entry, ctx.settings.max_loads_per_gpu)
+    if not order:
+        where = "no GPU in the fleet" if not fleet.alive() else \
+            f"no GPU has {format_bytes(entry.size_bytes)} free{rooms.late_note(fleet)}; the scheduler will make room"
+        return {"queued": False, "message": where}
+    staged = rooms.staged_nodes(fleet, entry)
+    for gpu in order:
+        d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand", priority=priority,
+                                   reason="route lookup found the model cold: on-demand preload",
+                                   numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
+                                            "staged": gpu.node in staged})
+        if d.sent:
+            return {"queued": True, "gpu": d.gpu, "message": d.message}
+    return {"queued": False, "message": d.message}
+
+
+def _cold_fields(ctx: Any, body: dict[str, Any], entry: ModelEntry, fleet: state.Fleet, counted: bool,
+                 counters: Counters) -> dict[str, str]:
+    """Add eta_seconds (and fallback, when the catalog names one) to a loading/cold `body`; returns the
+    headers to send."""
+    now = time.time()
+    # With no load placed (no room yet), the scheduler makes room at its wake-up: about one tick more.
+    seconds = eta.model_eta(ctx.r, ctx.catalog, fleet, entry.id, entry.version, ctx.settings.max_loads_per_gpu,
+                            now, ctx.settings.tick_seconds)
+    body["eta_seconds"] = round(seconds, 2)
+    eta_promises.promise(ctx.r, entry.id, entry.version, seconds, now)
+    fb = fallback_answer(ctx.catalog, entry, fleet)
+    if fb is not None:
+        body["fallback"] = fb
+        if counted and fb["replicas"]:
+            counters.fallback_offer(entry.id, fb["model"])
+    return {"Retry-After": eta.retry_after(seconds)}
+
+
+def fallback_answer(catalog: Any, entry: ModelEntry, fleet: state.Fleet) -> dict[str, Any] | None:
+    """The first model along the entry's fallback chain with a ready replica, with those replicas (least
+    busy first); the direct fallback with none when nothing along the chain is ready; None: no fallback."""
+    first: dict[str, Any] | None = None
+    name = entry.fallback
+    while name is not None and name in catalog:  # the catalog refuses cycles and unknown names
+        fb = catalog.get(name)
+        ready = sorted(((x, g) for g in fleet.alive() for x in g.replicas
+                        if x.model == fb.id and x.version == fb.version and x.state == replica_states.READY),
+                       key=lambda p: (p[0].in_flight, p[1].id))
+        answer = {"model": fb.id, "version": fb.version, "replicas": [replica_view(x, g) for x, g in ready]}
+        if ready:
+            return answer
+        first = first or answer
+        name = fb.fallback
+    return first
+
+
+def _count_lookup(r: redis.Redis, body: dict[str, Any]) -> None:
+    """Count a lookup that is a request in its minute: ready on the replica named first, or not ready."""
+    first = body["replicas"][0] if body["state"] == "ready" else None
+    ready_on = (body["model"], first["version"], first["gpu"]) if first else None
+    lookup_counts.count_lookup(r, body["model"], ready_on, time.time())
