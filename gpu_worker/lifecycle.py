@@ -26,9 +26,10 @@ from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
 from gpu_worker.runtimes.engine_records import EngineLeftRunning, EngineRecords
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
-from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, WorkerOptions
+from gpu_worker.slots import GpuSlot, Slot, WorkerOptions
 from gpu_worker.staging import HostCache
 from prewarm import priority as priorities
+from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.catalog import ModelEntry, TokenWarmupInput
 from prewarm.config import format_bytes
@@ -97,20 +98,20 @@ class Lifecycle:
                 s.record.priority = _level(rank)
             ahead = defer and g.queued_ahead(key, rank, s.record.created_at if s is not None else now, now, stages)
             busy = defer and (staging or bool(ahead) or g.active_loads() >= self.options.max_loads_per_gpu)
-            if s is not None and s.record.state == "ready":
+            if s is not None and s.record.state == rs.READY:
                 owner, waiting = False, False
             elif s is not None and s.queued and not busy:
                 s.queued = False  # a queued preload's turn: this task loads it
                 s.record.reason = s.record.reason or reason or None
                 owner, waiting = True, False
-            elif s is not None and s.record.state in IN_FLIGHT:  # loading now (or queued while busy)
+            elif s is not None and s.record.state in rs.IN_FLIGHT:  # loading now (or queued while busy)
                 if defer:
                     if task_id:
                         s.task_ids.add(task_id)
                     raise Busy(f"{key} is {'queued' if s.queued else 'already loading'} on {g.id}")
                 owner, waiting = False, True
             else:
-                s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state="pending",
+                s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state=rs.PENDING,
                                        total_bytes=entry.size_bytes, since=now, created_at=now,
                                        reason=reason or None, priority=_level(rank)), queued=busy, priority=rank,
                          queued_seen=now)
@@ -133,7 +134,7 @@ class Lifecycle:
             self._release_intent(entry.id, g, intent_id)
             with g.lock:
                 rec = replace(s.record)
-            if rec.state != "ready":
+            if rec.state != rs.READY:
                 raise LoadFailed(rec.error or f"preload of {key} on {g.id} did not complete ({rec.state})")
             return self._result(rec, s, noop=True)
         self.publish(g, s)
@@ -219,14 +220,14 @@ class Lifecycle:
             self._check_cancel(g, s)
             # 2. Reserve what the runtime needs before it allocates any of it.
             self._reserve(g, s, key, need)
-            self._set(g, s, state="loading", total_bytes=need, bytes=0, progress=0.0, source=_source(rt))
+            self._set(g, s, state=rs.LOADING, total_bytes=need, bytes=0, progress=0.0, source=_source(rt))
             t0 = time.perf_counter()
             measured = rt.load(self._progress(g, s, rt), lambda: self._check_cancel(g, s))
             # 3. What the runtime really holds, measured, replaces the reservation (if it still fits).
             dev.commit_measured(key, measured)
             load_seconds = time.perf_counter() - t0
             self._check_cancel(g, s)
-            self._set(g, s, state="warming", bytes=measured, progress=1.0, load_seconds=round(load_seconds, 4),
+            self._set(g, s, state=rs.WARMING, bytes=measured, progress=1.0, load_seconds=round(load_seconds, 4),
                       source=_source(rt))
             t1 = time.perf_counter()
             s.warmup = rt.warm(lambda: self._check_cancel(g, s))
@@ -236,7 +237,7 @@ class Lifecycle:
                 dev.commit_measured(key, after)
             with g.lock:
                 s.runtime = rt
-            self._set(g, s, state="ready", bytes=after, warmup_seconds=round(warmup_seconds, 4), endpoint=rt.endpoint,
+            self._set(g, s, state=rs.READY, bytes=after, warmup_seconds=round(warmup_seconds, 4), endpoint=rt.endpoint,
                       ready_at=time.time())
             log.info("%s ready on %s (%s): %d bytes, load %.2f s (from %s), warmup %.2f s", key, g.id, rt.name, after,
                      load_seconds, s.record.source, warmup_seconds)
@@ -309,7 +310,7 @@ class Lifecycle:
         for a model with a replica on `g` other than `key`."""
         with g.lock:
             models = sorted({x.record.model for k, x in g.replicas.items()
-                             if k != key and x.record.state != "failed"})
+                             if k != key and x.record.state != rs.FAILED})
         try:
             held = state.held_intents(self.r, [(m, g.id) for m in models])
         except redis.RedisError:
@@ -325,7 +326,7 @@ class Lifecycle:
                 # An evict cancelled it: the replica is gone, not failed.
                 if g.replicas.get(entry.key) is s:
                     del g.replicas[entry.key]
-            s.record.state = "failed"
+            s.record.state = rs.FAILED
             s.record.error = msg
             s.record.bytes = 0
             s.record.progress = 0.0
@@ -342,13 +343,13 @@ class Lifecycle:
 
     def _fail_unknown(self, g: GpuSlot, model: str, version: str | None, msg: str, intent_id: str) -> None:
         v = version or "?"
-        rec = state.Replica(model=model, version=v, gpu=g.id, state="failed", error=msg, since=time.time(),
+        rec = state.Replica(model=model, version=v, gpu=g.id, state=rs.FAILED, error=msg, since=time.time(),
                             created_at=time.time())
         s = Slot(rec)
         s.done.set()
         with g.lock:
             key = state.replica_field(model, v)
-            if key not in g.replicas or g.replicas[key].record.state == "failed":
+            if key not in g.replicas or g.replicas[key].record.state == rs.FAILED:
                 g.replicas[key] = s
         self.publish(g, s)
         self._release_intent(model, g, intent_id)
@@ -371,19 +372,19 @@ class Lifecycle:
                 g.cancelled_tasks.update(dict.fromkeys(s.task_ids, now))
                 if s.queued:
                     s.done.set()  # a placeholder: nothing is loading, nothing to wait for
-                elif s.record.state in IN_FLIGHT:
+                elif s.record.state in rs.IN_FLIGHT:
                     s.cancel = True
                     s.cancel_reason = f"evicted while loading ({reason or 'evict'})"
         freed = 0
         versions: list[str] = []
         for k, s in targets:
-            if not s.done.is_set() and s.record.state in IN_FLIGHT:
+            if not s.done.is_set() and s.record.state in rs.IN_FLIGHT:
                 s.done.wait(cancel_timeout)
             with g.lock:
                 was = s.record.state
                 if g.replicas.get(k) is s:
-                    if was == "ready":
-                        s.record.state = "evicting"
+                    if was == rs.READY:
+                        s.record.state = rs.EVICTING
                         s.record.since = time.time()
                     del g.replicas[k]
                 rt, s.runtime = s.runtime, None
@@ -413,7 +414,7 @@ class Lifecycle:
         with g.lock:
             cands = [s for s in g.replicas.values()
                      if s.record.model == model and (not version or s.record.version == version)]
-            ready = [s for s in cands if s.record.state == "ready" and s.runtime is not None]
+            ready = [s for s in cands if s.record.state == rs.READY and s.runtime is not None]
             if not ready:
                 seen = ", ".join(f"{s.record.version}: {s.record.state}" for s in cands) or "absent"
                 raise NotResident(f"{model}{'@' + version if version else ''} is not resident on {g.id} ({seen}); "
@@ -441,7 +442,7 @@ class Lifecycle:
         runtime's reason; its bytes and whatever of it is left are released. A live engine's bytes are
         measured again (every remeasure_seconds). Called with every heartbeat."""
         with g.lock:
-            ready = [(k, s) for k, s in g.replicas.items() if s.record.state == "ready" and s.runtime is not None]
+            ready = [(k, s) for k, s in g.replicas.items() if s.record.state == rs.READY and s.runtime is not None]
         for k, s in ready:
             assert s.runtime is not None
             why = s.runtime.died()
@@ -452,7 +453,7 @@ class Lifecycle:
                 if g.replicas.get(k) is not s or s.runtime is None:
                     continue  # evicted meanwhile
                 rt, s.runtime = s.runtime, None
-                s.record.state, s.record.error, s.record.since = "failed", why, time.time()
+                s.record.state, s.record.error, s.record.since = rs.FAILED, why, time.time()
                 s.record.bytes, s.record.progress, s.record.endpoint = 0, 0.0, None
             left = _release(rt)
             freed = g.device.release(k)
@@ -476,7 +477,7 @@ class Lifecycle:
             log.warning("re-measuring %s on %s failed: %s", k, g.id, exc)
             return
         with g.lock:
-            if g.replicas.get(k) is not s or s.record.state != "ready" or now == s.record.bytes:
+            if g.replicas.get(k) is not s or s.record.state != rs.READY or now == s.record.bytes:
                 return
             s.record.bytes = now
         if not g.device.remeasured(k, now):
@@ -535,7 +536,7 @@ class Lifecycle:
         for g in self.gpus.values():
             with g.lock:
                 for s in g.replicas.values():
-                    if s.record.state in IN_FLIGHT and not s.cancel and not s.queued:
+                    if s.record.state in rs.IN_FLIGHT and not s.cancel and not s.queued:
                         s.cancel, s.cancel_reason = True, reason
                         n += 1
         return n

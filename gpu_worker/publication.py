@@ -15,6 +15,7 @@ import redis
 from gpu_worker.slots import GpuSlot, Slot, StageJob, WorkerOptions
 from gpu_worker.staging import HostCache
 from prewarm import events, keys, state
+from prewarm import replica_states as rs
 
 log = logging.getLogger("prewarm.worker")
 
@@ -68,7 +69,7 @@ class Publication:
                 with g.lock:
                     for k, s in list(g.replicas.items()):
                         age = now - s.record.since
-                        if (s.record.state == "failed" and age > self.options.failed_retention_seconds) or \
+                        if (s.record.state == rs.FAILED and age > self.options.failed_retention_seconds) or \
                                 (s.queued and age > self.options.queued_retention_seconds):
                             del g.replicas[k]
                     for tid, at in list(g.cancelled_tasks.items()):

@@ -49,10 +49,11 @@ from gpu_worker.publication import Publication
 from gpu_worker.runtimes.engine_records import EngineRecords
 from gpu_worker.runtimes.torch_module import make_input, summarize
 from gpu_worker.sleeping_engines import Sleeper, SleepingEngines
-from gpu_worker.slots import IN_FLIGHT, GpuSlot, Slot, StageJob, WorkerOptions
+from gpu_worker.slots import GpuSlot, Slot, StageJob, WorkerOptions
 from gpu_worker.staging import HostCache
 from gpu_worker.worker_catalog import CatalogReload
 from prewarm import keys
+from prewarm import replica_states as rs
 from prewarm.catalog import Catalog
 from prewarm.config import DeviceSpec
 
@@ -126,7 +127,7 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEn
         for g in self.gpus.values():
             with g.lock:
                 for s in g.replicas.values():
-                    if s.record.state in IN_FLIGHT:
+                    if s.record.state in rs.IN_FLIGHT:
                         s.cancel, s.cancel_reason = True, reason  # a loading engine is stopped by its load
             # Every ready replica's runtime goes now: an engine process stops with its worker.
             self.release_runtimes(g)

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpu_worker.errors import LoadFailed
 from gpu_worker.slots import GpuSlot, Slot
+from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
@@ -89,7 +90,7 @@ class SleepingEngines:
         for g in self.gpus.values():
             with g.lock:
                 s = g.replicas.get(entry.key)
-                if s is None or s.record.state != "ready" or s.runtime is None:
+                if s is None or s.record.state != rs.READY or s.runtime is None:
                     continue
                 rt = s.runtime
             cannot = rt.host_tier() if hasattr(rt, "host_tier") else "its runtime has no host tier"
@@ -107,9 +108,9 @@ class SleepingEngines:
 
     def _put_to_sleep(self, g: GpuSlot, k: str, s: Slot, entry: ModelEntry, reason: str, value: float) -> Sleeper:
         with g.lock:
-            if g.replicas.get(k) is not s or s.record.state != "ready":
+            if g.replicas.get(k) is not s or s.record.state != rs.READY:
                 raise LoadFailed(f"staging {k} on node {self.node}: its replica on {g.id} changed meanwhile")
-            s.record.state, s.record.since = "evicting", time.time()  # no new request picks it
+            s.record.state, s.record.since = rs.EVICTING, time.time()  # no new request picks it
         deadline = time.monotonic() + DRAIN_SECONDS
         while s.record.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -16,10 +16,10 @@ from typing import Any
 from gpu_worker.device import Device, make_device
 from gpu_worker.devmem import DeviceArena
 from gpu_worker.runtimes import Runtime
+from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.config import DeviceSpec, Settings
 
-IN_FLIGHT = state.IN_FLIGHT_STATES
 # A queued preload's task retries every RETRY_BUSY_SECONDS (gpu_worker.tasks); one not seen for this long has
 # stopped coming back (dropped, or its worker thread stalled) and no longer holds its place in the queue.
 QUEUED_ALIVE_S = 10.0
@@ -121,7 +121,7 @@ class GpuSlot:
 
     def active_loads(self) -> int:
         """Loads running now (placeholders of queued preloads not counted). Call with `lock` held."""
-        return sum(x.record.state in IN_FLIGHT and not x.queued for x in self.replicas.values())
+        return sum(x.record.state in rs.IN_FLIGHT and not x.queued for x in self.replicas.values())
 
     def queued_ahead(self, key: str, rank: int, queued_at: float, now: float, skip: set[str]) -> str | None:
         """The key of a queued preload that goes before `key` (priority `rank`, queued at `queued_at`) for
@@ -148,5 +148,5 @@ class GpuSlot:
 
     def residents(self) -> list[str]:
         with self.lock:
-            return [k for k, s in self.replicas.items() if s.record.state != "failed"]
+            return [k for k, s in self.replicas.items() if s.record.state != rs.FAILED]
 

@@ -10,13 +10,11 @@ import time
 
 import redis
 
+from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.catalog import Catalog, ModelEntry
 from prewarm.config import format_bytes
 from scheduler.policy.placement import Room, rank
-
-# a replica in any state but failed occupies its GPU for this model: no second load of it there
-_HOLDING = tuple(s for s in state.REPLICA_STATES if s != "failed")
 
 
 def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Room]:
@@ -25,13 +23,13 @@ def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Roo
     preloads from being sent into one gap), and its loads in flight or queued, those preloads included."""
     placeable = fleet.placeable()
     pending = dict.fromkeys((g.id for g in placeable), 0)
-    loads = {g.id: sum(1 for x in g.replicas if x.state in state.IN_FLIGHT_STATES) for g in placeable}
+    loads = {g.id: sum(1 for x in g.replicas if x.state in rs.IN_FLIGHT) for g in placeable}
     for it in state.read_intents(r):
         g = fleet.gpu(it.gpu)
         if it.action != "preload" or g is None or g.id not in loads:
             continue
         seen = [x for x in g.replicas if x.model == it.model and x.version == it.version]
-        if seen and seen[0].state != "pending":
+        if seen and seen[0].state != rs.PENDING:
             continue  # already a replica: its bytes are in free_bytes and its load is counted
         if not seen:
             loads[g.id] += 1
@@ -53,7 +51,7 @@ def ranked(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEnt
     """The GPUs that take loads (fleet.placeable) and have room for `entry` now, best first by the placement
     rule; a GPU that already holds this version (loading, ready or evicting it) is not one."""
     busy = {g.id for g in fleet.alive() for x in g.replicas
-            if x.model == entry.id and x.version == entry.version and x.state in _HOLDING}
+            if x.model == entry.id and x.version == entry.version and x.state in rs.HOLDING}
     order = rank(read_rooms(r, fleet, catalog), entry.size_bytes, staged_nodes(fleet, entry), busy, max_loads)
     gpus = {g.id: g for g in fleet.placeable()}
     return [gpus[x.gpu] for x in order]

@@ -27,7 +27,6 @@ from prewarm import keys, replica_states
 
 # The state names are spelled in replica_states; these are the fleet records' names for them.
 REPLICA_STATES = replica_states.REPLICA_STATES
-IN_FLIGHT_STATES = replica_states.IN_FLIGHT  # a load holding one of its GPU's load slots, or queued for one
 STAGED_STATES = replica_states.STAGED_STATES
 # A GPU whose last heartbeat is older than this many of its worker's beats is late: its worker missed two
 # beats in a row (a beat's own work stretches one a little, never by a whole period), so it gets no new loads.

@@ -37,7 +37,7 @@ from prewarm.services import operator
 from prewarm.store import cold_starts, eta_promises, load_times, overlays, slo_state
 from prewarm.store import policy as running_policy
 from web.auth import require_admin
-from web.metrics import memory_split
+from web.metrics import MEMORY_KINDS, memory_split
 from web.schemas import EvictBody, PreloadBody
 from web.util import ApiError, ctx, json_body, validate
 
@@ -91,7 +91,7 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
     gpus = []
     for g in fleet.gpus:
         d = g.public()
-        d["memory"] = memory_split(g) if g.alive else {"ready": 0, "loading": 0, "free": 0}
+        d["memory"] = memory_split(g) if g.alive else dict.fromkeys(MEMORY_KINDS, 0)
         d["speculative_budget_bytes"] = int(g.total_bytes * share)
         d["heartbeat_age_s"] = round(now - g.last_heartbeat, 1) if g.last_heartbeat else None
         d["intents"] = [{"action": i.action, "model": i.model, "version": i.version, "actor": i.actor,

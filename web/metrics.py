@@ -93,8 +93,8 @@ class RedisCollector(Collector):
             if not g.alive:
                 continue
             split = memory_split(g)
-            for kind in ("ready", "loading", "free"):
-                memory.add_metric([g.id, kind], float(split[kind]))
+            for kind, v in split.items():
+                memory.add_metric([g.id, kind], float(v))
         for n in fleet.nodes:
             staged = sum(x.bytes for x in n.staged if x.state == "staged")
             for kind, v in (("staged", staged), ("staging", max(0, n.used_bytes - staged)), ("free", n.free_bytes)):
@@ -104,11 +104,17 @@ class RedisCollector(Collector):
         yield host
 
 
+MEMORY_KINDS = ("ready", "loading", "evicting", "free")
+
+
 def memory_split(g: state.Gpu) -> dict[str, int]:
-    """Bytes held by ready replicas, by replicas on their way (pending/loading/warming) or leaving, free."""
-    ready = sum(x.bytes for x in g.replicas if x.state == replica_states.READY)
-    loading = sum(x.bytes for x in g.replicas if x.state in (*replica_states.IN_FLIGHT, replica_states.EVICTING))
-    return {"ready": ready, "loading": loading, "free": g.free_bytes}
+    """Bytes held by ready replicas, by replicas on their way in (pending/loading/warming), by replicas
+    leaving (evicting), and free: MEMORY_KINDS, in that order."""
+    def held(states: tuple[str, ...]) -> int:
+        return sum(x.bytes for x in g.replicas if x.state in states)
+
+    return {"ready": held((replica_states.READY,)), "loading": held(replica_states.IN_FLIGHT),
+            "evicting": held((replica_states.EVICTING,)), "free": g.free_bytes}
 
 
 def exposition(r: redis.Redis) -> bytes:

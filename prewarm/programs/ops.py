@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from prewarm import events, keys, state
+from prewarm import replica_states as rs
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
 from prewarm.services import operator
@@ -93,7 +94,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         print(f"{g.id}  used {format_bytes(g.used_bytes)} / {format_bytes(g.total_bytes)}, "
               f"free {format_bytes(g.free_bytes)}{flag}")
         for rep in g.replicas:
-            extra = f" {rep.progress:.0%}" if rep.state == "loading" else ""
+            extra = f" {rep.progress:.0%}" if rep.state == rs.LOADING else ""
             err = f"  error: {rep.error}" if rep.error else ""
             print(f"    {rep.model}@{rep.version:8} {rep.state}{extra:5} {format_bytes(rep.bytes):>10}{err}")
     for n in fleet.nodes:

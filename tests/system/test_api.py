@@ -74,7 +74,7 @@ def test_fleet_shows_memory_split_and_stale_gpus(client: FlaskClient, r: redis.R
     body = client.get("/api/fleet").get_json()
     gpus = {g["id"]: g for g in body["gpus"]}
     a = gpus[GPU_A]
-    assert a["alive"] is True and a["memory"] == {"ready": MIB, "loading": 2 * MIB, "free": 7 * MIB}
+    assert a["alive"] is True and a["memory"] == {"ready": MIB, "loading": 2 * MIB, "evicting": 0, "free": 7 * MIB}
     assert a["speculative_budget_bytes"] == int(10 * MIB * 0.6)
     assert {x["model"]: x["state"] for x in a["replicas"]} == {"alpha": "ready", "beta": "loading"}
     assert gpus["node-z/cpu:0"]["alive"] is False

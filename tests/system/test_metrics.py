@@ -63,7 +63,8 @@ def client(redis_url: str, tmp_path: Path) -> FlaskClient:
 def test_exposition_has_every_metric_with_live_values(client: FlaskClient, r: redis.Redis) -> None:
     before = _samples(client.get("/metrics").get_data(as_text=True))
     publish_gpu(r, GPU, total_mib=10, replicas=[replica("alpha", GPU, "ready", mib=1),
-                                                replica("beta", GPU, "loading", mib=2, progress=0.5)])
+                                                replica("beta", GPU, "loading", mib=2, progress=0.5),
+                                                replica("delta", GPU, "evicting", mib=3)])
     r.sadd(keys.GPUS, "node-z/cpu:0")  # stale
     client.post("/hooks/requests", json={"events": [{"model": "alpha", "count": 5}, {"model": "gamma"}]})
     assert client.get("/hooks/route?model=alpha").get_json()["state"] == "ready"
@@ -83,8 +84,9 @@ def test_exposition_has_every_metric_with_live_values(client: FlaskClient, r: re
     assert s[cold] - before.get(cold, 0) == 1
     assert s['prewarm_preloads_total{reason="demand"}'] == 1
     assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="ready"}}'] == MIB
-    assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="loading"}}'] == 2 * MIB
-    assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="free"}}'] == 7 * MIB
+    assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="loading"}}'] == 2 * MIB  # on its way in only
+    assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="evicting"}}'] == 3 * MIB
+    assert s[f'prewarm_gpu_memory_bytes{{gpu="{GPU}",kind="free"}}'] == 4 * MIB
     assert s['prewarm_gpu_up{gpu="node-z/cpu:0"}'] == 0 and s[f'prewarm_gpu_up{{gpu="{GPU}"}}'] == 1
 
 
