@@ -46,12 +46,24 @@ FAST = {"A": 1.0, "B": 1.0, "C": 1.0}
 def test_on_demand_lru_by_hand() -> None:
     # 2 GiB holds two of A, B, C (1 GiB each, 1 s loads).
     # A@0 cold; B@10 cold; A@20 warm; C@30 cold, evicts LRU B (A used at 20);
-    # B@40 cold, evicts A (last 20; C's last request is its ready time 31);
-    # A@50 cold, evicts C (31 < B's 41). 5 cold, 3 evictions, each waits its 1 s load.
+    # B@40 cold, evicts A (last 20; C's last use is its request's arrival, 30);
+    # A@50 cold, evicts C (30 < B's 40). 5 cold, 3 evictions, each waits its 1 s load.
     sim = run("on-demand-lru", [(0, "A"), (10, "B"), (20, "A"), (30, "C"), (40, "B"), (50, "A")], ONE, FAST)
     assert sim.cold == 5 and sim.evictions == 3 and sim.loads == 5
     assert sim.waits == [1.0] * 5
     assert sorted(sim.gpus[0].residents) == [0, 1]  # A and B resident at the end
+
+
+def test_lru_counts_a_use_at_the_requests_arrival_not_at_its_loads_end() -> None:
+    # 2 GiB holds two of A, B, C (1 GiB each); no link sharing. A@0 loads 20 s (ready 20), B@1 loads
+    # 2 s (ready 3). C@30 needs a victim among the ready A and B: a use is a request's arrival, A's 0
+    # and B's 1, so A goes; B@40 is warm. 3 cold starts, 1 eviction (A at 30). Ranked by when each load
+    # ended (A 20, B 3) B would go and B@40 be cold (4).
+    events = [(0, "A"), (1, "B"), (30, "C"), (40, "B")]
+    sim = run("on-demand-lru", events, ONE, {"A": 20.0, "B": 2.0, "C": 1.0})
+    assert sim.cold == 3 and sim.loads == 3
+    assert sim.last_evicted == {0: 30.0}
+    assert sorted(sim.gpus[0].residents) == [1, 2]  # B and C
 
 
 def test_keepalive_10m_by_hand() -> None:

@@ -20,7 +20,7 @@ class HybridHistogram(Rule):
       1.1 × 99th percentile minus the pre-warm window ("tail" with a 10 % margin): if the pre-warm
       window is non-zero the function is unloaded after the invocation and loaded again when the
       window ends, then kept for the keep-alive; otherwise kept loaded for the keep-alive.
-    Loads and reloads evict least recently used functions when memory runs out."""
+    Loads and reloads evict least recently used functions when memory runs out (`base.recency`)."""
 
     name = "hybrid-histogram"
     bins = 240
@@ -40,7 +40,7 @@ class HybridHistogram(Rule):
         self.unload_pending = [False] * n  # one keep-alive timer per model, re-armed lazily
 
     def _key(self, r: ReplicaLike) -> float:
-        return recency(r)
+        return recency(self.fleet, r)
 
     def windows(self, m: int) -> tuple[float, float]:
         """(pre-warm window, keep-alive window) in seconds after the invocation."""
