@@ -223,6 +223,7 @@ class Simulation:
         self.ready_count = [0] * self.n_models
         self.waiting: list[list[float]] = [[] for _ in range(self.n_models)]
         self.stalled: dict[int, None] = {}  # models with waiting requests and no load (ordered)
+        self.last_arrival: list[float | None] = [None] * self.n_models  # the baselines' LRU clock (base.recency)
         self.events: list[tuple[float, int, int, tuple]] = []
         self._seq = 0
         self.now = 0.0
@@ -433,11 +434,13 @@ class Simulation:
         events = self.events
         replicas = self.replicas
         ready_count = self.ready_count
+        last_arrival = self.last_arrival
         for t, m in zip(times, mids, strict=True):
             while events and events[0][0] <= t:
                 self._dispatch(heapq.heappop(events), end)
             self.now = t
             self.req_per_model[m] += 1
+            last_arrival[m] = t
             if ready_count[m]:
                 for r in replicas[m].values():
                     if r.state == "ready":

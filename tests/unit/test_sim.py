@@ -46,12 +46,24 @@ FAST = {"A": 1.0, "B": 1.0, "C": 1.0}
 def test_on_demand_lru_by_hand() -> None:
     # 2 GiB holds two of A, B, C (1 GiB each, 1 s loads).
     # A@0 cold; B@10 cold; A@20 warm; C@30 cold, evicts LRU B (A used at 20);
-    # B@40 cold, evicts A (last 20; C's last request is its ready time 31);
-    # A@50 cold, evicts C (31 < B's 41). 5 cold, 3 evictions, each waits its 1 s load.
+    # B@40 cold, evicts A (last 20; C's last use is its request's arrival, 30);
+    # A@50 cold, evicts C (30 < B's 40). 5 cold, 3 evictions, each waits its 1 s load.
     sim = run("on-demand-lru", [(0, "A"), (10, "B"), (20, "A"), (30, "C"), (40, "B"), (50, "A")], ONE, FAST)
     assert sim.cold == 5 and sim.evictions == 3 and sim.loads == 5
     assert sim.waits == [1.0] * 5
     assert sorted(sim.gpus[0].residents) == [0, 1]  # A and B resident at the end
+
+
+def test_lru_counts_a_use_at_the_requests_arrival_not_at_its_loads_end() -> None:
+    # 2 GiB holds two of A, B, C (1 GiB each); no link sharing. A@0 loads 20 s (ready 20), B@1 loads
+    # 2 s (ready 3). C@30 needs a victim among the ready A and B: a use is a request's arrival, A's 0
+    # and B's 1, so A goes; B@40 is warm. 3 cold starts, 1 eviction (A at 30). Ranked by when each load
+    # ended (A 20, B 3) B would go and B@40 be cold (4).
+    events = [(0, "A"), (1, "B"), (30, "C"), (40, "B")]
+    sim = run("on-demand-lru", events, ONE, {"A": 20.0, "B": 2.0, "C": 1.0})
+    assert sim.cold == 3 and sim.loads == 3
+    assert sim.last_evicted == {0: 30.0}
+    assert sorted(sim.gpus[0].residents) == [1, 2]  # B and C
 
 
 def test_keepalive_10m_by_hand() -> None:
@@ -91,13 +103,62 @@ def test_hybrid_histogram_prewarms_a_periodic_model() -> None:
     # A every 300 s from 0 to 3000 (11 calls). Fewer than 5 idle times: 4-hour keep-alive, so
     # calls 2..6 are warm. From the 6th call (t=1500; 5 idle times, all in bin 5, CV >> 2):
     # pre-warm = 0.9 × 300 = 270 s, keep-alive = 1.1 × 360 − 270 = 126 s: unload after each call,
-    # reload at call + 270, call + 300 is warm. 1 cold start; loads: the first + reloads at
-    # 1770, 2070, 2370, 2670, 2970 (3270 is past the trace): 6; evictions: at 1500..3000: 6.
+    # reload its 1 s load before call + 270, call + 300 is warm. 1 cold start; loads: the first +
+    # reloads at 1769, 2069, 2369, 2669, 2969 (3269 is past the trace): 6; evictions: at 1500..3000: 6.
     events = [(300.0 * k, "A") for k in range(11)]
     sim = run("hybrid-histogram", events, ONE, FAST, span=3000)
     assert sim.cold == 1
     assert sim.loads == 6
     assert sim.evictions == 6
+
+
+def test_hybrid_histogram_keeps_a_replica_whose_pre_warm_window_is_shorter_than_its_load() -> None:
+    # A every 300 s from 0 to 3000, its load 280 s. From the call at 1500 the windows are those of the
+    # test above (pre-warm 270 s, keep-alive 126 s), but a reload would have to start 280 s before
+    # call + 270, i.e. before the call is served: nothing to gain by unloading, A stays. 1 cold start
+    # (the first), 1 load, no eviction. (Unloaded and reloaded at call + 270, every call from 1800 on
+    # would find the reload in flight: 6 cold.)
+    events = [(300.0 * k, "A") for k in range(11)]
+    sim = run("hybrid-histogram", events, ONE, {"A": 280.0}, span=3000)
+    assert sim.cold == 1 and sim.loads == 1 and sim.evictions == 0
+
+
+def test_hybrid_histogram_starts_the_reload_its_load_time_before_the_pre_warm_window_ends() -> None:
+    # As above with a 40 s load: from the call at t = 1500 on, A is unloaded after each call and its
+    # reload starts at t + 270 − 40, ready at t + 270 (the window's end), so call t + 300 is warm:
+    # reloads sent at 1730, 2030, 2330, 2630, 2930, 3230, each ready 40 s later. 1 cold start. (Sent at
+    # t + 270, each would be ready at t + 310, after the next call: 6 cold.) The keep-alive runs from the
+    # window's end, to t + 270 + 126: the last reload (ready 3270) would be unloaded at 3396, but the
+    # 4-hour keep-alive of the first calls armed the model's timer for 14,400, past the trace.
+    events = [(300.0 * k, "A") for k in range(11)]
+    reloads: list[tuple[float, float]] = []
+
+    class Watch(POLICIES["hybrid-histogram"]):  # type: ignore[misc, valid-type]
+        def on_ready(self, t: float, r) -> None:
+            if r.kind == "prewarm":
+                reloads.append((r.since, t))
+            super().on_ready(t, r)
+
+    tr = trace(events, 3500)
+    sim = Simulation(tr, np.array([GIB]), np.array([40.0]), 1, 2 * GIB, "none")
+    sim.run(Watch())
+    assert sim.cold == 1
+    assert sim.evictions == 6 and sim.last_evicted[0] == pytest.approx(3000.0)
+    assert reloads == [(t + 230.0, t + 270.0) for t in (1500.0, 1800.0, 2100.0, 2400.0, 2700.0, 3000.0)]
+
+
+def test_hybrid_histogram_decides_a_cold_call_when_its_load_ends() -> None:
+    # One 1 GiB GPU, A (1 GiB, 150 s load) every 300 s from 0 to 1500 and B (1 GiB, 1 s) at 150 + 300 k
+    # up to 1350: each evicts the other, so every call is cold and A is served 150 s after each call.
+    # A's call at 1500 has the windows above (pre-warm 270 s, keep-alive 126 s) and is served at 1650:
+    # its reload would start at 1500 + 270 − 150 = 1620, before that, so A is kept (no unload at 1650,
+    # no reload). Loads: 6 of A + 5 of B; evictions: the 10 each call makes for itself.
+    events = [(300.0 * k, "A") for k in range(6)] + [(150.0 + 300.0 * k, "B") for k in range(5)]
+    sim = run("hybrid-histogram", events, {"A": 1.0, "B": 1.0}, {"A": 150.0, "B": 1.0}, gpu_gib=1.0,
+              span=1800)
+    assert sim.cold == 11
+    assert sim.loads == 11 and sim.evictions == 10
+    assert sorted(sim.gpus[0].residents) == [0]  # A, ready since 1650
 
 
 def test_hybrid_histogram_out_of_bounds_uses_the_idle_time_forecaster() -> None:

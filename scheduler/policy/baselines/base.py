@@ -29,6 +29,7 @@ class Fleet(Protocol):
     load_s: Sequence[float]  # load time per model (seconds, alone on its GPU)
     replicas: Sequence[Mapping[int, Any]]  # model -> gpu -> its replica (a ReplicaLike)
     stalled: Mapping[int, Any]  # models whose requests wait with no load (in arrival order)
+    last_arrival: Sequence[float | None]  # model -> when its latest request arrived (None: none yet)
 
     def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
                        kind: str = "") -> Any: ...
@@ -77,6 +78,13 @@ class Rule:
         pass
 
 
-def recency(r: ReplicaLike) -> float:
-    """LRU's key: the replica's last request, or its load start if it never served one."""
-    return r.last_request if r.last_request is not None else r.since
+def recency(fleet: Fleet, r: ReplicaLike) -> float:
+    """LRU's key, the conventional one: a use is a request's arrival. A replica that has served a request
+    is as recent as its model's latest request's arrival: a request that waited for the load counts from
+    when it arrived, not from when the load finished (by completion, a load that queued long looked newer
+    than models asked for while it queued). A replica that never served one (a load ahead of demand)
+    counts from its load start. Victims are ready replicas only (`placement.choose`)."""
+    if r.last_request is None:
+        return r.since
+    arrived = fleet.last_arrival[r.model]
+    return r.last_request if arrived is None else arrived  # None: no arrival seen (a live restart)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Fleet, ReplicaLike, Rule
+from .base import Fleet, ReplicaLike, Rule, recency
 
 ALPHAS = np.linspace(0.02, 1.0, 50)  # the fit's grid of smoothing levels
 
@@ -88,8 +88,7 @@ class Forecast(Rule):
         self.counts[m] += 1
 
     def _key(self, r: ReplicaLike) -> float:
-        last = r.last_request if r.last_request is not None else r.since
-        return last + (1e12 if self.hot[r.model] else 0.0)  # below-threshold replicas go first
+        return recency(self.fleet, r) + (1e12 if self.hot[r.model] else 0.0)  # below-threshold replicas go first
 
     def on_miss(self, t: float, m: int) -> None:
         self.fleet.place_evicting(m, self._key, kind="demand")

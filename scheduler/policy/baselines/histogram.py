@@ -20,7 +20,12 @@ class HybridHistogram(Rule):
       1.1 × 99th percentile minus the pre-warm window ("tail" with a 10 % margin): if the pre-warm
       window is non-zero the function is unloaded after the invocation and loaded again when the
       window ends, then kept for the keep-alive; otherwise kept loaded for the keep-alive.
-    Loads and reloads evict least recently used functions when memory runs out."""
+    Load times (the paper's loads are instant): the pre-warm window is when the function must be warm
+    again, so its reload starts load_s before the window ends, at t + pre-warm − load_s (t: the
+    invocation's arrival). If that start is not after the moment the invocation is served (t for a warm
+    one, the end of its load for a cold one) unloading gains nothing and the replica is kept. Either way
+    the keep-alive runs from the end of the pre-warm window, to t + pre-warm + keep-alive.
+    Loads and reloads evict least recently used functions when memory runs out (`base.recency`)."""
 
     name = "hybrid-histogram"
     bins = 240
@@ -37,10 +42,14 @@ class HybridHistogram(Rule):
         self.recent_idle: list[deque[float]] = [deque(maxlen=5) for _ in range(n)]
         self.gen = [0] * n  # invalidates pre-warm timers of older invocations
         self.unload_at: list[float] = [math.inf] * n
-        self.unload_pending = [False] * n  # one keep-alive timer per model, re-armed lazily
+        # one keep-alive timer per model, re-armed lazily: a later end re-arms it when it fires; an earlier
+        # end than the pending timer's takes effect only when that one fires (kept longer, never shorter)
+        self.unload_pending = [False] * n
+        # a cold invocation with a pre-warm window, decided when its load ends: (t, pre-warm, keep-alive, gen)
+        self.unserved: list[tuple[float, float, float, int] | None] = [None] * n
 
     def _key(self, r: ReplicaLike) -> float:
-        return recency(r)
+        return recency(self.fleet, r)
 
     def windows(self, m: int) -> tuple[float, float]:
         """(pre-warm window, keep-alive window) in seconds after the invocation."""
@@ -88,16 +97,25 @@ class HybridHistogram(Rule):
         self.gen[m] += 1
         pw, ka = self.windows(m)
         g = self.gen[m]
-        if pw > 0:
-            # unload after this invocation (it takes no time here); if it is still loading, the
-            # unload happens when it becomes ready (on_ready checks unload_at)
-            self.unload_at[m] = t
+        self.unserved[m] = None  # this invocation's windows replace an earlier one's
+        if pw <= 0:
+            self._keep_until(m, t + ka)
+        elif warm:
+            self._served(t, m, t, pw, ka, g)
+        else:  # served when its load ends: unload or keep is decided then (on_ready)
+            self.unserved[m] = (t, pw, ka, g)
+            self.unload_at[m] = t + pw + ka
+
+    def _served(self, now: float, m: int, t: float, pw: float, ka: float, g: int) -> None:
+        """The invocation that arrived at t, with windows (pw, ka), has been served at `now`: unload until
+        its reload's start (pw − load_s after t) if that is later, else keep; kept until t + pw + ka."""
+        start = t + pw - self.fleet.load_s[m]
+        if start > now:
             for gi, r in list(self.fleet.replicas[m].items()):
                 if r.state == "ready":
                     self.fleet.evict(m, gi)
-            self.fleet.timer(t + pw, ("load", m, g, ka))
-        else:
-            self._keep_until(m, t + ka)
+            self.fleet.timer(start, ("load", m, g))
+        self._keep_until(m, t + pw + ka)
 
     def _keep_until(self, m: int, until: float) -> None:
         self.unload_at[m] = until
@@ -106,21 +124,22 @@ class HybridHistogram(Rule):
             self.fleet.timer(until, ("unload", m))
 
     def on_ready(self, t: float, r: ReplicaLike) -> None:
-        if t >= self.unload_at[r.model]:
-            # the invocation that asked for an unload ran on this load (it had to wait for it)
-            self.fleet.evict(r.model, r.gpu)
+        m = r.model
+        waited = self.unserved[m]
+        if waited is not None:  # the cold invocation is served now
+            self.unserved[m] = None
+            self._served(t, m, *waited)
+        elif t >= self.unload_at[m]:  # its keep-alive ended while it loaded
+            self.fleet.evict(m, r.gpu)
 
     def on_miss(self, t: float, m: int) -> None:
         self.fleet.place_evicting(m, self._key, kind="demand")
 
     def on_timer(self, t: float, payload: tuple) -> None:
         if payload[0] == "load":
-            _tag, m, g, ka = payload
-            if g != self.gen[m]:
-                return
-            if not self.fleet.replicas[m]:
-                self.fleet.place_evicting(m, self._key, kind="prewarm")
-            self._keep_until(m, t + ka)
+            _tag, m, g = payload
+            if g == self.gen[m] and not self.fleet.replicas[m]:
+                self.fleet.place_evicting(m, self._key, kind="prewarm")  # kept until unload_at (_served)
         else:
             _tag, m = payload
             self.unload_pending[m] = False

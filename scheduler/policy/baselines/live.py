@@ -16,8 +16,10 @@ exact times; live they arrive once a tick):
 `SnapshotFleet` is the rule's `Fleet` for one call: the snapshot's replicas plus the unconfirmed intents
 (the policy package's tentative `fleet.Fleet` does the byte and load accounting), updated by each action
 the call takes so that a second placement sees the first. Models and GPUs get stable small indexes (the
-catalog's models at the first call; GPUs as they join). Recency: the last request reported for the model
-while the replica was ready, else the worker's last use, else its load start (as in the simulator).
+catalog's models at the first call; GPUs as they join). A replica's last request: the last one reported for
+the model while it was ready, else the worker's last use, else none; the LRU key (`base.recency`) is the
+model's latest reported arrival for a replica that has served a request, else its load start (as in the
+simulator).
 Not modelled live: a version under rollout or an old version resident (not indexed: never placed or
 evicted by a baseline, its bytes still count), pins and min_replicas (prewarm's rules, not the baselines').
 """
@@ -61,7 +63,8 @@ class SnapshotFleet:
 
     def __init__(self, snap: Snapshot, now: float, names: list[str], index: dict[str, int],
                  gpu_index: dict[str, int], last_req: dict[tuple[int, int], float],
-                 timer: Callable[[float, tuple], None], policy: str) -> None:
+                 timer: Callable[[float, tuple], None], policy: str,
+                 last_arrival: list[float | None]) -> None:
         cfg = snap.config
         self.now = now
         self.policy = policy
@@ -101,6 +104,7 @@ class SnapshotFleet:
                 continue
             self._add(LiveReplica(m, g.index, it.bytes or self.sizes[m], now, "pending"))
         self.stalled: dict[int, None] = {}
+        self.last_arrival = last_arrival  # the policy's, updated as each call's arrivals are delivered
         self.actions: list[Action] = []
 
     def _add(self, r: LiveReplica) -> None:
@@ -177,6 +181,7 @@ class BaselinePolicy:
         self.timers: list[tuple[float, int, tuple]] = []
         self._seq = 0
         self.last_req: dict[tuple[int, int], float] = {}
+        self.last_arrival: list[float | None] = []  # model -> its latest request's arrival
         self.was_ready: set[tuple[int, int]] = set()
         self.next_tick: float | None = None
         self.attached = False
@@ -195,8 +200,9 @@ class BaselinePolicy:
             # the catalog's current versions (an "<id>@<version>" key is a rollout or an old version)
             self.names = sorted(k for k in snap.models if "@" not in k)
             self.index = {k: i for i, k in enumerate(self.names)}
+            self.last_arrival = [None] * len(self.names)
         fleet = SnapshotFleet(snap, now, self.names, self.index, self.gpu_index, self.last_req, self._timer,
-                              self.name)
+                              self.name, self.last_arrival)
         rule = self.rule
         if not self.attached:
             rule.attach(fleet)
@@ -210,6 +216,7 @@ class BaselinePolicy:
                 continue
             t = second + 0.5  # the store counts per second: a request of second s came within [s, s + 1)
             self._fire(t)
+            self.last_arrival[m] = t
             for _ in range(count):
                 r = fleet.ready(m)
                 if r is not None and t < r.since:

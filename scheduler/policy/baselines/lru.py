@@ -8,12 +8,18 @@ from .base import Fleet, ReplicaLike, Rule, recency
 class OnDemandLRU(Rule):
     """on-demand-lru: load on the first request (a miss), keep the model until memory is needed,
     then evict the least recently used (classic LRU caching; the default of most model servers).
-    Recency = the replica's last request, or its load start if it never served one."""
+    The conventional rules, with load times: a use is a request's arrival (`base.recency`: also for a
+    request that waited for the load; a replica that served none counts from its load start); the
+    victim is the ready replica whose last use is oldest (a queued or loading replica holds its memory
+    from the moment its load is sent and is never a victim); a request arriving while its model's load
+    is queued or loading waits for that load (a cold start, not a miss: no second load); a miss no GPU
+    can make room for (its memory held by loads in flight) waits, and is placed again when a load
+    completes or another request for it arrives."""
 
     name = "on-demand-lru"
 
     def _key(self, r: ReplicaLike) -> float:
-        return recency(r)
+        return recency(self.fleet, r)
 
     def on_miss(self, t: float, m: int) -> None:
         self.fleet.place_evicting(m, self._key, kind="demand")
@@ -22,7 +28,8 @@ class OnDemandLRU(Rule):
 class KeepAlive(OnDemandLRU):
     """keepalive-10m: on-demand LRU plus a fixed keep-alive: a model idle for 10 minutes is
     unloaded (the fixed keep-alive of AWS Lambda / Azure Functions, as described in Shahrad et al.,
-    ATC 2020, section 2, and Fuerst & Sharma, ASPLOS 2021)."""
+    ATC 2020, section 2, and Fuerst & Sharma, ASPLOS 2021). Idle is counted from when the replica last
+    served a request (a cold one is served when its load finishes), or from its load start."""
 
     name = "keepalive-10m"
     keepalive_s = 600.0
@@ -49,7 +56,7 @@ class KeepAlive(OnDemandLRU):
         for gi, r in list(self.fleet.replicas[m].items()):
             if r.state != "ready":
                 continue
-            last = self._key(r)
+            last = r.last_request if r.last_request is not None else r.since  # idle since it last served
             if t - last >= self.keepalive_s - 1e-9:
                 self.fleet.evict(m, gi)
             else:
