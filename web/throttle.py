@@ -126,18 +126,23 @@ def _failed(c: Context, secret: Secret, client: str, field: str, now: float) -> 
     return _refuse(c, secret, client, field, False, now)
 
 
+def _count_try(c: Context, secret: Secret, who: str, window: int) -> tuple[str, int, bool]:
+    """Count one try of `secret` by `who` in its window: (its counter's key, the tries so far, locked)."""
+    key = _client_key(secret, who, window)
+    pipe = c.r.pipeline(transaction=True)
+    pipe.incr(key)
+    pipe.expire(key, WINDOW_S)
+    pipe.exists(_lock_key(secret, who, window))
+    n_mine, _, locked = pipe.execute()
+    return key, n_mine, bool(locked)
+
+
 # --- the admin token: counted up front ---------------------------------------------------------------
 def attempt(c: Context, client: str | None, field: str) -> Attempt:
     """Count one try of the admin token before it is compared, or raise ApiError 429 when the client is
     throttled (over its limit, or locked by a wrong try past the global one)."""
     now, who = time.time(), client or "unknown"
-    window = _window(now)
-    key = _client_key(ADMIN, who, window)
-    pipe = c.r.pipeline(transaction=True)
-    pipe.incr(key)
-    pipe.expire(key, WINDOW_S)
-    pipe.exists(_lock_key(ADMIN, who, window))
-    n_mine, _, locked = pipe.execute()
+    key, n_mine, locked = _count_try(c, ADMIN, who, _window(now))
     if n_mine <= c.settings.login_max_failures and not locked:
         return Attempt(who, key)
     c.r.decr(key)  # refused before the token was compared: not a try
@@ -176,12 +181,7 @@ def hook_failed(c: Context, client: str | None, field: str) -> None:
     (the caller answers 401 otherwise)."""
     now, who = time.time(), client or "unknown"
     window = _window(now)
-    key = _client_key(HOOK, who, window)
-    pipe = c.r.pipeline(transaction=True)
-    pipe.incr(key)
-    pipe.expire(key, WINDOW_S)
-    pipe.exists(_lock_key(HOOK, who, window))
-    n_mine, _, locked = pipe.execute()
+    key, n_mine, locked = _count_try(c, HOOK, who, window)
     if n_mine > c.settings.login_max_failures or locked:
         c.r.decr(key)  # refused as if before the comparison: not a try
         raise _refuse(c, HOOK, who, field, not locked, now)
