@@ -160,10 +160,15 @@ class Lifecycle:
             note = (f"; warmup cut short by PREWARM_WARMUP_MAX_SECONDS ({self.options.warmup_max_seconds:g} s) "
                     f"for input(s) #{', #'.join(map(str, cut))}")
             log.warning("%s on %s: %s", key, g.id, note.removeprefix("; "))
+        skipped = [i for i, f in enumerate(s.warmup) if f.get("not_warmed")]
+        if skipped:  # its memory would have passed the GPU's free bytes (runtimes/warmup_memory.py)
+            note += (f"; warmup input(s) #{', #'.join(map(str, skipped))} not warmed: their memory would pass "
+                     f"what {g.id} has free")
         self._event("ready", entry.id, g, f"loaded and warmed {key} ({format_bytes(rec.bytes)}, from {rec.source}){note}",
                     {"version": entry.version, "bytes": rec.bytes, "load_seconds": rec.load_seconds,
                      "warmup_seconds": rec.warmup_seconds, "kind": kind, "source": rec.source,
-                     **({"warmup_cut_short": cut} if cut else {})})
+                     **({"warmup_cut_short": cut} if cut else {}),
+                     **({"warmup_not_warmed": skipped} if skipped else {})})
         return self._result(rec, s, noop=False)
 
     def _result(self, rec: state.Replica, s: Slot, *, noop: bool) -> dict[str, Any]:

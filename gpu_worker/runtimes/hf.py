@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from gpu_worker.device import module_bytes, trim_host_memory
-from gpu_worker.errors import Cancelled
+from gpu_worker.errors import Cancelled, WarmupDoesNotFit
 from gpu_worker.loader import TORCH_DTYPES, LoadError, load_weights
 from gpu_worker.runtimes import CheckCancel, Progress, ReplicaSpec
 from gpu_worker.runtimes.checkpoint import Checkpoint, check_files, read_checkpoint
@@ -37,11 +38,13 @@ from gpu_worker.runtimes.errors import (
     UnknownArchitecture,
 )
 from gpu_worker.runtimes.warmup import run_until_stable
-from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes
+from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes, not_warmed
 from prewarm.catalog import MAX_INPUT_TOKENS  # the catalog's bound on a warmup input: one rule for both
 from prewarm.safetensors_header import SafetensorsError
 
 MAX_NEW_TOKENS = 256
+
+log = logging.getLogger("prewarm.worker")
 
 
 def _fmt(dtype: torch.dtype, shape: tuple[int, ...] | list[int]) -> str:
@@ -256,10 +259,14 @@ class HFRuntime:
                         raise EngineWarmupFailed(f"{self.spec.where}: {where} failed: {type(exc).__name__}: "
                                                  f"{exc}") from None
 
-                fig = run_until_stable(memory.metered(one), self.spec.policy, check_cancel)
+                fig = {**run_until_stable(memory.metered(one), self.spec.policy, check_cancel),
+                       "peak_bytes": memory.peak_bytes}
+            except WarmupDoesNotFit as exc:
+                log.warning("%s", exc)
+                fig = not_warmed({}, exc)
             finally:
                 memory.release()
-            out.append({"prompt_tokens": w.prompt_tokens, "batch": w.batch, **fig, "peak_bytes": memory.peak_bytes})
+            out.append({"prompt_tokens": w.prompt_tokens, "batch": w.batch, **fig})
         return out
 
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:

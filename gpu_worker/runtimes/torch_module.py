@@ -23,11 +23,11 @@ import torch
 
 from gpu_worker.device import Device, module_bytes
 from gpu_worker.devmem import DeviceArena
-from gpu_worker.errors import BadRequest, Cancelled, LoadFailed, NotResident, WarmupFailed
+from gpu_worker.errors import BadRequest, Cancelled, LoadFailed, NotResident, WarmupDoesNotFit, WarmupFailed
 from gpu_worker.runtimes import CheckCancel, Progress
 from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
 from gpu_worker.runtimes.warmup import WarmupPolicy, run_until_stable
-from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes
+from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes, not_warmed
 from gpu_worker.staging import HostCache
 from prewarm.catalog import MAX_INPUT_ELEMENTS, ModelEntry, WarmupInput, check_input_shape
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
@@ -238,11 +238,14 @@ class TorchRuntime:
         for i, spec in enumerate(self.entry.warmup):
             assert isinstance(spec, WarmupInput)
             where = f"warmup input #{i} (shape {list(spec.shape)}, {spec.dtype})"
-            # Its input and activations count against the device while it warms (refused if they do not fit).
+            # Its input and activations count against the device while it warms (not warmed if they do not fit).
             memory = WarmupMemory(self.device, f"{self.entry.key} on {self.gpu}: {where}")
             try:
                 memory.reserve_input(input_bytes(spec.shape, TORCH_INPUT_DTYPES[spec.dtype]))
                 out.append(self._warm_one(module, spec, i, where, high, memory, check_cancel))
+            except WarmupDoesNotFit as exc:
+                log.warning("%s", exc)
+                out.append(not_warmed({"shape": list(spec.shape), "dtype": spec.dtype}, exc))
             finally:
                 memory.release()
         return out

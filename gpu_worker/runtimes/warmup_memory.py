@@ -14,8 +14,10 @@ warmup needs more, for a while: the input, and the activations of each pass. For
 3. reserves that peak too for the passes after (same shapes, same activations), and releases both once
    the input is done (or failed).
 
-Every refusal is a WarmupDoesNotFit (a DoesNotFit and a WarmupFailed): the worker then fails the load
-with its message and releases the replica, leaving the device's budget as it was. Steady state is
+Every refusal is a WarmupDoesNotFit, raised before the worker holds more than the device has free. The runtime
+then skips that input (`not_warmed`: its figures say why, the worker's ready event names it) and goes on: a
+replica whose weights fit is not refused for its warmup, since every policy places by weights and a load
+refused there would be planned again at the next tick, and again. Steady state is
 unchanged: after warmup a replica holds its module (and a CUDA graph's pool), which is what it reports;
 the warmup's peak is shown in its figures (`peak_bytes`), not kept in its bytes.
 """
@@ -35,8 +37,13 @@ from gpu_worker.device import Device
 from gpu_worker.errors import DoesNotFit, WarmupDoesNotFit
 from prewarm.config import format_bytes
 
-_ADVICE = ("the warmup's memory counts against the device: the load is refused and the replica released; "
-           "declare a smaller warmup input in the catalog, or give it a device with more free memory")
+_ADVICE = ("the warmup's memory counts against the device: this input is not warmed (its first requests run "
+           "cold); declare a smaller warmup input in the catalog, or give it a device with more free memory")
+
+
+def not_warmed(figures: dict[str, Any], exc: WarmupDoesNotFit) -> dict[str, Any]:
+    """An input's figures when it did not fit: no pass counted, and why (`not_warmed`)."""
+    return {**figures, "passes": 0, "stable": False, "cut_short": False, "peak_bytes": 0, "not_warmed": str(exc)}
 
 
 class OverBudget(Exception):

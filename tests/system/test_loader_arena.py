@@ -72,11 +72,29 @@ def test_a_tensor_that_does_not_fit_falls_back_to_new_memory():
     assert int(extra.sum()) == 3 * 2 * MiB and int(keep[-1]) == 4
 
 
+def _advised_huge(addr: int) -> bool:
+    """Whether the mapping holding `addr` carries MADV_HUGEPAGE (VmFlags `hg` in /proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, _, hi = head.partition("-")
+                inside = int(lo, 16) <= addr < int(hi, 16)
+            elif inside and head == "VmFlags:":
+                return "hg" in line.split()[1:]
+    return False
+
+
 @pytest.mark.skipif(not _thp_on(), reason="transparent huge pages are off here")
 def test_the_arena_is_huge_page_backed():
+    # What the arena does is ask for huge pages (MADV_HUGEPAGE) over its whole range; how many the kernel
+    # grants depends on how fragmented this shared machine's memory is (6 of 16 MiB on one loaded run), so the
+    # count is reported, not asserted.
     arena = DeviceArena(16 * MiB)
+    assert _advised_huge(arena._usable.data_ptr()) and _advised_huge(arena._usable.data_ptr() + 15 * MiB)
     got = arena.huge_page_bytes()
-    assert got is not None and got >= 16 * MiB - 2 * HUGE_PAGE_BYTES, got
+    assert got is not None and got % HUGE_PAGE_BYTES == 0, got
 
 
 def test_the_arena_is_resident_before_any_load():
