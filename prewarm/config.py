@@ -10,6 +10,7 @@ import math
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -65,14 +66,14 @@ def parse_devices(text: str | None) -> list[DeviceSpec]:
         name, _, budget = part.partition("=")
         name = name.strip()
         if not re.fullmatch(r"(cpu|cuda):[0-9]+", name):
-            raise ValueError(f"PREWARM_DEVICES: {name!r} is not a device; write cpu:N=SIZE or cuda:N[=SIZE]")
+            raise ConfigError(f"PREWARM_DEVICES: {name!r} is not a device; write cpu:N=SIZE or cuda:N[=SIZE]")
         if name.startswith("cpu") and not budget:
             budget_bytes: int | None = DEFAULT_CPU_BUDGET
         else:
             budget_bytes = parse_bytes(budget) if budget else None
         specs.append(DeviceSpec(name, budget_bytes))
     if len({s.device for s in specs}) != len(specs):
-        raise ValueError(f"PREWARM_DEVICES: a device is listed twice in {text!r}")
+        raise ConfigError(f"PREWARM_DEVICES: a device is listed twice in {text!r}")
     return specs
 
 
@@ -107,7 +108,7 @@ def parse_idle_memory_budget(text: str | None, name: str = "PREWARM_IDLE_MEMORY_
     except ValueError:
         v = math.nan
     if not 0.0 <= v <= 1.0:  # NaN fails too
-        raise ValueError(f"{name}={text!r}: write a share of each GPU from 0 to 1 (e.g. 0.25 or 25%), "
+        raise ConfigError(f"{name}={text!r}: write a share of each GPU from 0 to 1 (e.g. 0.25 or 25%), "
                          "or 'unlimited'")
     return v
 
@@ -125,6 +126,52 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
 
 
+class ConfigError(ValueError):
+    """A PREWARM_* variable that cannot be used; the message names it and says what to write."""
+
+
+def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration variable (2, 2s, 5m, 1h), more than 0 seconds; the error names the variable."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        v = parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r}: {exc}") from None
+    if v <= 0:
+        raise ConfigError(f"{name}={raw!r}: write a duration above 0, e.g. {default:g}s")
+    return v
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, low: int = 1) -> int:
+    """A whole-number variable, at least `low`; the error names the variable."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: write a whole number of {low} or more, e.g. {default}") from None
+    if v < low:
+        raise ConfigError(f"{name}={raw!r}: write a whole number of {low} or more, e.g. {default}")
+    return v
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """A finite number variable (its range is checked where the setting is); the error names the variable."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        v = float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: write a number, e.g. {default:g}") from None
+    if not math.isfinite(v):
+        raise ConfigError(f"{name}={raw!r}: write a finite number, e.g. {default:g}")
+    return v
+
+
 def parse_max_demand_wait(text: str | None, name: str = "PREWARM_MAX_DEMAND_WAIT") -> float | None:
     """How long a request may wait for its model before the policy serves it next: '60s', '2m', '90';
     unset, empty or 'off': None (the rule is off)."""
@@ -136,7 +183,7 @@ def parse_max_demand_wait(text: str | None, name: str = "PREWARM_MAX_DEMAND_WAIT
     except ValueError:
         v = 0.0
     if v <= 0:
-        raise ValueError(f"{name}={text!r}: write a positive duration such as 60s or 2m, or 'off'")
+        raise ConfigError(f"{name}={text!r}: write a positive duration such as 60s or 2m, or 'off'")
     return v
 
 
@@ -168,12 +215,12 @@ def parse_slo(text: str | None) -> ColdStartSlo | None:
         name, eq, value = part.partition("=")
         name = name.strip().lower()
         if not eq or name not in ("share", "p95", "window") or not value.strip():
-            raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: cannot read {part!r}; {_SLO_HELP}")
+            raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: cannot read {part!r}; {_SLO_HELP}")
         if name in fields:
-            raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: {name} is given twice; {_SLO_HELP}")
+            raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: {name} is given twice; {_SLO_HELP}")
         fields[name] = value.strip()
     if ("share" in fields) == ("p95" in fields):
-        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: give exactly one of share or p95; {_SLO_HELP}")
+        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: give exactly one of share or p95; {_SLO_HELP}")
     try:
         window = parse_duration(fields.get("window", "15m"))
         if "share" in fields:
@@ -182,11 +229,11 @@ def parse_slo(text: str | None) -> ColdStartSlo | None:
         else:
             metric, target = "p95", parse_duration(fields["p95"])
     except ValueError as exc:
-        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: {exc}; {_SLO_HELP}") from None
+        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: {exc}; {_SLO_HELP}") from None
     if metric == "share" and not 0.0 < target < 1.0:
-        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: share {target:g} must lie between 0 and 1, e.g. 0.05")
+        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: share {target:g} must lie between 0 and 1, e.g. 0.05")
     if target <= 0 or window < 60:
-        raise ValueError(f"PREWARM_COLD_START_SLO={text!r}: the target must be positive and the window at "
+        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: the target must be positive and the window at "
                          "least 1m (the scheduler measures it per minute)")
     return ColdStartSlo(metric, target, window)
 
@@ -267,26 +314,26 @@ class Settings:
             redis_url=e.get("PREWARM_REDIS_URL") or None,
             catalog=Path(e.get("PREWARM_CATALOG") or data_dir / "demo-models" / "catalog.toml"),
             node=e.get("PREWARM_NODE") or socket.gethostname(),
-            port=int(e.get("PORT") or 8000),
+            port=env_int(e, "PORT", 8000),
             devices_text=e.get("PREWARM_DEVICES") or None,
             data_dir=data_dir,
             hook_token=e.get("PREWARM_HOOK_TOKEN") or None,
             admin_token=e.get("PREWARM_ADMIN_TOKEN") or None,
-            tick_seconds=float(e.get("PREWARM_TICK_SECONDS") or 2.0),
-            heartbeat_seconds=float(e.get("PREWARM_HEARTBEAT_SECONDS") or 2.0),
-            heartbeat_ttl=float(e.get("PREWARM_HEARTBEAT_TTL") or 10.0),
-            intent_ttl=float(e.get("PREWARM_INTENT_TTL") or 120.0),
-            leader_ttl=float(e.get("PREWARM_LEADER_TTL") or 10.0),
-            event_log_max=int(e.get("PREWARM_EVENT_LOG_MAX") or 5000),
-            speculative_share=float(e.get("PREWARM_SPECULATIVE_SHARE") or 0.6),
-            max_loads_per_gpu=int(e.get("PREWARM_MAX_LOADS_PER_GPU") or 2),
+            tick_seconds=env_seconds(e, "PREWARM_TICK_SECONDS", 2.0),
+            heartbeat_seconds=env_seconds(e, "PREWARM_HEARTBEAT_SECONDS", 2.0),
+            heartbeat_ttl=env_seconds(e, "PREWARM_HEARTBEAT_TTL", 10.0),
+            intent_ttl=env_seconds(e, "PREWARM_INTENT_TTL", 120.0),
+            leader_ttl=env_seconds(e, "PREWARM_LEADER_TTL", 10.0),
+            event_log_max=env_int(e, "PREWARM_EVENT_LOG_MAX", 5000),
+            speculative_share=env_float(e, "PREWARM_SPECULATIVE_SHARE", 0.6),
+            max_loads_per_gpu=env_int(e, "PREWARM_MAX_LOADS_PER_GPU", 2),
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
-            login_max_failures=int(e.get("PREWARM_LOGIN_MAX_FAILURES") or 10),
-            login_max_failures_global=int(e.get("PREWARM_LOGIN_MAX_FAILURES_GLOBAL") or 100),
+            login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),
+            login_max_failures_global=env_int(e, "PREWARM_LOGIN_MAX_FAILURES_GLOBAL", 100),
             cold_start_slo=parse_slo(e.get("PREWARM_COLD_START_SLO")),
-            gpu_hour_cost=float(e.get("PREWARM_GPU_HOUR_COST") or 0.0),
+            gpu_hour_cost=env_float(e, "PREWARM_GPU_HOUR_COST", 0.0),
             policy=(e.get("PREWARM_POLICY") or policy_names.DEFAULT).strip(),
             web_host=(e.get("PREWARM_WEB_HOST") or "").strip() or DEFAULT_WEB_HOST,  # blank would bind all
         )
@@ -307,19 +354,19 @@ class Settings:
     def __post_init__(self) -> None:
         policy_names.check(self.policy)
         if not 0.0 <= self.speculative_share <= 1.0:
-            raise ValueError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
+            raise ConfigError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")
         if self.secret_key is not None and len(self.secret_key) < MIN_SECRET_KEY_CHARS:
-            raise ValueError(f"PREWARM_SECRET_KEY: {len(self.secret_key)} characters is too short to sign "
+            raise ConfigError(f"PREWARM_SECRET_KEY: {len(self.secret_key)} characters is too short to sign "
                              f"sessions; use at least {MIN_SECRET_KEY_CHARS} random characters, e.g. the output of "
                              "python3 -c 'import secrets; print(secrets.token_urlsafe(32))', or unset it")
         if not math.isfinite(self.gpu_hour_cost) or self.gpu_hour_cost < 0:
-            raise ValueError(f"PREWARM_GPU_HOUR_COST={self.gpu_hour_cost}: write the price of one GPU-hour, "
+            raise ConfigError(f"PREWARM_GPU_HOUR_COST={self.gpu_hour_cost}: write the price of one GPU-hour, "
                              "0 or more, e.g. 2.5")
         for name, value in (("PREWARM_LOGIN_MAX_FAILURES", self.login_max_failures),
                             ("PREWARM_LOGIN_MAX_FAILURES_GLOBAL", self.login_max_failures_global)):
             if value < 1:
-                raise ValueError(f"{name}={value}: write a number of failed logins of at least 1, e.g. 10")
+                raise ConfigError(f"{name}={value}: write a number of failed logins of at least 1, e.g. 10")
 
     def devices(self) -> list[DeviceSpec]:
         return parse_devices(self.devices_text)

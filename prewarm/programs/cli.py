@@ -55,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        from prewarm.config import ConfigError
         from prewarm.runtime import redis_failure
 
-        line = redis_failure(exc)  # Redis down or the password refused: one line, not a traceback
+        # a PREWARM_* variable (its name and what to write), Redis down or the password refused: one line
+        line = str(exc) if isinstance(exc, ConfigError) else redis_failure(exc)
         if line is None:
             raise
         print(f"prewarm: {line}", file=sys.stderr)
