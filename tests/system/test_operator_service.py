@@ -11,12 +11,11 @@ from flask.testing import FlaskClient
 from markupsafe import escape
 
 from prewarm import events
+from tests.system.test_api import ADMIN, AUTH, _login
 from tests.system.test_worker_process import _cli
 from tests.web_support import make_catalog, make_context, publish_gpu, queued_tasks, replica
 from web.app import create_app
 
-ADMIN = "admin-t0ken"
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
 GPU_A = "node-a/cpu:0"
 
 
@@ -31,14 +30,8 @@ def client(redis_url: str, catalog: Path) -> FlaskClient:
 
 
 def _console_flash(client: FlaskClient, model: str, action: str, form: dict[str, str]) -> str:
-    """The error flashed by the console's action button, as the page shows it."""
-    def csrf(path: str) -> str:
-        html = client.get(path).get_data(as_text=True)
-        return html.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
-
-    assert client.post("/login", data={"token": ADMIN, "csrf_token": csrf("/login"), "next": "/fleet"}
-                       ).status_code == 302
-    return client.post(f"/actions/{model}/{action}", data={"csrf_token": csrf("/fleet"), "next": "/fleet", **form},
+    """The page the console's action button leads to, with its flashed message."""
+    return client.post(f"/actions/{model}/{action}", data={"csrf_token": _login(client), "next": "/fleet", **form},
                        follow_redirects=True).get_data(as_text=True)
 
 
