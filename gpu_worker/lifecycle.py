@@ -29,10 +29,10 @@ from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.slots import GpuSlot, Slot, WorkerOptions
 from gpu_worker.staging import HostCache
 from prewarm import priority as priorities
-from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.catalog import ModelEntry, TokenWarmupInput
 from prewarm.config import format_bytes
+from prewarm.domain import states as rs
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES
 from prewarm.store.ready import replica_ready
 

@@ -15,7 +15,7 @@ import redis
 from gpu_worker.slots import GpuSlot, Slot, StageJob, WorkerOptions
 from gpu_worker.staging import HostCache
 from prewarm import events, keys, state
-from prewarm import replica_states as rs
+from prewarm.domain import states as rs
 
 log = logging.getLogger("prewarm.worker")
 

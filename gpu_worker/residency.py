@@ -53,9 +53,9 @@ from gpu_worker.slots import GpuSlot, Slot, StageJob, WorkerOptions
 from gpu_worker.staging import HostCache
 from gpu_worker.worker_catalog import CatalogReload
 from prewarm import keys
-from prewarm import replica_states as rs
 from prewarm.catalog import Catalog
 from prewarm.config import DeviceSpec
+from prewarm.domain import states as rs
 
 __all__ = ["EVICT_WAIT_SECONDS", "GpuSlot", "NodeWorker", "Slot", "StageJob", "WorkerOptions", "make_input",
            "summarize"]

@@ -28,10 +28,10 @@ from typing import Any
 
 from gpu_worker.errors import LoadFailed
 from gpu_worker.slots import GpuSlot, Slot
-from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
+from prewarm.domain import states as rs
 
 log = logging.getLogger("prewarm.worker")
 

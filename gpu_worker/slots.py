@@ -16,9 +16,9 @@ from typing import Any
 from gpu_worker.device import Device, make_device
 from gpu_worker.devmem import DeviceArena
 from gpu_worker.runtimes import Runtime
-from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.config import DeviceSpec, Settings
+from prewarm.domain import states as rs
 
 # A queued preload's task retries every RETRY_BUSY_SECONDS (gpu_worker.tasks); one not seen for this long has
 # stopped coming back (dropped, or its worker thread stalled) and no longer holds its place in the queue.

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from prewarm import policy_names
+from prewarm.domain import policy_names
+from prewarm.domain.slo import ColdStartSlo
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
@@ -187,22 +188,6 @@ def parse_max_demand_wait(text: str | None, name: str = "PREWARM_MAX_DEMAND_WAIT
     return v
 
 
-@dataclass(frozen=True)
-class ColdStartSlo:
-    """PREWARM_COLD_START_SLO: the line the scheduler keeps cold starts under by steering its speculative
-    budget (scheduler/slo.py): `share=0.05,window=15m` (share of route lookups not answered ready) or
-    `p95=10s` (95th percentile cold-start duration), measured over `window` (default 15m)."""
-
-    metric: str  # "share" | "p95"
-    target: float  # a share from 0 to 1, or seconds
-    window_s: float = 900.0
-
-    def describe(self) -> str:
-        line = f"cold-start share <= {self.target:.1%}" if self.metric == "share" else \
-            f"p95 cold start <= {self.target:g} s"
-        return f"{line} per {self.window_s / 60:g} min window"
-
-
 _SLO_HELP = "write share=0.05,window=15m or p95=10s (window optional, default 15m)"
 
 
@@ -300,7 +285,7 @@ class Settings:
     cold_start_slo: ColdStartSlo | None = None  # None: the speculative budget stays where it is set
     # price of one GPU-hour of memory, for /api/roi (0: memory-time shown in GiB·h only)
     gpu_hour_cost: float = 0.0
-    # the scheduler's policy (PREWARM_POLICY): prewarm's plan or one of the baselines, prewarm.policy_names
+    # the scheduler's policy (PREWARM_POLICY): prewarm's plan or one of the baselines, prewarm.domain.policy_names
     policy: str = policy_names.DEFAULT
     # the address `prewarm web` binds (PREWARM_WEB_HOST; `prewarm web --host` wins)
     web_host: str = DEFAULT_WEB_HOST

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import redis
 
 from prewarm import priority as priorities
-from prewarm import replica_states, state
+from prewarm import state
 from prewarm.catalog import Catalog
+from prewarm.domain import states as rs
+from prewarm.domain.policy.types import GIB, PolicyConfig
 from prewarm.store import load_times
-from scheduler.policy.types import GIB, PolicyConfig
 
 _DEFAULTS = PolicyConfig()  # the size-based defaults the scheduler plans with for unmeasured models
 # Below this progress a load's own speed is not yet a measure: the expected time stands instead.
@@ -58,7 +59,7 @@ def remaining_seconds(rep: state.Replica, expected: float, warmup: float, now: f
     """Seconds left of a load holding a slot: at its own pace so far once it has made some progress (a
     slower disk than usual shows at once), else the expected time less what has passed."""
     elapsed = max(0.0, now - rep.since)
-    if rep.state == replica_states.WARMING:
+    if rep.state == rs.WARMING:
         return max(0.0, warmup - elapsed)
     if rep.progress >= _MIN_PROGRESS and elapsed > 0:
         return elapsed * (1.0 - rep.progress) / rep.progress + warmup
@@ -112,12 +113,12 @@ def gpu_etas(catalog: Catalog, fleet: state.Fleet, gpu: state.Gpu, intents: list
     seen = set()
     for rep in gpu.replicas:
         key = (rep.model, rep.version)
-        if rep.state in replica_states.HOLDING:
+        if rep.state in rs.HOLDING:
             seen.add(key)  # a preload intent of it is this replica, not another load
-        if rep.state not in replica_states.IN_FLIGHT:
+        if rep.state not in rs.IN_FLIGHT:
             continue
         exp = expected_seconds(catalog, measured, rep.model, rep.version, key in staged_here)
-        if rep.state == replica_states.PENDING:
+        if rep.state == rs.PENDING:
             waiting.append(Waiting(rep.model, rep.version, (0, -priorities.rank(rep.priority), rep.created_at or rep.since),
                                    exp))
             continue
@@ -140,7 +141,7 @@ def model_eta(r: redis.Redis, catalog: Catalog, fleet: state.Fleet, model: str, 
     plus `unplaced_wait_s`."""
     intents = [it for it in state.read_intents(r) if it.action == "preload"]
     gpus = [g for g in fleet.alive()
-            if any(x.model == model and x.version == version and x.state in replica_states.IN_FLIGHT
+            if any(x.model == model and x.version == version and x.state in rs.IN_FLIGHT
                    for x in g.replicas)
             or any(it.gpu == g.id and it.model == model and it.version == version for it in intents)]
     names = {x.model for g in gpus for x in g.replicas} | {it.model for it in intents if it.gpu in

@@ -1,6 +1,6 @@
 """Room on the live fleet for one more load: each GPU's free bytes less what preloads already sent will
 take, its loads in flight or queued, and the nodes holding the model staged, read from the fleet and
-the intents in Redis. These are the inputs of the one placement rule (scheduler.policy.placement.rank);
+the intents in Redis. These are the inputs of the one placement rule (prewarm.domain.policy.placement.rank);
 the route hook's on-demand preload, the operator CLI and the API all choose through `ranked`, among the
 GPUs that take loads (state.Fleet.placeable: alive, heartbeat fresh)."""
 
@@ -10,11 +10,11 @@ import time
 
 import redis
 
-from prewarm import replica_states as rs
 from prewarm import state
 from prewarm.catalog import Catalog, ModelEntry
 from prewarm.config import format_bytes
-from scheduler.policy.placement import Room, rank
+from prewarm.domain import states as rs
+from prewarm.domain.policy.placement import Room, rank
 
 
 def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Room]:

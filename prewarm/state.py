@@ -23,11 +23,12 @@ from typing import Any
 
 import redis
 
-from prewarm import keys, replica_states
+from prewarm import keys
+from prewarm.domain import states as rs
 
-# The state names are spelled in replica_states; these are the fleet records' names for them.
-REPLICA_STATES = replica_states.REPLICA_STATES
-STAGED_STATES = replica_states.STAGED_STATES
+# The state names are spelled in prewarm.domain.states; these are the fleet records' names for them.
+REPLICA_STATES = rs.REPLICA_STATES
+STAGED_STATES = rs.STAGED_STATES
 # A GPU whose last heartbeat is older than this many of its worker's beats is late: its worker missed two
 # beats in a row (a beat's own work stretches one a little, never by a whole period), so it gets no new loads.
 FRESH_BEATS = 3.0

@@ -20,9 +20,9 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.policy import Action, ModelSpec, Snapshot
-from scheduler.policy.baselines.live import Arrival
-from scheduler.policy.choice import Policy
+from prewarm.domain.baselines.live import Arrival
+from prewarm.domain.choice import Policy
+from prewarm.domain.policy import Action, ModelSpec, Snapshot
 
 MAX_FAULTS = 4  # models left out in one tick before it gives up (each costs about two plans)
 

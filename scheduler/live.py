@@ -43,14 +43,14 @@ import redis
 from prewarm import events, keys, metrics_defs, state
 from prewarm.context import Context
 from prewarm.dispatch import Dispatched, Order, order_preload
+from prewarm.domain.choice import Policy, make_policy
+from prewarm.domain.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
+from prewarm.domain.policy import native as policy_native
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
 from scheduler.isolation import Isolation
 from scheduler.leader import Leadership
-from scheduler.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
-from scheduler.policy import native as policy_native
-from scheduler.policy.choice import Policy, make_policy
 from scheduler.snapshot import SnapshotReader
 from scheduler.steering import Steering
 
@@ -395,7 +395,7 @@ class Scheduler:
                       coalesce=True)
         log.info("scheduler %s ticking every %.1f s (leader lock TTL %.0f s), woken at once by cold route "
                  "lookups; policy %s (%s)", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl,
-                 self.ctx.settings.policy, "native build" if policy_native.active() else "pure Python (python -m scheduler.policy build)")
+                 self.ctx.settings.policy, "native build" if policy_native.active() else "pure Python (python -m prewarm.domain.policy build)")
         self.safe_tick()
         self.start_listener()
         try:

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import redis
 
-from prewarm import events, keys, replica_states, state, traffic
+from prewarm import events, keys, state, traffic
 from prewarm import priority as priorities
 from prewarm.catalog import Catalog, ModelEntry
-from prewarm.store import cold_starts, load_times, overlays
-from scheduler.policy import (
+from prewarm.domain import states as rs
+from prewarm.domain.policy import (
     GpuState,
     Intent,
     ModelSpec,
@@ -41,6 +41,7 @@ from scheduler.policy import (
     StagedState,
     TrafficHistory,
 )
+from prewarm.store import cold_starts, load_times, overlays
 
 HISTORY_WARMUP_S = 4 * 3600  # how far back a starting scheduler reads per-minute traffic
 WAITING_MAX_AGE_S = 600  # an open cold start older than this was abandoned (e.g. its loads kept failing)
@@ -207,7 +208,7 @@ class SnapshotReader:
         for model, c in cold_starts.read_open(self.r, now).items():
             if model not in catalog or now - c.seen_at > WAITING_MAX_AGE_S:
                 continue
-            if any(x.state == replica_states.READY and x.version == c.version for x in fleet.replicas(model)):
+            if any(x.state == rs.READY and x.version == c.version for x in fleet.replicas(model)):
                 continue
             out[model_key(catalog, model, c.version)] = c.seen_at
         return out
@@ -233,7 +234,7 @@ class SnapshotReader:
             models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s)
         replicas_now = {mid: 0 for mid in ids}
         for rep in fleet.replicas():
-            if rep.model in replicas_now and rep.state in (*replica_states.IN_FLIGHT, replica_states.READY):
+            if rep.model in replicas_now and rep.state in (*rs.IN_FLIGHT, rs.READY):
                 replicas_now[rep.model] += 1
         for mid, ro in rollouts.items():
             try:
@@ -252,7 +253,7 @@ class SnapshotReader:
         # as good as gone to it (its records just have not expired yet), replicas and all, so it plans around.
         for g in fleet.placeable():
             for rep in g.replicas:
-                if rep.state == replica_states.FAILED:
+                if rep.state == rs.FAILED:
                     continue  # holds no memory; the worker keeps it only to show the reason
                 key = self._old_version(models, catalog, rep.model, rep.version, load_s, pinned, promote_s)
                 if key is None:

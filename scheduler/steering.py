@@ -1,5 +1,5 @@
 """The live side of the cold-start SLO (PREWARM_COLD_START_SLO): each leader tick reads the window's
-route lookup counts from Redis, runs the pure controller (scheduler/slo.py) and hands the policy config
+route lookup counts from Redis, runs the pure controller (prewarm/domain/slo.py) and hands the policy config
 with the speculative budget it gives; a change is an `slo` event with the figures, and the state is kept
 in Redis (prewarm.store.slo_state) so the console shows it and a new leader carries on from it.
 """
@@ -11,10 +11,10 @@ import math
 import redis
 
 from prewarm import events
-from prewarm.config import ColdStartSlo
+from prewarm.domain import slo
+from prewarm.domain.policy.types import PolicyConfig
+from prewarm.domain.slo import ColdStartSlo
 from prewarm.store import lookup_counts, slo_state
-from scheduler import slo
-from scheduler.policy.types import PolicyConfig
 
 
 class Steering:

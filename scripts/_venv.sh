@@ -19,4 +19,4 @@ fi
 export PATH="$VENV/bin:$PATH"
 # The policy's native (mypyc) build for the current sources: compiled when missing (about 15 s),
 # skipped with a note where there is no compiler (the policy then runs as pure Python).
-"$VENV/bin/python" -m scheduler.policy ensure
+"$VENV/bin/python" -m prewarm.domain.policy ensure

@@ -1,1 +1,1 @@
-"""Trace-replay simulator: replays request traces through scheduler.policy.plan and the baselines."""
+"""Trace-replay simulator: replays request traces through prewarm.domain.policy.plan and the baselines."""

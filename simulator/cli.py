@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prewarm.config import parse_idle_memory_budget, parse_max_demand_wait, parse_slo
-from scheduler.policy import PolicyConfig
+from prewarm.domain.policy import PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.policy import PolicyConfig
+from prewarm.domain.policy import PolicyConfig
 
 from .engine import Replica, Simulation
 from .policies import POLICIES, Prewarm

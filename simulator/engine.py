@@ -40,8 +40,8 @@ from typing import Protocol
 
 import numpy as np
 
-from scheduler.policy import PolicyConfig
-from scheduler.policy.baselines.placement import choose
+from prewarm.domain.baselines.placement import choose
+from prewarm.domain.policy import PolicyConfig
 
 from .trace import GIB, Trace
 
@@ -492,7 +492,7 @@ class Simulation:
             if tick and (t + tick <= end or (self.stalled and t + tick <= end + DRAIN_S)):
                 self.push(t + tick, _TICK, ())
 
-    # ---- the baselines' Fleet (scheduler.policy.baselines.base.Fleet) ---------------------
+    # ---- the baselines' Fleet (prewarm.domain.baselines.base.Fleet) ---------------------
     def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
         """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
         with room, a free load slot first, then the most free memory; else the GPU whose victims in

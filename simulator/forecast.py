@@ -1,5 +1,5 @@
 """forecast: the baseline an operator gets from a load-forecasting autoscaler. The rule itself lives in
-`scheduler.policy.baselines.forecast` (see its docstring for the source and the rules); here the
+`prewarm.domain.baselines.forecast` (see its docstring for the source and the rules); here the
 statsmodels reference its vectorised fit (`fit_ses_grid`) is checked against."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from scheduler.policy.baselines.forecast import ALPHAS, Forecast, fit_ses_grid
+from prewarm.domain.baselines.forecast import ALPHAS, Forecast, fit_ses_grid
 
 __all__ = ["ALPHAS", "Forecast", "fit_ses", "fit_ses_grid"]
 

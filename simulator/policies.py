@@ -1,5 +1,5 @@
 """The policies the simulator compares. Baselines are implemented as published, never tuned; their
-decision rules live in `scheduler.policy.baselines` (the live scheduler runs the same ones) and run here
+decision rules live in `prewarm.domain.baselines` (the live scheduler runs the same ones) and run here
 against the engine (`Simulation` implements their `Fleet`). Here: the oracle and prewarm's adapter.
 
 Multi-GPU adaptation shared by the baselines (the papers describe one memory pool): a model is
@@ -18,7 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from scheduler.policy import (
+from prewarm.domain.baselines import RULES
+from prewarm.domain.policy import (
     Action,
     Evict,
     GpuState,
@@ -36,7 +37,6 @@ from scheduler.policy import (
     Unstage,
     plan,
 )
-from scheduler.policy.baselines import RULES
 
 from .engine import Replica, Simulation
 from .policy_base import _Base
@@ -93,7 +93,7 @@ class Oracle(_Base):
 
 
 class Prewarm(_Base):
-    """prewarm: our policy — scheduler.policy.plan, the same function the live scheduler runs,
+    """prewarm: our policy — prewarm.domain.policy.plan, the same function the live scheduler runs,
     called every config.tick_s of virtual time and right away on a cold request that has no load
     in flight (as live, where a cold route lookup starts an on-demand preload and wakes the leader
     scheduler for an extra tick). The simulator plays the

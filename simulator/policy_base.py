@@ -3,7 +3,7 @@ keeps the engine as `sim`, for what only the simulator has (the trace, stages, l
 
 from __future__ import annotations
 
-from scheduler.policy.baselines import Rule
+from prewarm.domain.baselines import Rule
 
 from .engine import Simulation
 

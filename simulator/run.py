@@ -7,8 +7,8 @@ import sys
 import time
 from typing import Any
 
-from prewarm.config import ColdStartSlo
-from scheduler.policy import PolicyConfig, native
+from prewarm.domain.policy import PolicyConfig, native
+from prewarm.domain.slo import ColdStartSlo
 
 from .engine import Simulation
 from .policies import POLICIES, Prewarm

@@ -1,5 +1,5 @@
 """`prewarm simulate --slo`: prewarm's policy with the cold-start SLO controller steering its speculative
-budget, the same pure `scheduler.slo.step` the live scheduler runs each tick, fed the same figures: per
+budget, the same pure `prewarm.domain.slo.step` the live scheduler runs each tick, fed the same figures: per
 virtual minute, the requests (each one a route lookup) and those that found no ready replica, and the
 cold starts completed with their duration bucket (prewarm_cold_start_duration_seconds' buckets)."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from prewarm.config import ColdStartSlo
+from prewarm.domain import slo
+from prewarm.domain.policy.types import PolicyConfig
+from prewarm.domain.slo import ColdStartSlo
 from prewarm.metrics_defs import COLD_START_DURATION
-from scheduler import slo
-from scheduler.policy.types import PolicyConfig
 
 from .engine import Simulation
 from .policies import Prewarm

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prewarm.config import parse_idle_memory_budget
-from scheduler.policy import PolicyConfig
+from prewarm.domain.policy import PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate

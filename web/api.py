@@ -31,8 +31,9 @@ from typing import Any
 from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from prewarm import eta, events, replica_states, roi, state, traffic
+from prewarm import eta, events, roi, state, traffic
 from prewarm.catalog import ModelEntry
+from prewarm.domain import states as rs
 from prewarm.services import operator
 from prewarm.store import cold_starts, eta_promises, load_times, overlays, slo_state
 from prewarm.store import policy as running_policy
@@ -85,7 +86,7 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
     slo = current_slo(now)
     share = slo["speculative_share"] if slo else speculative_share()
     # each replica's ETA while loading (prewarm.eta: as the route hook promises it) and its last decision
-    loading = {x.model for x in fleet.replicas() if x.state in replica_states.IN_FLIGHT}
+    loading = {x.model for x in fleet.replicas() if x.state in rs.IN_FLIGHT}
     measured = eta.read_measured(c.r, loading) if loading else eta.Measured({}, {})
     last = last_decisions()
     gpus = []
@@ -99,7 +100,7 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
         etas = eta.gpu_etas(c.catalog, fleet, g, intents, measured, c.settings.max_loads_per_gpu, now) \
             if g.alive and any(x.model in loading for x in g.replicas) else {}
         for rep in d["replicas"]:
-            if (rep["model"], rep["version"]) in etas and rep["state"] in replica_states.IN_FLIGHT:
+            if (rep["model"], rep["version"]) in etas and rep["state"] in rs.IN_FLIGHT:
                 rep["eta_seconds"] = round(etas[(rep["model"], rep["version"])], 1)
             rep["last_decision"] = last.get((rep["model"], g.id))
         gpus.append(d)

@@ -24,7 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from prewarm import metrics_defs, replica_states, state, traffic
+from prewarm import metrics_defs, state, traffic
+from prewarm.domain import states as rs
 from prewarm.store import dispatch_counts, histograms
 
 ROUTE_LOOKUPS = Counter("prewarm_route_lookups", "Route hook lookups by what the router was told: "
@@ -113,8 +114,8 @@ def memory_split(g: state.Gpu) -> dict[str, int]:
     def held(states: tuple[str, ...]) -> int:
         return sum(x.bytes for x in g.replicas if x.state in states)
 
-    return {"ready": held((replica_states.READY,)), "loading": held(replica_states.IN_FLIGHT),
-            "evicting": held((replica_states.EVICTING,)), "free": g.free_bytes}
+    return {"ready": held((rs.READY,)), "loading": held(rs.IN_FLIGHT),
+            "evicting": held((rs.EVICTING,)), "free": g.free_bytes}
 
 
 def exposition(r: redis.Redis) -> bytes:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from prewarm.policy_names import LIVE_POLICIES, check
+from prewarm.domain.policy_names import LIVE_POLICIES, check
 
 DEFAULT_POLICIES = "prewarm,faascache,on-demand-lru"
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from prewarm.catalog import load_catalog
 from prewarm.config import Settings
+from prewarm.domain.policy import PolicyConfig
 from prewarm.store import load_times
-from scheduler.policy import PolicyConfig
 from simulator.engine import Simulation
 from simulator.policies import POLICIES
 

@@ -147,6 +147,6 @@ def _redis_cpu(r: redis.Redis) -> float:
 
 
 def _policy_build() -> str:
-    from scheduler.policy import native
+    from prewarm.domain.policy import native
 
     return "native" if native.active() else "pure"

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from prewarm import events, keys, state
-from prewarm import replica_states as rs
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
+from prewarm.domain import states as rs
 from prewarm.services import operator
 from prewarm.store import overlays
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from prewarm import rooms, state
 from prewarm.catalog import ModelEntry
 from prewarm.dispatch import Dispatched
-from prewarm.replica_states import READY
+from prewarm.domain.states import READY
 
 Field = Literal["model", "version", "gpu"]
 

@@ -25,15 +25,16 @@ from typing import Any, Protocol
 
 import redis
 
-from prewarm import eta, keys, replica_states, rooms, state
+from prewarm import eta, keys, rooms, state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
+from prewarm.domain import states as rs
 from prewarm.store import cold_starts, eta_promises, lookup_counts
 
 log = logging.getLogger(__name__)
 
 # Routable replica states, best first: a router sends to `ready`; the others say when it will be.
-_ORDER = {name: i for i, name in enumerate(replica_states.ROUTABLE)}
+_ORDER = {name: i for i, name in enumerate(rs.ROUTABLE)}
 
 
 class Counters(Protocol):
@@ -84,7 +85,7 @@ def lookup(ctx: Any, entry: ModelEntry, *, priority: str, counted: bool,
     found.sort(key=lambda p: (_ORDER[p[0].state], p[0].in_flight, -p[0].progress, p[1].id))
     body: dict[str, Any] = {"model": entry.id, "version": entry.version,
                             "replicas": [replica_view(rep, g) for rep, g in found]}
-    if found and found[0][0].state == replica_states.READY:
+    if found and found[0][0].state == rs.READY:
         body["state"] = "ready"
         cold_starts.close_ready(r, fleet, [entry.id])
     elif found or _preload_in_flight(r, entry, fleet):
@@ -200,7 +201,7 @@ def fallback_answer(catalog: Any, entry: ModelEntry, fleet: state.Fleet) -> dict
     while name is not None and name in catalog:  # the catalog refuses cycles and unknown names
         fb = catalog.get(name)
         ready = sorted(((x, g) for g in fleet.alive() for x in g.replicas
-                        if x.model == fb.id and x.version == fb.version and x.state == replica_states.READY),
+                        if x.model == fb.id and x.version == fb.version and x.state == rs.READY),
                        key=lambda p: (p[0].in_flight, p[1].id))
         answer = {"model": fb.id, "version": fb.version, "replicas": [replica_view(x, g) for x, g in ready]}
         if ready:

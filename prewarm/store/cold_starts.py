@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import redis
 from redis.client import Pipeline
 
-from prewarm import keys, metrics_defs, replica_states, state
+from prewarm import keys, metrics_defs, state
+from prewarm.domain import states as rs
 from prewarm.store import histograms, lookup_counts
 
 ABANDON_AFTER_S = 3600.0
@@ -158,7 +159,7 @@ def close_ready(r: redis.Redis, fleet: state.Fleet, models: list[str] | None = N
         if c is None:
             _close(r, model, "", now, None)  # unreadable: dropped rather than block future episodes
             continue
-        ready = [x for x in fleet.replicas(model) if x.state == replica_states.READY and x.version == c.version]
+        ready = [x for x in fleet.replicas(model) if x.state == rs.READY and x.version == c.version]
         if not ready:
             if now - c.seen_at > ABANDON_AFTER_S:
                 _close(r, model, c.version, now, c.seen_at)  # nothing ready within ABANDON_AFTER_S: dropped

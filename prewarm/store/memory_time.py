@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from prewarm import keys, replica_states, state
+from prewarm import keys, state
+from prewarm.domain import states as rs
 from prewarm.store.lookup_counts import minute_of
 
 MAX_GAP_S = 30.0
@@ -29,7 +30,7 @@ def account(r: redis.Redis, fleet: state.Fleet, since: float | None, now: float)
     per_gpu: dict[str, float] = defaultdict(float)
     for g in fleet.alive():
         for x in g.replicas:
-            if x.state not in replica_states.HOLDING:
+            if x.state not in rs.HOLDING:
                 continue
             held = max(x.bytes, x.total_bytes)
             per_bytes[x.model] += held * dt

@@ -20,8 +20,8 @@ from prewarm import keys, rooms, state
 from prewarm.catalog import load_catalog
 from prewarm.config import Settings
 from prewarm.context import Context
+from prewarm.domain.policy import PolicyConfig
 from scheduler.live import Scheduler
-from scheduler.policy import PolicyConfig
 from scheduler.snapshot import SnapshotReader
 from tests import procs
 from tests.model_files import tiny_catalog

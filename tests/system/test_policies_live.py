@@ -14,15 +14,16 @@ import pytest
 import redis
 
 from gpu_worker.sized_catalog import write_sized_catalog
-from prewarm import events, keys, policy_names, state, traffic
+from prewarm import events, keys, state, traffic
 from prewarm.config import Settings
 from prewarm.context import Context
+from prewarm.domain import policy_names
+from prewarm.domain.baselines import RULES
+from prewarm.domain.baselines.live import BaselinePolicy
+from prewarm.domain.choice import make_policy
+from prewarm.domain.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
 from prewarm.store import cold_starts
 from scheduler.live import Scheduler
-from scheduler.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
-from scheduler.policy.baselines import RULES
-from scheduler.policy.baselines.live import BaselinePolicy
-from scheduler.policy.choice import make_policy
 from tests.web_support import publish_gpu, queued_tasks, replica
 
 MIB = 1024**2
@@ -58,7 +59,7 @@ def test_policy_setting_defaults_to_prewarm_and_names_the_allowed_values() -> No
 
 
 def test_the_baselines_rules_import_no_simulator_redis_or_torch() -> None:
-    code = ("import sys, scheduler.policy.baselines, scheduler.policy.choice;"
+    code = ("import sys, prewarm.domain.baselines, prewarm.domain.choice;"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('simulator', 'redis', 'celery', 'torch', "
             "'flask'));print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

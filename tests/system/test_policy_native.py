@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.policy import native
+from prewarm.domain.policy import native
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def _simulate(trace: Path, out: Path, pure: bool) -> dict:
 
 def test_native_build_decides_exactly_like_the_source(tmp_path) -> None:
     if native.active() is None:
-        pytest.skip("no native policy build for these sources (python -m scheduler.policy build)")
+        pytest.skip("no native policy build for these sources (python -m prewarm.domain.policy build)")
     trace = tmp_path / "inv.csv"
     _trace(trace)
     pure = _simulate(trace, tmp_path / "pure.json", pure=True)
@@ -76,7 +76,7 @@ def test_a_build_that_does_not_load_is_ignored(tmp_path) -> None:
     for m in native.MODULES:
         (d / "pkg" / f"{m}{EXTENSION_SUFFIXES[0]}").write_bytes(b"not a shared object")
     (d / "complete").write_text("x\n")
-    code = ("import scheduler.policy as p, scheduler.policy.planner as pl; "
+    code = ("import prewarm.domain.policy as p, prewarm.domain.policy.planner as pl; "
             "print(p.native.active(), pl.__file__.endswith('planner.py'))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -87,17 +87,17 @@ def test_a_build_that_does_not_load_is_ignored(tmp_path) -> None:
 
 def test_pure_python_can_be_forced(tmp_path) -> None:
     env = {**os.environ, "PREWARM_PURE_POLICY": "1"}
-    code = "import scheduler.policy.planner as pl; print(pl.__file__)"
+    code = "import prewarm.domain.policy.planner as pl; print(pl.__file__)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(ROOT / "scheduler" / "policy" / "planner.py")
+    assert proc.stdout.strip() == str(ROOT / "prewarm" / "domain" / "policy" / "planner.py")
 
 
 def test_the_compiled_modules_type_check(tmp_path) -> None:
     """mypyc compiles only what mypy accepts: a policy edit that stops type-checking would leave
     every later run on the slower pure-Python policy (the build just fails with a note)."""
-    paths = [f"scheduler/policy/{m}.py" for m in native.MODULES]
+    paths = [f"prewarm/domain/policy/{m}.py" for m in native.MODULES]
     proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), *paths],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

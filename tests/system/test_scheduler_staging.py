@@ -19,8 +19,8 @@ from gpu_worker.sized_catalog import write_sized_catalog
 from prewarm import events, keys, state
 from prewarm.config import Settings
 from prewarm.context import Context
+from prewarm.domain.policy import Intent, NodeState, PolicyConfig, Stage, StagedState, Unstage
 from scheduler.live import Scheduler
-from scheduler.policy import Intent, NodeState, PolicyConfig, Stage, StagedState, Unstage
 from scheduler.snapshot import SnapshotReader
 
 MIB = 1024**2

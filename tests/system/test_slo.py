@@ -14,9 +14,9 @@ import requests
 
 from prewarm import events, keys
 from prewarm.config import ColdStartSlo, Settings, parse_slo
+from prewarm.domain import slo
+from prewarm.domain.policy.types import PolicyConfig
 from prewarm.store import lookup_counts, slo_state
-from scheduler import slo
-from scheduler.policy.types import PolicyConfig
 from scheduler.steering import Steering
 from tests.procs import wait_for
 from tests.scheduler_procs import SchedulerProc

@@ -21,10 +21,10 @@ from prewarm import keys, state, traffic
 from prewarm.catalog import Catalog, load_catalog
 from prewarm.config import Settings
 from prewarm.context import Context
+from prewarm.domain.policy import PolicyConfig, Snapshot
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import cold_starts, load_times, overlays
 from prewarm.store.ready import replica_ready
-from scheduler.policy import PolicyConfig, Snapshot
 from scheduler.snapshot import SnapshotReader
 
 MIB = 1024**2
@@ -142,10 +142,10 @@ def _history_state(h: object) -> list[tuple[str, int, tuple[object, ...]]]:
     """Everything a TrafficHistory holds per model, in its order of last change."""
     import ast
 
-    import scheduler.policy
+    import prewarm.domain.policy
 
     # The per-model slots, from the source (the native build's classes do not list them).
-    src = ast.parse((Path(scheduler.policy.__file__).parent / "traffic.py").read_text())
+    src = ast.parse((Path(prewarm.domain.policy.__file__).parent / "traffic.py").read_text())
     cls = next(n for n in src.body if isinstance(n, ast.ClassDef) and n.name == "_ModelTraffic")
     slots = next(ast.literal_eval(a.value) for a in cls.body if isinstance(a, ast.Assign)
                  and getattr(a.targets[0], "id", "") == "__slots__")
@@ -159,7 +159,7 @@ def test_the_history_is_fed_as_the_dense_windows_would_feed_it(redis_url: str, t
     as walking traffic.read_minutes / read_seconds model by model, so plan() sees the same history."""
     import random
 
-    from scheduler.policy import TrafficHistory
+    from prewarm.domain.policy import TrafficHistory
     from scheduler.snapshot import HISTORY_WARMUP_S, LATE_EVENT_LAG_S
 
     r = redis.Redis.from_url(redis_url)

@@ -7,19 +7,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("prewarm", "gpu_worker", "scheduler", "web", "simulator", "bench")
-# importer (module prefix) -> module prefixes it must never import
+# Imports run one way: domain <- core (store, services, config) <- apps (scheduler, gpu_worker, web) and the
+# tools (simulator, bench). importer (module prefix) -> module prefixes it must never import.
+APPS = ("gpu_worker", "scheduler", "web")
 NEVER = {
+    "prewarm": (*APPS, "simulator", "bench", "prewarm.programs"),
     "scheduler": ("web", "gpu_worker", "simulator", "prewarm.programs"),
-    "scheduler.policy": ("redis", "celery", "torch", "flask", "prewarm.store", "prewarm.state"),
-    "web": ("gpu_worker", "scheduler.live", "simulator", "torch", "prewarm.programs"),
+    "web": ("gpu_worker", "scheduler", "simulator", "torch", "prewarm.programs"),
     "gpu_worker": ("web", "scheduler", "simulator", "prewarm.programs"),
-    "prewarm": ("gpu_worker", "scheduler", "web", "simulator", "bench", "prewarm.programs"),
-    "simulator": ("web", "gpu_worker", "prewarm.programs"),
+    "simulator": (*APPS, "prewarm.programs"),
     "bench": ("tests",),
 }
-# The pure policy package sits below the core (DESIGN.md's layer diagram): the core may use it (the one
-# placement rule), never the live scheduler around it.
-ALLOW = {"prewarm": ("scheduler.policy",)}
+# The domain is pure: it imports itself, the standard library and numpy, and nothing else of ours or of I/O.
+DOMAIN = "prewarm.domain"
+DOMAIN_MAY = (DOMAIN, "numpy", "__future__")
+OURS = ("prewarm", *PARTS)
+IO = ("redis", "celery", "kombu", "torch", "flask", "safetensors", "psutil", "requests", "socket", "os",
+      "subprocess", "time")
+# The native build's loader and its command line compile and find the build: they are the domain's only I/O.
+DOMAIN_IO_OK = ("prewarm.domain.policy.native", "prewarm.domain.policy.__main__")
 
 
 def _module(path: Path) -> str:
@@ -44,15 +50,14 @@ def _under(name: str, prefix: str) -> bool:
 def _violations(mod: str, names: set[str]) -> list[str]:
     if _under(mod, "prewarm.programs"):
         return []  # the programs may use everything
-    bad = []
-    for imp, banned in NEVER.items():
-        if not _under(mod, imp):
-            continue
-        for name in sorted(names):
-            if any(_under(name, a) for a in ALLOW.get(imp, ())):
-                continue
-            bad += [f"{mod} imports {name}" for b in banned if _under(name, b)]
-    return bad
+    bad = [f"{mod} imports {name}" for imp, banned in NEVER.items() if _under(mod, imp)
+           for name in sorted(names) if any(_under(name, b) for b in banned)]
+    if _under(mod, DOMAIN):
+        io = () if mod in DOMAIN_IO_OK else IO
+        bad += [f"{mod} imports {name}" for name in sorted(names)
+                if not any(_under(name, a) for a in DOMAIN_MAY)
+                and any(_under(name, b) for b in (*OURS, *io))]
+    return sorted(set(bad))
 
 
 def test_no_module_imports_against_the_layers() -> None:
@@ -69,8 +74,10 @@ def test_the_rules_catch_what_the_design_forbids(tmp_path: Path) -> None:
                                                      "scheduler.live imports web.metrics",
                                                      "scheduler.live imports web.metrics.memory_split"]
     assert _violations("prewarm.state", {"prewarm.programs.ops"}) == ["prewarm.state imports prewarm.programs.ops"]
-    assert _violations("scheduler.policy.tick", {"redis"}) == ["scheduler.policy.tick imports redis"]
-    assert _violations("prewarm.rooms", {"scheduler.policy.placement"}) == []  # the pure layer is below
+    assert _violations("prewarm.domain.policy.tick", {"redis"}) == ["prewarm.domain.policy.tick imports redis"]
+    assert _violations("prewarm.domain.slo", {"prewarm.config"}) == ["prewarm.domain.slo imports prewarm.config"]
+    assert _violations("prewarm.domain.choice", {"prewarm.domain.policy.planner", "numpy"}) == []
+    assert _violations("prewarm.rooms", {"prewarm.domain.policy.placement"}) == []  # the domain is below
     assert _violations("prewarm.programs.up", names) == []
 
 

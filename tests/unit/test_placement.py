@@ -1,9 +1,9 @@
-"""The one placement rule (scheduler.policy.placement.rank), on hand-made rooms with hand-computed
+"""The one placement rule (prewarm.domain.policy.placement.rank), on hand-made rooms with hand-computed
 orders; every caller (planner, route hook, CLI, API) chooses through it."""
 
 from __future__ import annotations
 
-from scheduler.policy.placement import Room, rank
+from prewarm.domain.policy.placement import Room, rank
 
 MIB = 1 << 20
 

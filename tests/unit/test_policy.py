@@ -1,4 +1,4 @@
-"""Unit tests of scheduler.policy.plan on hand-built snapshots with an injected clock."""
+"""Unit tests of prewarm.domain.policy.plan on hand-built snapshots with an injected clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scheduler.policy import (
+from prewarm.domain.policy import (
     GIB,
     Evict,
     GpuState,

@@ -10,8 +10,8 @@ from array import array
 import numpy as np
 import pytest
 
-from scheduler.policy import PolicyConfig, arrivals
-from scheduler.policy.arrivals import ArrivalModel
+from prewarm.domain.policy import PolicyConfig, arrivals
+from prewarm.domain.policy.arrivals import ArrivalModel
 
 INF = math.inf
 

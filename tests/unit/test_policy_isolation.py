@@ -11,9 +11,9 @@ import math
 
 import pytest
 
+from prewarm.domain.choice import Policy, make_policy
+from prewarm.domain.policy import GIB, GpuState, ModelSpec, PolicyConfig, Snapshot, TrafficHistory, plan
 from scheduler.isolation import Isolation, culprit, without
-from scheduler.policy import GIB, GpuState, ModelSpec, PolicyConfig, Snapshot, TrafficHistory, plan
-from scheduler.policy.choice import Policy, make_policy
 
 NOW = 10_000.0
 NAN_ERROR = "ValueError: cannot convert float NaN to integer"

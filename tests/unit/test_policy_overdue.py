@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prewarm.config import Settings, parse_max_demand_wait
-from scheduler.policy import (
+from prewarm.domain.policy import (
     GIB,
     Evict,
     GpuState,

@@ -1,11 +1,20 @@
-"""Partners (scheduler/policy/partners.py): a model that starts is a sign for the models that started with
+"""Partners (prewarm/domain/policy/partners.py): a model that starts is a sign for the models that started with
 it before. Hand-built histories and fleets; each case is checked against the same plan with partners off."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from scheduler.policy import GIB, Evict, PolicyConfig, Preload, ReplicaState, Snapshot, TrafficHistory, plan
+from prewarm.domain.policy import (
+    GIB,
+    Evict,
+    PolicyConfig,
+    Preload,
+    ReplicaState,
+    Snapshot,
+    TrafficHistory,
+    plan,
+)
 
 from .test_policy import gpu, spec
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from scheduler.policy import (
+from prewarm.domain.policy import (
     GIB,
     Evict,
     GpuState,
@@ -21,8 +21,8 @@ from scheduler.policy import (
     TrafficHistory,
     plan,
 )
-from scheduler.policy.memo import PolicyState as Memo
-from scheduler.policy.tick import Tick
+from prewarm.domain.policy.memo import PolicyState as Memo
+from prewarm.domain.policy.tick import Tick
 
 LOW, NORMAL, HIGH = 0, 1, 2
 CFG = PolicyConfig()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.policy import (
+from prewarm.domain.policy import (
     GIB,
     Evict,
     GpuState,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.policy import GIB, PolicyConfig, PolicyState, plan
+from prewarm.domain.policy import GIB, PolicyConfig, PolicyState, plan
 from tests.unit.test_policy import World, gpu, spec
 
 CFG = PolicyConfig(tick_s=6.0)

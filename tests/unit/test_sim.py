@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from scheduler.policy import Stage, Unstage
+from prewarm.domain.policy import Stage, Unstage
 from simulator.cli import main as cli_main
 from simulator.cli import simulate
 from simulator.engine import HostCopy, Simulation
@@ -446,7 +446,7 @@ def test_host_tier_off_changes_nothing_and_baselines_ignore_it() -> None:
 
 
 def test_prewarm_adapter_reports_and_executes_the_host_tier() -> None:
-    from scheduler.policy import NodeState, StagedState
+    from prewarm.domain.policy import NodeState, StagedState
 
     events = [(float(t), "A") for t in range(0, 300, 10)] + [(5.0, "B")]
     tr = trace(events, 400.0)

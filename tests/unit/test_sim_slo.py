@@ -1,4 +1,4 @@
-"""`prewarm simulate --slo` runs the live SLO rule (scheduler.slo.step) on the virtual clock, and every
+"""`prewarm simulate --slo` runs the live SLO rule (prewarm.domain.slo.step) on the virtual clock, and every
 policy reports the ROI figures (issue 14 items 4 and 5)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from prewarm.config import ColdStartSlo
+from prewarm.domain import slo
+from prewarm.domain.slo import ColdStartSlo
 from prewarm.programs.cli import main as cli_main
-from scheduler import slo
 from simulator.engine import Simulation
 from simulator.slo_policy import SloPrewarm
 from simulator.trace import GIB, first_hours, load_azure_minute

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from scheduler.policy import TrafficHistory
+from prewarm.domain.policy import TrafficHistory
 
 SLOTS = ("first_second", "last_second", "total", "active_minutes", "last_minute", "rate_p", "rate_s", "rate_l",
          "rate_t", "hist", "oob", "gaps_seen", "weight", "stable_version", "stable_hist", "stable_oob", "stable_rpm", "starts")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 # The state names are spelled once, in a dependency-free core module (the policy stays pure).
-from prewarm.replica_states import HOLDING, IN_FLIGHT
-from prewarm.replica_states import ReplicaStateName as ReplicaStateName
+from prewarm.domain.states import HOLDING, IN_FLIGHT
+from prewarm.domain.states import ReplicaStateName as ReplicaStateName
 
 GIB = 1 << 30
 

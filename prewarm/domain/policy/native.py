@@ -6,8 +6,8 @@ of the policy's sources (and the interpreter), so an edited source is never shad
 build: a build is used only when it matches, otherwise the pure-Python modules run. `./test` and
 `./run` build it when it is missing; without a C compiler or mypy the policy simply stays pure Python.
 
-    python -m scheduler.policy status   # which one runs, and where the build is
-    python -m scheduler.policy build    # compile now (if not built for these sources)
+    python -m prewarm.domain.policy status   # which one runs, and where the build is
+    python -m prewarm.domain.policy build    # compile now (if not built for these sources)
 
 PREWARM_PURE_POLICY=1 forces the pure-Python modules; PREWARM_NATIVE_DIR moves the builds
 (default: <sys.prefix>/prewarm-native, i.e. inside the virtualenv).
@@ -33,9 +33,9 @@ MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "tick",
            "traffic", "arrivals")
 # the compiled modules are typed against types.py: a change there needs a new build too
 SOURCES = (*MODULES, "types")
-PACKAGE = "scheduler.policy"
-# Core modules the policy imports (dependency-free): they are type-checked with the build and hashed into it.
-CORE = (HERE.parent.parent / "prewarm" / "replica_states.py",)
+PACKAGE = "prewarm.domain.policy"
+# Other domain modules the policy imports (dependency-free): type-checked with the build and hashed into it.
+CORE = (HERE.parent / "states.py",)
 
 _active: Path | None = None  # the build in use, once activate() succeeded
 
@@ -109,15 +109,15 @@ def build(force: bool = False) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
         src = Path(tmp) / "src"
-        (src / "scheduler" / "policy").mkdir(parents=True)
-        (src / "scheduler" / "__init__.py").write_text("")
-        for f in HERE.glob("*.py"):
-            shutil.copy2(f, src / "scheduler" / "policy" / f.name)
-        (src / "prewarm").mkdir()
+        pkg_dir = src / "prewarm" / "domain" / "policy"
+        pkg_dir.mkdir(parents=True)
         (src / "prewarm" / "__init__.py").write_text("")
+        (src / "prewarm" / "domain" / "__init__.py").write_text("")
+        for f in HERE.glob("*.py"):
+            shutil.copy2(f, pkg_dir / f.name)
         for f in CORE:
-            shutil.copy2(f, src / "prewarm" / f.name)
-        paths = [f"scheduler/policy/{m}.py" for m in MODULES]
+            shutil.copy2(f, pkg_dir.parent / f.name)
+        paths = [f"prewarm/domain/policy/{m}.py" for m in MODULES]
         proc = subprocess.run([sys.executable, "-m", "mypyc", *paths], cwd=src,
                               capture_output=True, text=True)
         if proc.returncode != 0:
@@ -126,7 +126,7 @@ def build(force: bool = False) -> Path:
         (out / "pkg").mkdir(parents=True)
         (out / "rt").mkdir()
         for m in MODULES:
-            [so] = glob.glob(str(src / "scheduler" / "policy" / f"{m}.*.so"))
+            [so] = glob.glob(str(pkg_dir / f"{m}.*.so"))
             shutil.move(so, out / "pkg" / Path(so).name)
         for so in glob.glob(str(src / "*__mypyc*.so")):
             shutil.move(so, out / "rt" / Path(so).name)

@@ -1,5 +1,5 @@
 """The one interface the live scheduler calls for every policy — prewarm's plan and each baseline's rule —
-and the choice among them by name (PREWARM_POLICY, `prewarm.policy_names`).
+and the choice among them by name (PREWARM_POLICY, `prewarm.domain.policy_names`).
 
     policy = make_policy(name, config)                    # once per term as leader (fresh state)
     actions = policy.decide(snapshot, now, arrivals)      # every tick: snapshot -> actions -> dispatch
@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from prewarm.policy_names import DEFAULT, check
+from prewarm.domain.policy_names import DEFAULT, check
 
 from .baselines import RULES
 from .baselines.live import Arrival, BaselinePolicy
-from .planner import PolicyState, plan
-from .types import Action, PolicyConfig, Snapshot
+from .policy.planner import PolicyState, plan
+from .policy.types import Action, PolicyConfig, Snapshot
 
 
 class Policy(Protocol):

@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fleet import Fleet as Tentative
-from ..types import Action, Evict, PolicyConfig, Preload, Snapshot
-from ..value import load_seconds
+from ..policy.fleet import Fleet as Tentative
+from ..policy.types import Action, Evict, PolicyConfig, Preload, Snapshot
+from ..policy.value import load_seconds
 from .base import Rule
 from .placement import choose
 

@@ -1,4 +1,4 @@
-"""`python -m scheduler.policy [status|build [--force]|ensure]`: the policy's native build (see native.py).
+"""`python -m prewarm.domain.policy [status|build [--force]|ensure]`: the policy's native build (see native.py).
 `ensure` builds when missing and never fails (no compiler: the policy stays pure Python)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
             return 1 if cmd == "build" else 0
         print(f"prewarm: native policy build in {d}", file=sys.stderr)
         return 0
-    print("usage: python -m scheduler.policy [status|build [--force]|ensure]", file=sys.stderr)
+    print("usage: python -m prewarm.domain.policy [status|build [--force]|ensure]", file=sys.stderr)
     return 2
 
 

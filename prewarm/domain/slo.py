@@ -19,8 +19,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from prewarm.config import ColdStartSlo
-from scheduler.policy.types import PolicyConfig
+from prewarm.domain.policy.types import PolicyConfig
+
+
+@dataclass(frozen=True)
+class ColdStartSlo:
+    """The cold-start SLO (PREWARM_COLD_START_SLO, parsed by prewarm.config): the line the scheduler keeps cold starts under by steering its speculative
+    budget (below): `share=0.05,window=15m` (share of route lookups not answered ready) or
+    `p95=10s` (95th percentile cold-start duration), measured over `window` (default 15m)."""
+
+    metric: str  # "share" | "p95"
+    target: float  # a share from 0 to 1, or seconds
+    window_s: float = 900.0
+
+    def describe(self) -> str:
+        line = f"cold-start share <= {self.target:.1%}" if self.metric == "share" else \
+            f"p95 cold start <= {self.target:g} s"
+        return f"{line} per {self.window_s / 60:g} min window"
+
 
 STEP = 0.1  # speculative share added per step
 P_STEP = 0.75  # p_prefetch multiplied by this per step

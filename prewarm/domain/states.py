@@ -1,6 +1,6 @@
 """The replica and staged-copy state names: the one place they are spelled.
 
-Dependency-free on purpose: the pure policy (scheduler/policy/types.py) imports it as well as the fleet
+Dependency-free on purpose: the pure policy (prewarm/domain/policy/types.py) imports it as well as the fleet
 records (prewarm/state.py), the web and the worker, and the policy's native build compiles against it.
 """
 

@@ -4,7 +4,7 @@ check the variable without importing the policy package."""
 from __future__ import annotations
 
 DEFAULT = "prewarm"
-# prewarm's own plan, then the baselines' decision rules (scheduler.policy.baselines.RULES)
+# prewarm's own plan, then the baselines' decision rules (prewarm.domain.baselines.RULES)
 LIVE_POLICIES: tuple[str, ...] = (DEFAULT, "on-demand-lru", "keepalive-10m", "faascache", "hybrid-histogram",
                                   "forecast")
 
