@@ -14,7 +14,7 @@ from prewarm import state
 from prewarm.catalog import Catalog, ModelEntry
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
-from prewarm.domain.policy.placement import Room, rank
+from prewarm.domain.policy.placement import Room, rank, roomiest
 
 
 def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Room]:
@@ -67,8 +67,8 @@ def late_note(fleet: state.Fleet, now: float | None = None) -> str:
 def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry, gpu: str | None,
              max_loads: int) -> state.Gpu:
     """The operator's target: the GPU named (id or device), else the placement rule's first; when no
-    GPU has room, the one that takes loads with the most free memory (the worker makes room there or
-    refuses, saying why). A GPU whose heartbeat is late is never the target, named or not (Fleet.placeable).
+    GPU has room, placement.roomiest's (the worker makes room there or refuses, saying why). A GPU whose
+    heartbeat is late is never the target, named or not (Fleet.placeable).
     LookupError says what is wrong."""
     alive = fleet.alive()
     if gpu:
@@ -91,7 +91,11 @@ def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelE
         raise LookupError(f"model needs {format_bytes(size)}, more than any GPU holds "
                           f"(largest {format_bytes(max(g.total_bytes for g in alive))})")
     best = ranked(r, fleet, catalog, entry, max_loads)
-    return best[0] if best else max(placeable, key=lambda g: (g.free_bytes, g.id))
+    if best:
+        return best[0]
+    fallback = roomiest(Room(g.id, g.node, g.free_bytes, 0) for g in placeable)
+    assert fallback is not None  # placeable is not empty
+    return next(g for g in placeable if g.id == fallback.gpu)
 
 
 def evict_targets(r: redis.Redis, gpus: list[state.Gpu], model: str, version: str) -> list[state.Gpu]:

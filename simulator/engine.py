@@ -265,6 +265,11 @@ class Simulation:
         g = self.gpus[gi]
         return g.capacity - g.used
 
+    def loads_on(self, gi: int) -> int:
+        """Loads on GPU gi holding a slot or queued for one."""
+        g = self.gpus[gi]
+        return len(g.link.jobs) + len(g.queue)
+
     def slots_busy(self, gi: int) -> bool:
         """Every load slot of GPU gi is taken (a load sent now would queue)."""
         return 0 < self.load_slots <= len(self.gpus[gi].link.jobs)
@@ -498,7 +503,7 @@ class Simulation:
         with room, a free load slot first, then the most free memory; else the GPU whose victims in
         ascending `key(replica)` order reach least far), evicting its victims first.
         `only_if(replica)` limits who may be evicted."""
-        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.slots_busy)
+        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
         if best is None:
             return None
         gi, victims = best

@@ -37,3 +37,40 @@ def test_exclusions_and_ties() -> None:
     assert _ids(rank(rooms, MIB, exclude={"a", "c"})) == ["b"]
     assert rank(rooms, 7 * MIB) == [] and rank([], MIB) == []
     assert _ids(rank(rooms, 6 * MIB)) == ["a", "b", "c"]  # an exact fit is a fit
+
+
+def test_with_no_room_anywhere_the_roomiest_gpu_is_the_fallback() -> None:
+    from prewarm.domain.policy.placement import roomiest
+    rooms = [Room("a", "n1", 2 * MIB, 0), Room("b", "n1", 5 * MIB, 1), Room("c", "n2", 5 * MIB, 0)]
+    assert rank(rooms, 6 * MIB) == []
+    assert roomiest(rooms) == rooms[2]  # most free memory; the tie goes to the last id
+    assert roomiest([]) is None
+
+
+def test_a_baseline_with_room_chooses_as_rank_and_otherwise_by_its_eviction_order() -> None:
+    from dataclasses import dataclass, field
+
+    from prewarm.domain.baselines.placement import choose
+
+    @dataclass
+    class Rep:
+        model: int
+        bytes: int
+        state: str = "ready"
+
+    @dataclass
+    class G:
+        index: int
+        capacity: int
+        residents: dict = field(default_factory=dict)
+
+    gpus = [G(0, 10 * MIB, {1: Rep(1, 6 * MIB)}), G(1, 10 * MIB, {2: Rep(2, 2 * MIB), 3: Rep(3, 2 * MIB)})]
+    free = {0: 4 * MIB, 1: 6 * MIB}
+    # 3 MiB fits both: rank's tightest fit is GPU 0 (1 MiB left against 3), no victims
+    assert choose(gpus, 9, 3 * MIB, lambda r: r.model, None, free.__getitem__, lambda i: 0, 2) == (0, [])
+    # ...unless GPU 0's slots are taken
+    assert choose(gpus, 9, 3 * MIB, lambda r: r.model, None, free.__getitem__, lambda i: 2 - 2 * i, 2) == (1, [])
+    # 7 MiB fits nowhere: victims by key; GPU 1 frees 2 MiB with model 2 (largest key 2) against GPU 0's 1
+    # (key 1): GPU 0 is the closest to evicting in the global order
+    gi, victims = choose(gpus, 9, 7 * MIB, lambda r: r.model, None, free.__getitem__, lambda i: 0, 2)
+    assert gi == 0 and [v.model for v in victims] == [1]

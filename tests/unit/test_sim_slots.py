@@ -86,22 +86,23 @@ def test_a_queued_load_is_not_evictable_and_is_held_in_memory_time() -> None:
     assert sim.mem_total == pytest.approx(59.0 * GIB)
 
 
-def test_on_demand_loads_pick_a_gpu_with_a_free_slot_then_most_free_memory() -> None:
-    # Two 4 GiB GPUs, 1 slot each, no contention, 10 s loads. A (2 GiB) @0: equal room → GPU 0,
-    # ready at 10. B@20 → GPU 1 (4 GiB free against 2), loading 20 → 30. C@21: GPU 1 has more free
-    # memory (3 GiB) but its slot is busy; GPU 0's is free → GPU 0 (the old most-free-memory order
-    # would have queued it on GPU 1). D@22: both slots busy → most free memory, GPU 1 (3 GiB against
-    # 1 GiB): queued behind B, loads 30 → 40, wait 18.
+def test_on_demand_loads_pick_a_gpu_as_the_one_placement_rule_ranks_them() -> None:
+    # Two 4 GiB GPUs, 1 slot each, no contention, 10 s loads; a baseline's load on a GPU with room goes where
+    # rank() says (a free slot, then the fewest loads, then the tightest fit). A (2 GiB) @0: a tie → GPU 0,
+    # ready at 10. B (1 GiB) @20: both idle, GPU 0 leaves 1 GiB over against 3 → GPU 0, loading 20 → 30.
+    # C@21: GPU 0's slot is busy, GPU 1's free → GPU 1, 21 → 31. D@22: both slots busy, one load each →
+    # the tightest fit, GPU 0 (1 GiB free, exactly D): queued behind B, loads 30 → 40, wait 18.
     sizes = {"A": 2.0, "B": 1.0, "C": 1.0, "D": 1.0}
     events = [(0.0, "A"), (20.0, "B"), (21.0, "C"), (22.0, "D")]
     sim = sim_of(events, sizes, TEN, gpus=2, contention="none", slots=1)
     sim.run(POLICIES["on-demand-lru"]())
     placed = {sim.trace.models[m]: list(sim.replicas[m]) for m in range(4)}
-    assert placed == {"A": [0], "B": [1], "C": [0], "D": [1]}
+    assert placed == {"A": [0], "B": [0], "C": [1], "D": [0]}
     assert sim.waits == pytest.approx([10.0, 10.0, 10.0, 18.0])
-    old = sim_of(events, sizes, TEN, gpus=2, contention="none", slots=0)
-    old.run(POLICIES["on-demand-lru"]())
-    assert list(old.replicas[2]) == [1]  # without slots: most free memory only
+    unslotted = sim_of(events, sizes, TEN, gpus=2, contention="none", slots=0)
+    unslotted.run(POLICIES["on-demand-lru"]())
+    # without slots every load starts at once; C still avoids the GPU whose link B is loading on
+    assert list(unslotted.replicas[2]) == [1] and unslotted.waits == pytest.approx([10.0] * 4)
 
 
 def test_prewarm_reports_a_queued_load_as_pending() -> None:

@@ -118,12 +118,9 @@ class SnapshotFleet:
     def free(self, gi: int) -> int:
         return self.t.avail(self.by_index[gi].id) + self.extra[gi]
 
-    def slots_busy(self, gi: int) -> bool:
-        return 0 < self.max_loads <= self.loads[gi]
-
     def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
                        kind: str = "") -> LiveReplica | None:
-        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.slots_busy)
+        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads.__getitem__, self.max_loads)
         if best is None:
             return None
         gi, victims = best

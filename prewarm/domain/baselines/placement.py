@@ -1,9 +1,11 @@
 """Where a baseline's load goes on a fleet of several GPUs (the papers describe one memory pool).
 
-On a GPU with room, as the live route hook picks one: a GPU with a free load slot first, then the most
-free memory; else on the GPU whose victims, taken in ascending `key(replica)` order until the model fits,
-have the smallest largest key (the closest to evicting in one global order; ties: a free slot first, then
-most free memory). Only ready replicas are victims; `only_if(replica)` limits them further.
+On a GPU with room: the first of the one placement rule, `prewarm.domain.policy.placement.rank` (the rule
+prewarm's planner, the route hook and the operator use: a free load slot first, the fewest loads on its
+link, then the tightest fit). Else the baseline's own strategy, its eviction order `key`: the GPU whose
+victims, taken in ascending `key(replica)` order until the model fits, have the smallest largest key (the
+closest to evicting in one global order; ties: a free slot first, then most free memory). Only ready
+replicas are victims; `only_if(replica)` limits them further.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
+
+from ..policy.placement import Room, rank
 
 
 class GpuLike(Protocol):
@@ -21,35 +25,36 @@ class GpuLike(Protocol):
 
 def choose(gpus: Iterable[GpuLike], m: int, size: int, key: Callable[[Any], float],
            only_if: Callable[[Any], bool] | None, free: Callable[[int], int],
-           busy: Callable[[int], bool]) -> tuple[int, list[Any]] | None:
+           loads: Callable[[int], int], max_loads: int) -> tuple[int, list[Any]] | None:
     """(GPU index, victims in eviction order) for one load of model m, or None when no GPU can take it.
-    `free(i)`: bytes a new load can have on GPU i; `busy(i)`: its load slots are all taken."""
+    `free(i)`: bytes a new load can have on GPU i; `loads(i)`: its loads running or queued; `max_loads`:
+    its load slots (0: no limit)."""
+    cands = [g for g in gpus if g.capacity >= size and m not in g.residents]
+    # Room ids sort as the indices do (rank breaks its last ties by id)
+    rooms = [Room(f"{g.index:09d}", "", free(g.index), loads(g.index)) for g in cands]
+    fits = rank(rooms, size, max_loads=max_loads)
+    if fits:
+        return int(fits[0].gpu), []
     best: tuple | None = None
-    for g in gpus:
-        if g.capacity < size or m in g.residents:
-            continue
+    for g in cands:
         room = free(g.index)
-        slots_busy = busy(g.index)
-        if room >= size:
-            cand = (0, 0.0, slots_busy, -room, g.index, [])
-        else:
-            victims = []
-            freed = 0
-            worst = -math.inf
-            for r in sorted(
-                (r for r in g.residents.values() if r.state == "ready" and (only_if is None or only_if(r))),
-                key=lambda r: (key(r), r.model),
-            ):
-                victims.append(r)
-                freed += r.bytes
-                worst = max(worst, key(r))
-                if room + freed >= size:
-                    break
-            if room + freed < size:
-                continue
-            cand = (1, worst, slots_busy, -room, g.index, victims)
-        if best is None or cand[:5] < best[:5]:
+        victims = []
+        freed = 0
+        worst = -math.inf
+        for r in sorted(
+            (r for r in g.residents.values() if r.state == "ready" and (only_if is None or only_if(r))),
+            key=lambda r: (key(r), r.model),
+        ):
+            victims.append(r)
+            freed += r.bytes
+            worst = max(worst, key(r))
+            if room + freed >= size:
+                break
+        if room + freed < size:
+            continue
+        cand = (worst, 0 < max_loads <= loads(g.index), -room, g.index, victims)
+        if best is None or cand[:4] < best[:4]:
             best = cand
     if best is None:
         return None
-    return best[4], best[5]
+    return best[3], best[4]

@@ -1,6 +1,10 @@
-"""Where a load goes. `rank`: the one rule for a GPU that has room now, used by every caller (the
-planner's place(), the route hook's on-demand preload, the operator CLI and API); `place`: the
-planner's choice, which also costs evictions when no idle GPU has room."""
+"""Where a load goes; every GPU choice in prewarm is made here.
+
+- `rank`: the one rule for a GPU that has room now, used by every caller (the planner's place(), the
+  baselines' `choose`, the route hook's on-demand preload, the operator CLI and API);
+- `roomiest`: an operator's or on-demand load when no GPU has room now (the worker makes room there);
+- `place`: the planner's choice, which also costs evictions when no idle GPU has room (a baseline costs
+  them by its own eviction order instead: prewarm.domain.baselines.placement)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,16 @@ def rank(rooms: Iterable[Room], size: int, staged: Collection[str] = (), exclude
     fits = [r for r in rooms if r.free_bytes >= size and r.gpu not in exclude]
     fits.sort(key=lambda r: (r.node not in staged, 0 < max_loads <= r.loads, r.loads, r.free_bytes - size, r.gpu))
     return fits
+
+
+def roomiest(rooms: Iterable[Room]) -> Room | None:
+    """No GPU has room now: the one with the most free memory, where the fewest evictions are likely
+    needed (the worker makes room there by its own order, or refuses saying why); ties: the last id."""
+    best: Room | None = None
+    for r in rooms:
+        if best is None or (r.free_bytes, r.gpu) > (best.free_bytes, best.gpu):
+            best = r
+    return best
 
 
 def outranks(v: Values, model: str, spec: ModelSpec) -> bool:
