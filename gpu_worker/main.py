@@ -109,7 +109,7 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
 
         worker_ready.connect(on_ready, weak=False)
         worker_shutting_down.connect(on_shutting_down, weak=False)
-        concurrency = threads or int(os.environ.get("PREWARM_WORKER_THREADS") or default_threads(len(devices)))
+        concurrency = threads or settings.worker_threads or default_threads(len(devices))
         # The resident models live in this process, so a broker failure must not end it: kombu's Redis
         # transport can die with an "Unrecoverable error" when Redis vanishes mid-ack (celery/kombu#970
         # and kin). Then we build a fresh Celery app and consumer and carry on serving the same replicas.

@@ -7,7 +7,6 @@ progress. The operations on them are NodeWorker's (gpu_worker/residency.py).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,26 +41,26 @@ class WorkerOptions:
     # Paces the load phase to at most this many bytes/s (reporting and completion; the reader threads are
     # not slowed). For demos that want to watch progress and for tests that must catch a load in flight.
     load_pace_bytes_per_s: float | None = None
-    # The node's host cache budget; None: $PREWARM_HOST_CACHE, else a quarter of physical memory.
+    # The node's host cache budget (Settings.host_cache, PREWARM_HOST_CACHE); None: a quarter of physical memory.
     host_cache_bytes: int | None = None
     # A CPU virtual GPU's memory as a GPU's: one pre-faulted arena of its budget that loads write into
     # (gpu_worker/devmem.py); evicted bytes go back to the arena, not to the OS. Off: new memory per load.
     cpu_device_arena: bool = False
 
     @classmethod
-    def from_settings(cls, s: Settings, env: dict[str, str] | None = None) -> WorkerOptions:
-        e = os.environ if env is None else env
-        pace = e.get("PREWARM_LOAD_PACE_BYTES_PER_S")
-        threads = e.get("PREWARM_LOAD_THREADS")
+    def from_settings(cls, s: Settings) -> WorkerOptions:
+        from gpu_worker.staging import default_host_cache_bytes
+
         return cls(heartbeat_seconds=s.heartbeat_seconds, heartbeat_ttl=s.heartbeat_ttl,
                    event_log_max=s.event_log_max,
-                   warmup_max_passes=int(e.get("PREWARM_WARMUP_MAX_PASSES") or 10),
-                   warmup_max_seconds=float(e.get("PREWARM_WARMUP_MAX_SECONDS") or 5.0),
+                   warmup_max_passes=s.warmup_max_passes,
+                   warmup_max_seconds=s.warmup_max_seconds,
                    max_loads_per_gpu=s.max_loads_per_gpu,
-                   failed_retention_seconds=float(e.get("PREWARM_FAILED_RETENTION_SECONDS") or 600.0),
-                   load_threads=int(threads) if threads else None,
-                   load_pace_bytes_per_s=float(pace) if pace else None,
-                   cpu_device_arena=(e.get("PREWARM_CPU_DEVICE_ARENA") or "").strip().lower() in ("1", "true", "yes", "on"))
+                   failed_retention_seconds=s.failed_retention_seconds,
+                   load_threads=s.load_threads,
+                   load_pace_bytes_per_s=s.load_pace_bytes_per_s,
+                   host_cache_bytes=default_host_cache_bytes(s.host_cache) if s.host_cache else None,
+                   cpu_device_arena=s.cpu_device_arena)
 
 
 @dataclass

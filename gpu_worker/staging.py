@@ -150,10 +150,10 @@ class StagedModel:
         return self.value / max(self.nbytes, 1)
 
 
-def default_host_cache_bytes() -> int:
-    """``$PREWARM_HOST_CACHE`` (a size such as 16GiB, or a percentage of RAM such as 25%),
-    else a quarter of physical memory."""
-    text = os.environ.get("PREWARM_HOST_CACHE", "").strip()
+def default_host_cache_bytes(text: str | None = None) -> int:
+    """The host cache budget that PREWARM_HOST_CACHE's `text` asks for (a size such as 16GiB, or a
+    percentage of RAM such as 25%); None or blank: a quarter of physical memory."""
+    text = (text or "").strip()
     total = _physical_memory()
     if not text:
         return total // 4

@@ -11,7 +11,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -145,18 +145,30 @@ def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return v
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, low: int = 1) -> int:
-    """A whole-number variable, at least `low`; the error names the variable."""
+def env_int(env: Mapping[str, str], name: str, default: int, low: int = 1, example: int | None = None) -> int:
+    """A whole-number variable, at least `low`; the error names the variable (and `example`, else the
+    default, as a value to write)."""
     raw = env.get(name)
     if not raw:
         return default
+    hint = f"{name}={raw!r}: write a whole number of {low} or more, e.g. {default if example is None else example}"
     try:
         v = int(raw.strip())
     except ValueError:
-        raise ConfigError(f"{name}={raw!r}: write a whole number of {low} or more, e.g. {default}") from None
+        raise ConfigError(hint) from None
     if v < low:
-        raise ConfigError(f"{name}={raw!r}: write a whole number of {low} or more, e.g. {default}")
+        raise ConfigError(hint)
     return v
+
+
+def env_flag(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1, true, yes, on (any case) is on; unset or blank is off."""
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name}={raw!r}: write 1 (on) or 0 (off)")
 
 
 def env_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -289,7 +301,19 @@ class Settings:
     policy: str = policy_names.DEFAULT
     # the address `prewarm web` binds (PREWARM_WEB_HOST; `prewarm web --host` wins)
     web_host: str = DEFAULT_WEB_HOST
-    extra: dict[str, str] = field(default_factory=dict)
+    # -- the processes' own knobs (each command's flag wins where it has one) --
+    web_workers: int = 2  # PREWARM_WEB_WORKERS: gunicorn worker processes of `prewarm web`
+    scheduler_metrics_port: int = 0  # PREWARM_SCHEDULER_METRICS_PORT: the scheduler's /metrics (0: off)
+    worker_threads: int | None = None  # PREWARM_WORKER_THREADS: task threads (None: 4 per GPU, at least 8)
+    # -- the GPU worker's (gpu_worker.slots.WorkerOptions) --
+    warmup_max_passes: int = 10  # PREWARM_WARMUP_MAX_PASSES
+    warmup_max_seconds: float = 5.0  # PREWARM_WARMUP_MAX_SECONDS
+    failed_retention_seconds: float = 600.0  # PREWARM_FAILED_RETENTION_SECONDS: a failed replica's record
+    load_threads: int | None = None  # PREWARM_LOAD_THREADS: reader threads per load (None: the loader's)
+    load_pace_bytes_per_s: float | None = None  # PREWARM_LOAD_PACE_BYTES_PER_S: a slowed load, for demos
+    cpu_device_arena: bool = False  # PREWARM_CPU_DEVICE_ARENA: a CPU virtual GPU as one pre-faulted arena
+    host_cache: str | None = None  # PREWARM_HOST_CACHE: 16GiB or 25% of RAM (None: a quarter)
+    advertise_host: str | None = None  # PREWARM_ADVERTISE_HOST: where routers reach this node's engines
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -321,6 +345,17 @@ class Settings:
             gpu_hour_cost=env_float(e, "PREWARM_GPU_HOUR_COST", 0.0),
             policy=(e.get("PREWARM_POLICY") or policy_names.DEFAULT).strip(),
             web_host=(e.get("PREWARM_WEB_HOST") or "").strip() or DEFAULT_WEB_HOST,  # blank would bind all
+            web_workers=env_int(e, "PREWARM_WEB_WORKERS", 2),
+            scheduler_metrics_port=env_int(e, "PREWARM_SCHEDULER_METRICS_PORT", 0, low=0),
+            worker_threads=env_int(e, "PREWARM_WORKER_THREADS", 0, example=8) or None,
+            warmup_max_passes=env_int(e, "PREWARM_WARMUP_MAX_PASSES", 10, low=0),
+            warmup_max_seconds=env_seconds(e, "PREWARM_WARMUP_MAX_SECONDS", 5.0),
+            failed_retention_seconds=env_seconds(e, "PREWARM_FAILED_RETENTION_SECONDS", 600.0),
+            load_threads=env_int(e, "PREWARM_LOAD_THREADS", 0, example=4) or None,
+            load_pace_bytes_per_s=env_float(e, "PREWARM_LOAD_PACE_BYTES_PER_S", 0.0) or None,
+            cpu_device_arena=env_flag(e, "PREWARM_CPU_DEVICE_ARENA"),
+            host_cache=(e.get("PREWARM_HOST_CACHE") or "").strip() or None,
+            advertise_host=(e.get("PREWARM_ADVERTISE_HOST") or "").strip() or None,
         )
 
     _SECRETS = ("hook_token", "admin_token", "secret_key")

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    from prewarm.config import Settings
     from prewarm.context import Context
     from scheduler.live import Scheduler
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per tick drowns the decisions
-    port = args.metrics_port if args.metrics_port is not None else int(
-        os.environ.get("PREWARM_SCHEDULER_METRICS_PORT", "0") or 0)
+    port = args.metrics_port if args.metrics_port is not None else Settings.from_env().scheduler_metrics_port
     if port:
         from prometheus_client import start_http_server
 

@@ -75,7 +75,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     url = runtime.redis_url(settings, start=True)
     os.environ["PREWARM_REDIS_URL"] = url
     port = args.port or settings.port
-    workers = args.workers or int(os.environ.get("PREWARM_WEB_WORKERS") or 2)
+    workers = args.workers or settings.web_workers
 
     from gunicorn.app.base import BaseApplication
 

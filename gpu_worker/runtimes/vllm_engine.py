@@ -65,6 +65,7 @@ from gpu_worker.runtimes.errors import (
     ReleaseFailed,
 )
 from gpu_worker.runtimes.warmup import run_until_stable
+from prewarm.config import Settings
 from prewarm.engines import vllm_python
 
 GiB = 1 << 30
@@ -81,10 +82,11 @@ _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pref
 
 
 def advertise_host(env: dict[str, str] | None = None) -> str:
-    """The host a router reaches this node's engines at: $PREWARM_ADVERTISE_HOST, else this node's address."""
-    e = os.environ if env is None else env
-    if e.get("PREWARM_ADVERTISE_HOST"):
-        return e["PREWARM_ADVERTISE_HOST"]
+    """The host a router reaches this node's engines at: Settings.advertise_host (PREWARM_ADVERTISE_HOST),
+    else this node's address."""
+    chosen = Settings.from_env(env).advertise_host
+    if chosen:
+        return chosen
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:

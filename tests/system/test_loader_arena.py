@@ -141,9 +141,8 @@ def make_worker(r: redis.Redis, catalog: Path, devices: str, **opts: object) -> 
 
 
 def test_option_comes_from_the_environment():
-    s = Settings.from_env({})
-    assert WorkerOptions.from_settings(s, {"PREWARM_CPU_DEVICE_ARENA": "1"}).cpu_device_arena
-    assert not WorkerOptions.from_settings(s, {}).cpu_device_arena
+    assert WorkerOptions.from_settings(Settings.from_env({"PREWARM_CPU_DEVICE_ARENA": "1"})).cpu_device_arena
+    assert not WorkerOptions.from_settings(Settings.from_env({})).cpu_device_arena
 
 
 def test_worker_loads_into_the_arena_and_an_evict_gives_the_bytes_back(r: redis.Redis, tmp_path: Path):

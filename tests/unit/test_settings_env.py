@@ -29,3 +29,32 @@ def test_a_bad_value_is_refused_naming_its_variable(name: str, raw: str, words: 
     with pytest.raises(ValueError) as info:
         Settings.from_env({name: raw})
     assert str(info.value).startswith(words), str(info.value)
+
+
+def test_the_processes_own_knobs_are_settings_too() -> None:
+    # read once here, not by the worker, the web or the scheduler from os.environ (issue 25, item 7)
+    s = Settings.from_env({"PREWARM_WEB_WORKERS": "3", "PREWARM_SCHEDULER_METRICS_PORT": "9108",
+                           "PREWARM_WORKER_THREADS": "6", "PREWARM_WARMUP_MAX_PASSES": "0",
+                           "PREWARM_WARMUP_MAX_SECONDS": "2s", "PREWARM_FAILED_RETENTION_SECONDS": "1m",
+                           "PREWARM_LOAD_THREADS": "2", "PREWARM_LOAD_PACE_BYTES_PER_S": "1e6",
+                           "PREWARM_CPU_DEVICE_ARENA": "yes", "PREWARM_HOST_CACHE": " 8GiB ",
+                           "PREWARM_ADVERTISE_HOST": "10.0.0.7"})
+    assert (s.web_workers, s.scheduler_metrics_port, s.worker_threads) == (3, 9108, 6)
+    assert (s.warmup_max_passes, s.warmup_max_seconds, s.failed_retention_seconds) == (0, 2.0, 60.0)
+    assert (s.load_threads, s.load_pace_bytes_per_s, s.cpu_device_arena) == (2, 1e6, True)
+    assert (s.host_cache, s.advertise_host) == ("8GiB", "10.0.0.7")
+    d = Settings.from_env({})
+    assert (d.web_workers, d.scheduler_metrics_port, d.worker_threads, d.load_threads, d.load_pace_bytes_per_s,
+            d.cpu_device_arena, d.host_cache, d.advertise_host) == (2, 0, None, None, None, False, None, None)
+
+
+@pytest.mark.parametrize("name, raw, words", [
+    ("PREWARM_WEB_WORKERS", "two", "PREWARM_WEB_WORKERS='two': write a whole number of 1 or more"),
+    ("PREWARM_WORKER_THREADS", "0", "PREWARM_WORKER_THREADS='0': write a whole number of 1 or more, e.g. 8"),
+    ("PREWARM_CPU_DEVICE_ARENA", "maybe", "PREWARM_CPU_DEVICE_ARENA='maybe': write 1 (on) or 0 (off)"),
+    ("PREWARM_WARMUP_MAX_SECONDS", "soon", "PREWARM_WARMUP_MAX_SECONDS='soon': cannot read"),
+])
+def test_a_bad_process_knob_is_refused_naming_its_variable(name: str, raw: str, words: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({name: raw})
+    assert str(info.value).startswith(words), str(info.value)

@@ -267,20 +267,22 @@ def test_stage_reads_only_inside_the_model_roots(tmp_path):
     assert same(cache.stage("a", a, roots=[root.resolve()]).tensors, tensors)
 
 
-def test_budget_from_environment(monkeypatch):
+def test_budget_from_the_setting() -> None:
     import psutil
 
+    from gpu_worker.slots import WorkerOptions
+    from prewarm.config import Settings
+
     total = psutil.virtual_memory().total
-    monkeypatch.delenv("PREWARM_HOST_CACHE", raising=False)
-    assert default_host_cache_bytes() == total // 4
-    monkeypatch.setenv("PREWARM_HOST_CACHE", "3GiB")
-    assert default_host_cache_bytes() == 3 << 30
-    assert HostCache().budget_bytes == 3 << 30
-    monkeypatch.setenv("PREWARM_HOST_CACHE", "10%")
-    assert default_host_cache_bytes() == int(total * 0.1)
-    monkeypatch.setenv("PREWARM_HOST_CACHE", "lots")
+    assert default_host_cache_bytes(None) == total // 4
+    assert default_host_cache_bytes("3GiB") == 3 << 30
+    assert default_host_cache_bytes("10%") == int(total * 0.1)
     with pytest.raises(ValueError, match="PREWARM_HOST_CACHE"):
-        default_host_cache_bytes()
+        default_host_cache_bytes("lots")
+    # the worker's options take it from Settings (PREWARM_HOST_CACHE), the one reader of the environment
+    assert WorkerOptions.from_settings(Settings.from_env({"PREWARM_HOST_CACHE": "3GiB"})).host_cache_bytes == 3 << 30
+    assert WorkerOptions.from_settings(Settings.from_env({})).host_cache_bytes is None
+    assert HostCache().budget_bytes == total // 4
 
 
 def test_copy_tensors_reports_progress_and_owns():
