@@ -53,17 +53,18 @@ def live_problem(h: Health, now: float | None = None) -> str | None:
     now = time.time() if now is None else now
     limit = max(3 * h.heartbeat_seconds, h.heartbeat_ttl)
     if now - h.beat_at > limit:
-        return f"no heartbeat tried for {now - h.beat_at:.0f} s (more than {limit:g} s): the heartbeat thread is stuck"
+        why = "the worker has stopped" if h.stopping else "the worker is gone or its heartbeat thread is stuck"
+        return f"no heartbeat tried for {now - h.beat_at:.0f} s (more than {limit:g} s): {why}"
     return None
 
 
 def ready_problem(h: Health, now: float | None = None) -> str | None:
     """Why the worker is not ready (None: it is)."""
     now = time.time() if now is None else now
-    if (why := live_problem(h, now)) is not None:
-        return why
     if h.stopping:
         return "the worker is stopping"
+    if (why := live_problem(h, now)) is not None:
+        return why
     if not h.announced:
         return "the Celery consumer is not connected yet (GPUs not announced)"
     if h.beat_ok_at is None or now - h.beat_ok_at > h.heartbeat_ttl:

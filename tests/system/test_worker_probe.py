@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gpu_worker import health
 from tests import procs
 from tests.model_files import tiny_catalog
 from tests.procs import REPO, WorkerProc, wait_for
@@ -31,9 +32,11 @@ def test_probes_follow_the_worker_from_ready_to_stopped(worker_factory: Callable
     assert live.stdout.strip() == "prewarm probe live: ok"
 
     assert w.stop() == 0
+    # the last word the stopped worker wrote: stopping (so not ready, however soon or late a probe asks)
+    assert health.read(health.path_for(Path(w.env["PREWARM_DATA_DIR"]), w.node)).stopping
     after = _probe(w, "ready")
     assert after.returncode == 1
-    assert "stopping" in after.stderr  # the last word the stopped worker wrote
+    assert "stopping" in after.stderr
 
 
 def test_probe_without_a_worker_says_what_is_missing(tmp_path: Path) -> None:

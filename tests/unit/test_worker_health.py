@@ -36,6 +36,7 @@ def test_not_announced_or_stopping_is_not_ready() -> None:
 def test_a_stale_file_is_neither_live_nor_ready() -> None:
     h = _h(beat_at=NOW - 60, beat_ok_at=NOW - 60)  # left by an earlier container, or a stuck heartbeat
     assert "stuck" in (health.live_problem(h, NOW) or "")
+    assert "has stopped" in (health.live_problem(_h(beat_at=NOW - 60, stopping=True), NOW) or "")
     assert health.ready_problem(h, NOW) is not None
 
 
