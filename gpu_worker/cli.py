@@ -23,6 +23,20 @@ def cmd_models_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from gpu_worker import health
+    from prewarm.config import Settings
+
+    settings = Settings.from_env()
+    path = health.path_for(settings.data_dir, settings.node)
+    problem = health.check(path, args.what)
+    if problem is not None:
+        print(f"prewarm probe {args.what}: {problem}", file=sys.stderr)
+        return 1
+    print(f"prewarm probe {args.what}: ok")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from prewarm.commands import subgroup
 
@@ -31,6 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                "at least 8)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
+
+    probe = subgroup(sub, "probe", "the worker's health on this host, for exec probes (reads a local file, "
+                                   "never Redis)")
+    for what, text in (("live", "exit 0 while the worker's heartbeat thread beats (a Redis outage keeps it live)"),
+                       ("ready", "exit 0 once the worker's consumer is connected and its last heartbeat reached "
+                                 "Redis within PREWARM_HEARTBEAT_TTL")):
+        p = probe.add_parser(what, help=text, description=text + ". The worker is the one of PREWARM_NODE "
+                             "whose data folder is PREWARM_DATA_DIR, as `prewarm worker` was started.")
+        p.set_defaults(func=cmd_probe, what=what)
 
     models = subgroup(sub, "models", "the model catalog")
     p = models.add_parser("demo", help="write the demo models (seeded random weights) and their catalog")

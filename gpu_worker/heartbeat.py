@@ -11,11 +11,14 @@ and stops any engine process a previous worker recorded for that GPU and left ru
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 
 import redis
 
+from gpu_worker import health
 from gpu_worker.residency import NodeWorker
 from prewarm import keys, state
 
@@ -75,10 +78,14 @@ def release_claims(worker: NodeWorker) -> None:
 
 
 class Heartbeat:
-    """A daemon thread beating every `heartbeat_seconds` until stopped."""
+    """A daemon thread beating every `heartbeat_seconds` until stopped; with `health`, it rewrites that
+    file (gpu_worker/health.py) at every beat for the worker's probes."""
 
-    def __init__(self, worker: NodeWorker, *, announce: bool = True) -> None:
+    def __init__(self, worker: NodeWorker, *, announce: bool = True, health_file: Path | None = None) -> None:
         self.worker = worker
+        self.health_file = health_file
+        self.beat_ok_at: float | None = None
+        self.stopping = False  # set when the worker starts shutting down: no longer ready
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="prewarm-heartbeat", daemon=True)
         self.beats = 0
@@ -92,6 +99,7 @@ class Heartbeat:
         """Start announcing the GPUs (now, and at every beat)."""
         self.announcing.set()
         self.beat()
+        self.write_health()  # ready now, not at the next beat
 
     def beat(self) -> None:
         w = self.worker
@@ -103,7 +111,20 @@ class Heartbeat:
                           holder.decode() if holder else "?")
         if self.announcing.is_set():
             w.heartbeat()
+            self.beat_ok_at = time.time()
         self.beats += 1
+
+    def write_health(self) -> None:
+        if self.health_file is None:
+            return
+        o = self.worker.options
+        try:
+            health.write(self.health_file, health.Health(
+                pid=os.getpid(), announced=self.announcing.is_set(), stopping=self.stopping,
+                beat_at=time.time(), beat_ok_at=self.beat_ok_at, heartbeat_seconds=o.heartbeat_seconds,
+                heartbeat_ttl=o.heartbeat_ttl))
+        except OSError as exc:  # a full or read-only data folder must not stop the heartbeat
+            log.warning("could not write the health file %s: %s", self.health_file, exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.worker.options.heartbeat_seconds):
@@ -113,13 +134,17 @@ class Heartbeat:
                 log.warning("heartbeat failed: %s", exc)
             except Exception:  # noqa: BLE001 - the heartbeat must outlive any one bad beat
                 log.exception("heartbeat failed")
+            self.write_health()
 
     def start(self) -> Heartbeat:
         self.beat()
+        self.write_health()
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        self.stopping = True
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self.write_health()

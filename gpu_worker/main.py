@@ -15,6 +15,7 @@ import time
 
 import redis
 
+from gpu_worker import health
 from gpu_worker.heartbeat import ClaimTaken, Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
 from gpu_worker.runtimes.engine_records import EngineLeftRunning
@@ -84,7 +85,8 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     try:
         claim_gpus(worker)
         # Claims are refreshed from now on; the GPUs join the fleet once their queues are consumed.
-        heartbeat = Heartbeat(worker, announce=False).start()
+        heartbeat = Heartbeat(worker, announce=False,
+                              health_file=health.path_for(settings.data_dir, settings.node)).start()
         for g in worker.gpus.values():
             inv = g.device.inventory()
             log.info("serving %s on queue %s: %d bytes total (%s)", g.id, g.queue, inv.total_bytes,
@@ -103,6 +105,7 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
             log.info("worker %s ready: %s", worker.worker_id, ", ".join(worker.gpus))
 
         def on_shutting_down(**_kw: object) -> None:
+            hb.stopping = True  # `prewarm probe ready` fails from here on
             n = worker.cancel_loads("the worker is shutting down")
             if n:
                 log.info("shutting down: cancelled %d load(s) in progress", n)

@@ -17,7 +17,9 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     if port:
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr="127.0.0.1")
+        # loopback unless told: the tick metrics are harmless, but a port is opened only where asked
+        host = args.metrics_host or os.environ.get("PREWARM_SCHEDULER_METRICS_HOST") or "127.0.0.1"
+        start_http_server(port, addr=host)
     Scheduler(Context()).run()
     return 0
 
@@ -26,4 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scheduler", help="run the warming scheduler (one leader plans; others stand by)")
     p.add_argument("--metrics-port", type=int, help="expose prewarm_scheduler_tick_seconds here "
                                                     "(default PREWARM_SCHEDULER_METRICS_PORT; 0 = off)")
+    p.add_argument("--metrics-host", help="address the metrics port binds (default PREWARM_SCHEDULER_METRICS_HOST "
+                                          "or 127.0.0.1; 0.0.0.0 in a pod, for Prometheus)")
     p.set_defaults(func=cmd_scheduler)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System tools the tests use that PyPI does not ship: promtool (Debian's prometheus package) and
 # Chromium for the console's browser test. Installed when missing and we may (root with apt-get).
+# Then the deploy checks' linters (hadolint, yamllint, kubernetes-validate, checkov) into their own venv.
 set -uo pipefail
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
@@ -14,4 +15,6 @@ if ((${#need[@]})); then
     echo "prewarm: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
   fi
 fi
+bash "$(dirname "$0")/install-deploy-tools.sh" >/tmp/prewarm-deploy-tools.log 2>&1 \
+  || echo "prewarm: could not install the deploy checks' tools: see /tmp/prewarm-deploy-tools.log" >&2
 exit 0
