@@ -304,6 +304,7 @@ class Settings:
     # -- the processes' own knobs (each command's flag wins where it has one) --
     web_workers: int = 2  # PREWARM_WEB_WORKERS: gunicorn worker processes of `prewarm web`
     scheduler_metrics_port: int = 0  # PREWARM_SCHEDULER_METRICS_PORT: the scheduler's /metrics (0: off)
+    scheduler_metrics_host: str = DEFAULT_WEB_HOST  # PREWARM_SCHEDULER_METRICS_HOST: the address it binds
     worker_threads: int | None = None  # PREWARM_WORKER_THREADS: task threads (None: 4 per GPU, at least 8)
     # -- the GPU worker's (gpu_worker.slots.WorkerOptions) --
     warmup_max_passes: int = 10  # PREWARM_WARMUP_MAX_PASSES
@@ -347,6 +348,7 @@ class Settings:
             web_host=(e.get("PREWARM_WEB_HOST") or "").strip() or DEFAULT_WEB_HOST,  # blank would bind all
             web_workers=env_int(e, "PREWARM_WEB_WORKERS", 2),
             scheduler_metrics_port=env_int(e, "PREWARM_SCHEDULER_METRICS_PORT", 0, low=0),
+            scheduler_metrics_host=(e.get("PREWARM_SCHEDULER_METRICS_HOST") or "").strip() or DEFAULT_WEB_HOST,
             worker_threads=env_int(e, "PREWARM_WORKER_THREADS", 0, example=8) or None,
             warmup_max_passes=env_int(e, "PREWARM_WARMUP_MAX_PASSES", 10, low=0),
             warmup_max_seconds=env_seconds(e, "PREWARM_WARMUP_MAX_SECONDS", 5.0),

@@ -13,12 +13,13 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(levelname)s %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per tick drowns the decisions
-    port = args.metrics_port if args.metrics_port is not None else Settings.from_env().scheduler_metrics_port
+    settings = Settings.from_env()
+    port = args.metrics_port if args.metrics_port is not None else settings.scheduler_metrics_port
     if port:
         from prometheus_client import start_http_server
 
         # loopback unless told: the tick metrics are harmless, but a port is opened only where asked
-        host = args.metrics_host or os.environ.get("PREWARM_SCHEDULER_METRICS_HOST") or "127.0.0.1"
+        host = args.metrics_host or settings.scheduler_metrics_host
         start_http_server(port, addr=host)
     Scheduler(Context()).run()
     return 0
