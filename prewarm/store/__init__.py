@@ -10,6 +10,11 @@ One module per record family:
     overlays         operator pins and rollouts
     dispatch_counts  actions dispatched, per action and kind
     policy           the policy the leader scheduler runs (PREWARM_POLICY), for the API and console
+    eta_promises     the first ETA the route hook gave a cold model, and how well it held
+    load_kinds       why each replica was loaded (ahead of demand or on it), for the ROI's cold starts avoided
+    lookup_counts    per-minute route lookup outcomes per model (the SLO controller's window, /api/roi)
+    memory_time      GPU memory-time held per model (accounted by the leader scheduler each tick)
+    slo_state        the cold-start SLO controller's level, carried from one leader to the next
 
 The fleet's records (GPUs, replicas, host caches, intents) have their store in prewarm/state.py.
 """
