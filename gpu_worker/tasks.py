@@ -58,12 +58,11 @@ def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
 def _check(worker: NodeWorker, action: str, model: str, version: str | None, target: str, intent_id: str,
            deadline: float | None, g: GpuSlot | None = None) -> None:
     """Raise errors.Stale (after recording it) when the task's intent expired or was superseded."""
+    why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
+    # Read after Redis: an evict that took this preload over marks it cancelled before it releases its own
+    # intent, so an evict finishing on another thread between the two reads is still named as such.
     if g is not None and intent_id and intent_id in g.cancelled_tasks:
-        # The evict that took this preload over ran first (another thread) and may have released its own
-        # intent already: say what happened, not merely that no intent is held.
-        why: str | None = "superseded by an evict of it, which ran first and cancelled it"
-    else:
-        why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
+        why = "superseded by an evict of it, which ran first and cancelled it"
     if why:
         raise intents.drop(worker.r, action, model, version, target, why, intent_id,
                            maxlen=worker.options.event_log_max)
