@@ -270,7 +270,7 @@ def test_stage_reads_only_inside_the_model_roots(tmp_path):
 def test_budget_from_the_setting() -> None:
     import psutil
 
-    from gpu_worker.slots import WorkerOptions
+    from gpu_worker.held import WorkerOptions
     from prewarm.config import Settings
 
     total = psutil.virtual_memory().total
