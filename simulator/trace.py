@@ -125,6 +125,21 @@ def load_requests(path: str | Path) -> Trace:
     return Trace(list(names), times, mids, span, str(path), "requests")
 
 
+FORMATS = ("azure-minute", "requests")  # what --format accepts in simulate, diagnose and the sweep
+
+
+def read_trace(path: str | Path, fmt: str = "azure-minute", seed: int = 0, hours: float | None = None) -> Trace:
+    """The one reader dispatch (`simulate`, `diagnose` and the sweep): the trace at `path` in format
+    `fmt` (one of FORMATS; `seed` spreads azure-minute counts), cut to its first `hours` when given.
+    Bad input is a ValueError (OSError when the file cannot be read)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
+    if hours is not None and not hours > 0:
+        raise ValueError(f"--hours must be positive, got {hours:g}")
+    trace = load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
+    return trace if hours is None else first_hours(trace, hours)
+
+
 def default_size(model: str) -> int:
     """Seeded by the model id: log-normal, median 1.5 GiB, sigma 1.2, clipped to 0.05..70 GiB."""
     seed = int.from_bytes(hashlib.sha256(model.encode()).digest()[:8], "little")
