@@ -1,5 +1,6 @@
-"""The fleet sweep (issues 12, 26): every policy on both trace families (the Azure Functions 2019
-samples and ServeGen's LLM API streams) at several fleet sizes and seeds, on the slot engine; one
+"""The fleet sweep (issues 12, 26): every policy on both trace families, several fleets and seeds.
+
+The families: the Azure Functions 2019 samples and ServeGen's LLM API streams, on the slot engine; one
 markdown table (per point: the best baseline, the oracle, prewarm ÷ best, the gap closed, the
 seconds waited) and a plot of prewarm ÷ best and of the gap closed against fleet size.
 

@@ -1,6 +1,6 @@
 """Trace and profile loading.
 
-Formats:
+`read_trace` is the one reader dispatch (`prewarm simulate`, `simulator.diagnose` and the sweep). Formats:
 - azure-minute: Azure Functions 2019 per-minute counts. Header `HashOwner,HashApp,HashFunction[,Trigger]`
   (any order) then one column per minute, headed by the minute number or `minute_N`. A row is a
   model, named by its HashFunction. The requests of each minute are placed at uniformly random
