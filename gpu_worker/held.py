@@ -50,7 +50,7 @@ class WorkerOptions:
 
     @classmethod
     def from_settings(cls, s: Settings) -> WorkerOptions:
-        from gpu_worker.staging import default_host_cache_bytes
+        from gpu_worker.host_cache import default_host_cache_bytes
 
         return cls(heartbeat_seconds=s.heartbeat_seconds, heartbeat_ttl=s.heartbeat_ttl,
                    event_log_max=s.event_log_max,

@@ -21,9 +21,9 @@ from gpu_worker.errors import (
     WorkerError,
 )
 from gpu_worker.held import StageJob, WorkerOptions
+from gpu_worker.host_cache import HostCache, HostCacheFull
 from gpu_worker.runtimes.torch_module import _meta_module
 from gpu_worker.stage_book import StageBook
-from gpu_worker.staging import HostCache, HostCacheFull
 from prewarm import state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
@@ -34,7 +34,7 @@ log = logging.getLogger("prewarm.worker")
 
 
 class HostCacheOps:
-    """stage / unstage and the promotion check; the cache itself is gpu_worker.staging.HostCache."""
+    """stage / unstage and the promotion check; the cache itself is gpu_worker.host_cache.HostCache."""
 
     r: redis.Redis
     node: str

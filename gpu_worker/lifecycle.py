@@ -24,12 +24,12 @@ from gpu_worker.errors import (
     WorkerError,
 )
 from gpu_worker.held import LocalGpu, LocalReplica, WorkerOptions
+from gpu_worker.host_cache import HostCache
 from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
 from gpu_worker.runtimes.engine_records import EngineLeftRunning, EngineRecords
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.stage_book import StageBook
-from gpu_worker.staging import HostCache
 from prewarm import priority as priorities
 from prewarm import state
 from prewarm.catalog import ModelEntry, TokenWarmupInput

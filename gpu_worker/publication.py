@@ -13,8 +13,8 @@ from typing import Any
 import redis
 
 from gpu_worker.held import LocalGpu, LocalReplica, WorkerOptions
+from gpu_worker.host_cache import HostCache
 from gpu_worker.stage_book import StageBook
-from gpu_worker.staging import HostCache
 from prewarm import events, keys, state
 from prewarm.domain import states as rs
 

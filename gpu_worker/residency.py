@@ -18,7 +18,7 @@ Rules it keeps (issue 2, items 5 and 8):
 - On ready or failed the in-flight intent is released and an event recorded (actor "worker"); measured
   load+warmup seconds, the load/warmup histograms and the close of the model's cold start are recorded
   at that moment (prewarm.store.ready).
-- The node's host cache (issue 4's staging tier, `gpu_worker.staging.HostCache`): `stage` reads a model's
+- The node's host cache (issue 4's staging tier, `gpu_worker.host_cache.HostCache`): `stage` reads a model's
   weights into host memory (no device memory), `unstage` drops them; a preload of a staged model promotes
   it from there (no storage I/O) and reports `source: "host"`. Staged models are node-level records
   (keys.staged(node), keys.host_cache(node)), published at once and with every heartbeat.
@@ -44,6 +44,7 @@ import redis
 from gpu_worker.devmem import DeviceArena
 from gpu_worker.errors import BadRequest
 from gpu_worker.held import LocalGpu, LocalReplica, StageJob, WorkerOptions
+from gpu_worker.host_cache import HostCache
 from gpu_worker.host_cache_ops import HostCacheOps
 from gpu_worker.lifecycle import EVICT_WAIT_SECONDS, Lifecycle
 from gpu_worker.publication import Publication
@@ -51,7 +52,6 @@ from gpu_worker.runtimes.engine_records import EngineRecords
 from gpu_worker.runtimes.torch_module import make_input, summarize
 from gpu_worker.sleeping_engines import Sleeper, SleepingEngines
 from gpu_worker.stage_book import StageBook
-from gpu_worker.staging import HostCache
 from gpu_worker.worker_catalog import CatalogReload
 from prewarm import keys
 from prewarm.catalog import Catalog
