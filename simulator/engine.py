@@ -500,9 +500,9 @@ class Simulation:
     # ---- the baselines' Fleet (prewarm.domain.baselines.base.Fleet) ---------------------
     def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
         """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
-        with room, a free load slot first, then the most free memory; else the GPU whose victims in
-        ascending `key(replica)` order reach least far), evicting its victims first.
-        `only_if(replica)` limits who may be evicted."""
+        with room, as `policy.placement.rank` orders them; else the GPU whose victims in ascending
+        `key(replica)` order reach least far), evicting its victims first. `only_if(replica)` limits
+        who may be evicted (always False: free memory only)."""
         best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
         if best is None:
             return None
