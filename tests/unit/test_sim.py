@@ -174,21 +174,33 @@ def test_hybrid_histogram_decides_a_cold_call_when_its_load_ends() -> None:
     assert sorted(sim.gpus[0].residents) == [0]  # A, ready since 1650
 
 
-def test_hybrid_histogram_pre_warm_reload_goes_into_free_memory_only() -> None:
+def test_hybrid_histogram_pre_warm_reload_never_evicts_what_was_used_after_its_call() -> None:
     # One 2 GiB GPU; A, B, C 1 GiB, 1 s loads, no link sharing. A every 300 s from 0 to 2100: from its call
     # at 1500 the windows are pre-warm 270 s, keep-alive 126 s (as above), so A is unloaded at 1500 and its
     # reload is due at 1500 + 270 - 1 = 1769. B@1600 and C@1700 (first calls: 4-hour keep-alive) fill the
-    # GPU. At 1769 no GPU has room and a pre-warm never evicts: the reload is not sent, and B@1790 is warm.
+    # GPU, both used after A's call at 1500: the reload may evict neither, it is not sent, and B@1790 is warm.
     # A@1800 is cold: a load on demand evicts the least recently used, C (1700 < B's 1790), A ready at
     # 1801 and unloaded again (its reload due at 2069 > 1801); at 2069 there is room (B alone), the
     # reload goes, and A@2100 is warm (then unloaded, its next reload past the trace). Cold: A@0, B, C,
     # A@1800 = 4; loads: A, B, C, A, A's reload = 5; evictions: A@1500, C@1800, A@1801, A@2100.
-    # (A reload that evicted would have unloaded B at 1769, and B@1790 been cold.)
+    # (A reload that evicted by plain LRU would have unloaded B at 1769, and B@1790 been cold.)
     events = [(300.0 * k, "A") for k in range(8)] + [(1600.0, "B"), (1700.0, "C"), (1790.0, "B")]
     sim = run("hybrid-histogram", events, ONE, FAST, span=2200)
     assert sim.cold == 4 and sim.loads == 5 and sim.evictions == 4
     assert sim.last_evicted == {0: 2100.0, 2: 1800.0}  # B (1) never evicted
     assert sorted(sim.gpus[0].residents) == [1]
+
+
+def test_hybrid_histogram_pre_warm_reload_evicts_what_was_last_used_before_its_call() -> None:
+    # As above, but C@1400 (before A's call at 1500) and B@1600 fill the GPU. At 1769 A's reload evicts
+    # C (last used 1400 < 1500: as LRU would have, had A stayed loaded), A ready at 1770, A@1800 warm;
+    # unloaded after it (reload due 2069, room: B alone), reloaded, A@2100 warm. Cold: A@0, C, B = 3;
+    # loads: A, C, B, A@1769, A@2069 = 5; evictions: A@1500, C@1769, A@1800, A@2100.
+    events = [(300.0 * k, "A") for k in range(8)] + [(1400.0, "C"), (1600.0, "B")]
+    sim = run("hybrid-histogram", events, ONE, FAST, span=2200)
+    a, c = sim.trace.models.index("A"), sim.trace.models.index("C")
+    assert sim.cold == 3 and sim.loads == 5 and sim.evictions == 4
+    assert sim.last_evicted == {a: 2100.0, c: 1769.0}
 
 
 def test_hybrid_histogram_out_of_bounds_uses_the_idle_time_forecaster() -> None:

@@ -8,10 +8,6 @@ from collections import deque
 from .base import Fleet, ReplicaLike, Rule, recency
 
 
-def _never(_r: ReplicaLike) -> bool:
-    return False  # no replica is a victim of a pre-warm reload
-
-
 class HybridHistogram(Rule):
     """hybrid-histogram: Shahrad et al., "Serverless in the Wild", USENIX ATC 2020, section 4.
     Per function an idle-time histogram (1-minute bins over 4 hours). After each invocation:
@@ -30,9 +26,10 @@ class HybridHistogram(Rule):
     one, the end of its load for a cold one) unloading gains nothing and the replica is kept. Either way
     the keep-alive runs from the end of the pre-warm window, to t + pre-warm + keep-alive.
     Memory (the paper's pool never runs out): a load on demand evicts least recently used functions
-    when it must (`base.recency`); a pre-warm reload goes into free memory only and never evicts, since
-    it is a guess about the next call and would otherwise make room by unloading a function that is
-    in use now. A reload no GPU has room for is not sent; the next call loads on demand."""
+    when it must (`base.recency`); a pre-warm reload evicts only functions used less recently than the
+    call it pre-warms for (the reloaded function is as recent as that call, as it would be had it stayed
+    loaded), so it never unloads a function that is in use now to make room for a guess. A reload with
+    no such room is not sent; the next call loads on demand."""
 
     name = "hybrid-histogram"
     bins = 240
@@ -146,8 +143,10 @@ class HybridHistogram(Rule):
         if payload[0] == "load":
             _tag, m, g = payload
             if g == self.gen[m] and not self.fleet.replicas[m]:
-                # free memory only (never evicts); kept until unload_at (_served)
-                self.fleet.place_evicting(m, self._key, only_if=_never, kind="prewarm")
+                # LRU with the reloaded model as recent as the call it is for; kept until unload_at (_served)
+                call = self.last[m]
+                self.fleet.place_evicting(m, self._key, kind="prewarm",
+                                          only_if=lambda r: call is not None and self._key(r) < call)
         else:
             _tag, m = payload
             self.unload_pending[m] = False
