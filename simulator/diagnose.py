@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from prewarm.domain.policy import PolicyConfig
+from prewarm.domain.states import PENDING, READY
 
 from .engine import Replica, Simulation
 from .policies import POLICIES, Prewarm
@@ -104,7 +105,7 @@ class DiagnosticSimulation(Simulation):
     def classify(self, m: int) -> None:
         """A cold request of model m has just arrived."""
         reps = list(self.replicas[m].values())
-        state = "none" if not reps else ("queued" if all(r.state == "pending" for r in reps) else "loading")
+        state = "none" if not reps else ("queued" if all(r.state == PENDING for r in reps) else "loading")
         cause = self.episode.get(m)
         if cause is None:  # the request that opens an episode
             if reps and any(r.kind in AHEAD for r in reps):
@@ -130,7 +131,7 @@ class DiagnosticSimulation(Simulation):
         before = {id(r) for r in g.link.jobs}
         super()._load_done(gi, version)
         for r in list(g.residents.values()):
-            if id(r) in before and r.state == "ready":
+            if id(r) in before and r.state == READY:
                 self.ever_ready[r.model] = True
                 self.episode.pop(r.model, None)
                 self.last_eviction.pop(r.model, None)

@@ -42,6 +42,7 @@ import numpy as np
 
 from prewarm.domain.baselines.placement import choose
 from prewarm.domain.policy import PolicyConfig
+from prewarm.domain.states import LOADING, PENDING, READY
 
 from .trace import GIB, Trace
 
@@ -59,7 +60,7 @@ class Replica:
     gpu: int
     bytes: int
     since: float  # load start
-    state: str = "loading"  # "pending" (queued for a load slot) | "loading" | "ready"
+    state: str = LOADING  # PENDING (queued for a load slot), LOADING or READY (prewarm.domain.states)
     ready_at: float = math.nan
     last_request: float | None = None
     remaining: float = 0.0  # seconds of load work left at full speed
@@ -297,7 +298,7 @@ class Simulation:
         self.bytes_loaded += size
         self.stalled.pop(m, None)
         if self.slots_busy(gi):
-            r.state = "pending"
+            r.state = PENDING
             g.queue.append(r)
             self.queued_loads += 1
         else:
@@ -309,7 +310,7 @@ class Simulation:
     def evict(self, m: int, gi: int) -> bool:
         g = self.gpus[gi]
         r = g.residents.get(m)
-        if r is None or r.state != "ready":
+        if r is None or r.state != READY:
             return False
         t = self.now
         del g.residents[m]
@@ -344,7 +345,7 @@ class Simulation:
         started = []
         while g.queue and not self.slots_busy(gi):  # freed slots go to the oldest queued loads
             q = self._next_queued(g)
-            q.state = "loading"
+            q.state = LOADING
             g.link.jobs.append(q)
             started.append(q)
         self._reschedule(g.link, _LOAD_DONE, gi)
@@ -352,7 +353,7 @@ class Simulation:
             for q in started:
                 self.policy.on_load_start(t, q)
         for r in done:
-            r.state = "ready"
+            r.state = READY
             r.ready_at = t
             if r.source is not None:
                 r.source.readers -= 1
@@ -448,7 +449,7 @@ class Simulation:
             last_arrival[m] = t
             if ready_count[m]:
                 for r in replicas[m].values():
-                    if r.state == "ready":
+                    if r.state == READY:
                         r.last_request = t
                         self.avoided += r.kind in AHEAD_KINDS
                         break

@@ -37,6 +37,7 @@ from prewarm.domain.policy import (
     Unstage,
     plan,
 )
+from prewarm.domain.states import READY
 
 from .engine import Replica, Simulation
 from .policy_base import _Base
@@ -133,7 +134,7 @@ class Prewarm(_Base):
         self.history.add(self.names[m], t)
         if warm:
             for gi, r in self.sim.replicas[m].items():
-                if r.state == "ready":
+                if r.state == READY:
                     self.dirty.add((m, gi))
                     break
 

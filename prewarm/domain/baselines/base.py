@@ -19,7 +19,7 @@ class ReplicaLike(Protocol):
     gpu: int
     bytes: int
     since: float  # load start
-    state: str  # "pending" | "loading" | "ready" (live also "warming", "evicting")
+    state: str  # a states.py name: PENDING, LOADING or READY (live also WARMING, EVICTING)
     last_request: float | None
 
 
@@ -66,7 +66,7 @@ class Rule:
         pass
 
     def on_load_start(self, t: float, r: Any) -> None:
-        pass  # a queued ("pending") load got a load slot
+        pass  # a queued (PENDING) load got a load slot
 
     def on_staged(self, t: float, c: Any) -> None:
         pass

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from prewarm.domain.states import READY
+
 from .base import Fleet, ReplicaLike, Rule, recency
 
 
@@ -116,7 +118,7 @@ class HybridHistogram(Rule):
         start = t + pw - self.fleet.load_s[m]
         if start > now:
             for gi, r in list(self.fleet.replicas[m].items()):
-                if r.state == "ready":
+                if r.state == READY:
                     self.fleet.evict(m, gi)
             self.fleet.timer(start, ("load", m, g))
         self._keep_until(m, t + pw + ka)
@@ -154,5 +156,5 @@ class HybridHistogram(Rule):
                 self._keep_until(m, self.unload_at[m])
                 return
             for gi, r in list(self.fleet.replicas[m].items()):
-                if r.state == "ready":
+                if r.state == READY:
                     self.fleet.evict(m, gi)

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prewarm.domain.states import EVICTING, PENDING, READY
+
 from ..policy.fleet import Fleet as Tentative
 from ..policy.types import Action, Evict, PolicyConfig, Preload, Snapshot
 from ..policy.value import load_seconds
@@ -92,7 +94,7 @@ class SnapshotFleet:
                 m = index.get(key)
                 if m is None:
                     continue
-                st = "evicting" if (key, g.id) in self.t.evicting else r.state
+                st = EVICTING if (key, g.id) in self.t.evicting else r.state
                 last = max((x for x in (last_req.get((m, g.index)), r.last_request) if x is not None),
                            default=None)
                 self._add(LiveReplica(m, g.index, r.bytes, r.since, st, last))
@@ -102,7 +104,7 @@ class SnapshotFleet:
             if (it.kind != "preload" or m is None or g is None or it.expires_at <= now
                     or m in g.residents):
                 continue
-            self._add(LiveReplica(m, g.index, it.bytes or self.sizes[m], now, "pending"))
+            self._add(LiveReplica(m, g.index, it.bytes or self.sizes[m], now, PENDING))
         self.stalled: dict[int, None] = {}
         self.last_arrival = last_arrival  # the policy's, updated as each call's arrivals are delivered
         self.actions: list[Action] = []
@@ -112,7 +114,7 @@ class SnapshotFleet:
         self.by_index[r.gpu].residents[r.model] = r
 
     def ready(self, m: int) -> LiveReplica | None:
-        return next((r for r in self.replicas[m].values() if r.state == "ready"), None)
+        return next((r for r in self.replicas[m].values() if r.state == READY), None)
 
     # ---- the Fleet protocol -------------------------------------------------------------------
     def free(self, gi: int) -> int:
@@ -134,7 +136,7 @@ class SnapshotFleet:
         size = self.sizes[m]
         if m in g.residents or self.free(gi) < size:
             return None
-        r = LiveReplica(m, gi, size, self.now, "pending")
+        r = LiveReplica(m, gi, size, self.now, PENDING)
         self._add(r)
         self.extra[gi] -= size
         self.loads[gi] += 1
@@ -146,7 +148,7 @@ class SnapshotFleet:
 
     def evict(self, m: int, gi: int) -> bool:
         r = self.replicas[m].get(gi)
-        if r is None or r.state != "ready":
+        if r is None or r.state != READY:
             return False
         self._evict(r, "quiet", f"{self.policy}: its rule unloads {self.names[m]} (keep-alive over, or unloaded until its pre-warm window)")
         return True
@@ -223,7 +225,7 @@ class BaselinePolicy:
                     self.last_req[(m, r.gpu)] = t
                 rule.on_request(t, m, r is not None)
         self._fire(now)
-        ready_now = {(m, gi) for m, reps in enumerate(fleet.replicas) for gi, r in reps.items() if r.state == "ready"}
+        ready_now = {(m, gi) for m, reps in enumerate(fleet.replicas) for gi, r in reps.items() if r.state == READY}
         for m, gi in sorted(ready_now - self.was_ready):
             r = fleet.replicas[m][gi]
             if self.names[m] in snap.waiting:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prewarm.domain.states import READY
+
 from .base import Fleet, ReplicaLike, Rule, recency
 
 
@@ -54,7 +56,7 @@ class KeepAlive(OnDemandLRU):
         _tag, m = payload
         self.pending.discard(m)
         for gi, r in list(self.fleet.replicas[m].items()):
-            if r.state != "ready":
+            if r.state != READY:
                 continue
             last = r.last_request if r.last_request is not None else r.since  # idle since it last served
             if t - last >= self.keepalive_s - 1e-9:

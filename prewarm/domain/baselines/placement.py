@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from prewarm.domain.states import READY
+
 from ..policy.placement import Room, rank
 
 
@@ -42,7 +44,7 @@ def choose(gpus: Iterable[GpuLike], m: int, size: int, key: Callable[[Any], floa
         freed = 0
         worst = -math.inf
         for r in sorted(
-            (r for r in g.residents.values() if r.state == "ready" and (only_if is None or only_if(r))),
+            (r for r in g.residents.values() if r.state == READY and (only_if is None or only_if(r))),
             key=lambda r: (key(r), r.model),
         ):
             victims.append(r)

@@ -3,9 +3,9 @@ as the snapshot shows them plus the unconfirmed intents, updated by each action 
 
 from __future__ import annotations
 
+from prewarm.domain.states import EVICTING, HOLDING, IN_FLIGHT, READY
+
 from .types import (
-    HOLDING_STATES,
-    LOADING_STATES,
     GpuState,
     Intent,
     ModelSpec,
@@ -42,13 +42,13 @@ class Fleet:
         for r in snap.replicas:
             g = r.gpu
             st = r.state
-            if g not in used or st not in HOLDING_STATES:
+            if g not in used or st not in HOLDING:
                 continue
             used[g] += r.bytes
-            if st in LOADING_STATES and r.model not in on_gpu[g]:
+            if st in IN_FLIGHT and r.model not in on_gpu[g]:
                 self.loading_models[g].append(r.model)
             on_gpu[g][r.model] = r
-            if st == "evicting":
+            if st == EVICTING:
                 self.evicting.add((r.model, g))
                 continue
             gl = of_model.get(r.model)
@@ -56,7 +56,7 @@ class Fleet:
                 of_model[r.model] = [g]
             else:
                 gl.append(g)
-            if st != "ready":
+            if st != READY:
                 loading[g] += 1
             lr = r.last_request
             if lr is None or lr < r.since:

@@ -16,9 +16,11 @@ Age = now − the replica's ready time (its load start where the record has none
 
 from __future__ import annotations
 
+from prewarm.domain.states import IN_FLIGHT, READY
+
 from .placement import Room, rank
 from .tick import Tick
-from .types import GIB, LOADING_STATES, Evict, Keep, ReplicaState
+from .types import GIB, Evict, Keep, ReplicaState
 from .words import fmt_s
 
 
@@ -52,9 +54,9 @@ def refresh_model(pl: Tick, m: str) -> None:
     in_flight = False  # a load (or an unconfirmed preload) of the model
     for g in hosts:
         r = f.on_gpu[g].get(m)
-        if r is None or r.state in LOADING_STATES:
+        if r is None or r.state in IN_FLIGHT:
             in_flight = True
-        elif r.state == "ready" and (m, g) not in f.evicting:
+        elif r.state == READY and (m, g) not in f.evicting:
             ready.append(r)
     stale = sorted((r for r in ready if age(r, now) > limit), key=lambda r: (-age(r, now), r.gpu))
     if not stale:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from prewarm.domain.states import IN_FLIGHT
+
 from .tick import Tick
-from .types import GIB, LOADING_STATES, StagedState
+from .types import GIB, StagedState
 from .value import load_seconds, promote_seconds
 from .words import fmt_s, num
 
@@ -24,7 +26,7 @@ def host_victim_list(pl: Tick, node: str) -> list[tuple[float, str, StagedState]
             if x is None or x.state != "staged" or (m, node) in f.unstaging:
                 continue
             if any(f.gpus[g].node == node and f.on_gpu[g].get(m) is not None
-                   and f.on_gpu[g][m].state in LOADING_STATES for g in f.of_model.get(m, ())):
+                   and f.on_gpu[g][m].state in IN_FLIGHT for g in f.of_model.get(m, ())):
                 continue  # a promotion may be reading it right now
             vpb = pl.loss(m) / max(x.bytes / GIB, 1e-3) if m in pl.s.models else 0.0
             v.append((vpb, m, x))
