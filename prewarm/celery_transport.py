@@ -1,0 +1,71 @@
+"""kombu's Redis Sentinel transport with the failover fix the worker needs (the shape of kombu#582).
+
+On a Sentinel failover the worker's broker connection breaks; Celery closes it and opens another. Closing
+the channel gives its delivered-but-unacknowledged messages back (QoS.restore_unacked), which needs a
+connection pool, and kombu's SentinelChannel builds one from `self.connection.client`, which kombu has
+already set to None on the closed transport: `AttributeError: 'NoneType' object has no attribute 'hostname'`
+from Channel.close -> restore_unacked -> _get_pool -> _connparams. Celery does not count an AttributeError
+as a connection error, so the worker process exits ("Unrecoverable error").
+
+Here the channel keeps the connection settings it was opened with and builds its pools from those, so the
+restore reaches the new master; and a close that still fails (no master elected yet) is logged, not
+raised: closing is cleanup, the messages stay in kombu's unacked set, and the consumer reconnects and goes
+on consuming in the same process. `prewarm.sentinel.celery_config` names this transport for the broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+
+log = logging.getLogger("prewarm.worker")
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
+        # Before super().__init__: it may build the pool already. `client` is the kombu Connection whose
+        # settings (hosts, password, TLS, transport options) every pool of this channel is made from.
+        self._opened_with = connection.client
+        super().__init__(connection, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def _settings(self) -> Iterator[None]:
+        """The transport's `client` for the length of a pool build, put back if kombu dropped it on close."""
+        transport = self.connection
+        dropped = transport.client is None and self._opened_with is not None
+        if dropped:
+            transport.client = self._opened_with
+        try:
+            yield
+        finally:
+            if dropped:
+                transport.client = None
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        with self._settings():
+            return super()._connparams(asynchronous)
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        with self._settings():
+            return super()._sentinel_managed_pool(asynchronous)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except Exception as exc:  # noqa: BLE001 - see the module docstring: never fatal to the worker
+            log.warning("broker channel closed with an error (a failover under way?): %s: %s; its unacknowledged "
+                        "messages stay in the broker's unacked set; reconnecting", type(exc).__name__, exc)
+            self._closing = True
+            with contextlib.suppress(Exception):
+                self._disconnect_pools()
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.connection.close_channel(self)
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
