@@ -10,7 +10,8 @@ as a connection error, so the worker process exits ("Unrecoverable error").
 Here the channel keeps the connection settings it was opened with and builds its pools from those, so the
 restore reaches the new master; and a close that still fails (no master elected yet) is logged, not
 raised: closing is cleanup, the messages stay in kombu's unacked set, and the consumer reconnects and goes
-on consuming in the same process. `prewarm.sentinel.celery_config` names this transport for the broker.
+on consuming in the same process. An ack of a task that finished after its channel was closed fails as a
+connection error (Celery logs "Couldn't ack" and goes on), not as the same AttributeError. `prewarm.sentinel.celery_config` names this transport for the broker.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 
 log = logging.getLogger("prewarm.worker")
@@ -36,6 +38,10 @@ class SentinelChannel(kombu_redis.SentinelChannel):
     def _settings(self) -> Iterator[None]:
         """The transport's `client` for the length of a pool build, put back if kombu dropped it on close."""
         transport = self.connection
+        if transport is None:
+            # The channel itself is closed: an ack of a task that finished after the failover broke it. A
+            # connection error is what Celery logs ("Couldn't ack") and survives; the message stays unacked.
+            raise redis.ConnectionError("the broker channel was closed (a Redis failover?); not acknowledged")
         dropped = transport.client is None and self._opened_with is not None
         if dropped:
             transport.client = self._opened_with
