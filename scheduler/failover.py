@@ -7,12 +7,13 @@ worker re-announces its GPUs and replicas, PREWARM_HEARTBEAT_TTL) the leader:
 - evicts nothing: a fleet view the failover thinned is no ground for freeing memory;
 - plans no preload while a GPU it saw before the failover has not re-announced (it could put a second
   replica of a model on another GPU); once the fleet is whole again it plans as usual;
-- at the end of the window, reconciles the preload intents in flight: one whose task is neither in its GPU's
-  queue nor running on the worker (no pending/loading/warming/ready replica there) was lost with the old
-  master (its message never replicated, or the worker's reconnect dropped it unacknowledged), so its intent
-  is released and the same preload sent again under a new intent (a late copy of the old task is then
-  superseded and dropped by the worker). An intent the GPU does not carry any more is just released: the
-  policy plans that model again on its next tick.
+- at the end of the window, reconciles the preload and evict intents in flight: one whose task is neither
+  in its GPU's queue nor running on the worker (for a preload no pending/loading/warming/ready replica
+  there, for an evict none evicting) was lost with the old master (its message never replicated, or the
+  worker's reconnect dropped it unacknowledged), so its intent is released and the same action sent again
+  under a new intent (a late copy of the old task is then superseded and dropped by the worker). An intent
+  on a GPU that is gone, or an evict with nothing left to evict, is just released: the policy plans that
+  model again on its next tick.
 
 Each failover is one `failover` event (the first leader to see it records it), and another when the
 reconcile has run, naming what was sent again.
@@ -29,7 +30,7 @@ import redis
 
 from prewarm import events, failover, keys, state
 from prewarm.context import Context
-from prewarm.dispatch import order_preload
+from prewarm.dispatch import Order, order_preload
 from prewarm.domain import states as rs
 from prewarm.domain.policy import Action, Evict, Preload
 
@@ -125,27 +126,36 @@ class FailoverGuard:
         self.s.reconciled = True
         r = self.ctx.r
         gpus = {g.id: g for g in fleet.alive()}
-        held_here = {(x.model, x.version, x.gpu) for x in fleet.replicas() if x.state in rs.HOLDING}
-        preloads = [i for i in state.read_intents(r) if i.action == "preload"]
-        queued = _queued_task_ids(r, {gpus[i.gpu].queue for i in preloads if i.gpu in gpus})
+        states = {(x.model, x.version, x.gpu): x.state for x in fleet.replicas()}
+        flight = [i for i in state.read_intents(r) if i.action in ("preload", "evict")]
+        queued = _queued_task_ids(r, {gpus[i.gpu].queue for i in flight if i.gpu in gpus})
         done: list[str] = []
-        for i in preloads:
-            if (i.model, i.version, i.gpu) in held_here or (i.task_id and i.task_id in queued):
-                continue  # running, done, or still waiting in its queue
+        for i in flight:
+            now_state = states.get((i.model, i.version, i.gpu))
+            if i.task_id and i.task_id in queued:
+                continue  # still waiting in its queue
+            if i.action == "preload" and now_state in rs.HOLDING:
+                continue  # running or done
+            if i.action == "evict" and now_state == rs.EVICTING:
+                continue  # running
             if not state.release_intent(r, i.model, i.gpu, i.id):
                 continue  # settled meanwhile
             g = gpus.get(i.gpu)
-            if g is None:
-                done.append(f"released {i.model}@{i.version} on {i.gpu} (GPU gone)")
+            if g is None or (i.action == "evict" and now_state is None):
+                done.append(f"released the {i.action} of {i.model}@{i.version} on {i.gpu} "
+                            f"({'GPU gone' if g is None else 'nothing left to evict'})")
                 continue
-            order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand",
-                                  reason=f"sent again after the Redis failover lost its task ({i.actor}: {i.reason})",
-                                  numbers={"resent": True, "lost_task": i.task_id, "lost_intent": i.id},
-                                  result=i.actor != "scheduler")
+            why = f"sent again after the Redis failover lost its task ({i.actor}: {i.reason})"
+            numbers = {"resent": True, "lost_task": i.task_id, "lost_intent": i.id}
+            if i.action == "preload":
+                order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand", reason=why,
+                                      numbers=numbers, result=i.actor != "scheduler")
+            else:
+                order = Order("evict", i.model, i.version, g, "scheduler", why, numbers, i.kind, result=False)
             [answer] = self.ctx.dispatcher.send_many([order])
             sent = not isinstance(answer, Exception) and answer.sent
-            done.append(f"{'sent again' if sent else 'released'} {i.model}@{i.version} on {i.gpu}")
-        events.record(r, "failover", "scheduler", reason=f"after the failover hold: {len(done)} preload(s) whose "
+            done.append(f"{'sent again' if sent else 'released'} the {i.action} of {i.model}@{i.version} on {i.gpu}")
+        events.record(r, "failover", "scheduler", reason=f"after the failover hold: {len(done)} action(s) whose "
                       f"task was lost {'handled: ' + '; '.join(done) if done else '(none)'}",
                       numbers={"failover_at": self.s.at, "resent": done, "scheduler": self.ident,
                                "fleet_whole_seconds": None if self.s.whole_at is None
