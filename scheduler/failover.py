@@ -7,13 +7,14 @@ worker re-announces its GPUs and replicas, PREWARM_HEARTBEAT_TTL) the leader:
 - evicts nothing: a fleet view the failover thinned is no ground for freeing memory;
 - plans no preload while a GPU it saw before the failover has not re-announced (it could put a second
   replica of a model on another GPU); once the fleet is whole again it plans as usual;
-- at the end of the window, reconciles the preload and evict intents in flight: one whose task is neither
-  in its GPU's queue nor running on the worker (for a preload no pending/loading/warming/ready replica
-  there, for an evict none evicting) was lost with the old master (its message never replicated, or the
-  worker's reconnect dropped it unacknowledged), so its intent is released and the same action sent again
-  under a new intent (a late copy of the old task is then superseded and dropped by the worker). An intent
-  on a GPU that is gone, or an evict with nothing left to evict, is just released: the policy plans that
-  model again on its next tick.
+- at the end of the window, reconciles the preload and evict intents in flight (one leader per failover):
+  one whose task is neither in its GPU's queue nor running on the worker (for a preload no pending/loading/
+  warming/ready replica there, for an evict none evicting) was lost with the old master (its message never
+  replicated, or the worker's reconnect dropped it unacknowledged). A lost preload's intent is released and
+  the same preload sent again under a new intent (a late copy of the old task is then superseded and
+  dropped by the worker). A lost evict's intent is only released: the replica is still there for the
+  policy (or the operator) to decide on again, and a new evict would take over a preload sent meanwhile.
+  So is a preload's for a GPU that is gone: the policy plans that model again on its next tick.
 
 Each failover is one `failover` event (the first leader to see it records it), and another when the
 reconcile has run, naming what was sent again.
@@ -30,7 +31,7 @@ import redis
 
 from prewarm import events, failover, keys, state
 from prewarm.context import Context
-from prewarm.dispatch import Order, order_preload
+from prewarm.dispatch import order_preload
 from prewarm.domain import states as rs
 from prewarm.domain.policy import Action, Evict, Preload
 
@@ -125,10 +126,13 @@ class FailoverGuard:
             return None
         self.s.reconciled = True
         r = self.ctx.r
+        if not _claim(keys=[keys.REDIS_EPOCH], args=["reconciled", f"{self.s.at:.3f}"], client=r):
+            return None  # another leader (the lead changed during the hold) has reconciled this failover
         gpus = {g.id: g for g in fleet.alive()}
-        states = {(x.model, x.version, x.gpu): x.state for x in fleet.replicas()}
         flight = [i for i in state.read_intents(r) if i.action in ("preload", "evict")]
         queued = _queued_task_ids(r, {gpus[i.gpu].queue for i in flight if i.gpu in gpus})
+        # the replicas as of now, not as of the tick's snapshot: a worker may have finished a task since
+        states = {(x.model, x.version, x.gpu): x.state for x in state.read_fleet(r).replicas()}
         done: list[str] = []
         for i in flight:
             now_state = states.get((i.model, i.version, i.gpu))
@@ -141,20 +145,19 @@ class FailoverGuard:
             if not state.release_intent(r, i.model, i.gpu, i.id):
                 continue  # settled meanwhile
             g = gpus.get(i.gpu)
-            if g is None or (i.action == "evict" and now_state is None):
-                done.append(f"released the {i.action} of {i.model}@{i.version} on {i.gpu} "
-                            f"({'GPU gone' if g is None else 'nothing left to evict'})")
+            if i.action == "evict" or g is None:
+                # An evict is not sent again: its replica is still there for the policy (or the operator) to
+                # decide on again, and a new evict would take over any preload of it sent meanwhile.
+                done.append(f"released the {i.action} of {i.model}@{i.version} on {i.gpu}"
+                            f"{' (GPU gone)' if g is None else ''}")
                 continue
-            why = f"sent again after the Redis failover lost its task ({i.actor}: {i.reason})"
-            numbers = {"resent": True, "lost_task": i.task_id, "lost_intent": i.id}
-            if i.action == "preload":
-                order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand", reason=why,
-                                      numbers=numbers, result=i.actor != "scheduler")
-            else:
-                order = Order("evict", i.model, i.version, g, "scheduler", why, numbers, i.kind, result=False)
+            order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand",
+                                  reason=f"sent again after the Redis failover lost its task ({i.actor}: {i.reason})",
+                                  numbers={"resent": True, "lost_task": i.task_id, "lost_intent": i.id},
+                                  result=i.actor != "scheduler")
             [answer] = self.ctx.dispatcher.send_many([order])
             sent = not isinstance(answer, Exception) and answer.sent
-            done.append(f"{'sent again' if sent else 'released'} the {i.action} of {i.model}@{i.version} on {i.gpu}")
+            done.append(f"{'sent again' if sent else 'released'} the preload of {i.model}@{i.version} on {i.gpu}")
         events.record(r, "failover", "scheduler", reason=f"after the failover hold: {len(done)} action(s) whose "
                       f"task was lost {'handled: ' + '; '.join(done) if done else '(none)'}",
                       numbers={"failover_at": self.s.at, "resent": done, "scheduler": self.ident,

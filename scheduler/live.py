@@ -187,7 +187,8 @@ class Scheduler:
             events.record(self.ctx.r, "leader", "scheduler", reason=f"scheduler {self.ident} took the lead")
         if self._unacted is not None:
             e, self._unacted = self._unacted, None
-            if e.failover_at is not None and now < e.failover_at + self.ctx.settings.heartbeat_ttl:
+            # (within an intent TTL: later, whatever the failover lost has expired by itself)
+            if e.failover_at is not None and now < e.failover_at + self.ctx.settings.intent_ttl:
                 self.failover.begin(e, now)
         assert self.reader is not None
         catalog = self.ctx.catalog
