@@ -27,8 +27,6 @@ STAGE = "prewarm.stage"  # into the node's host cache (staging tier); any GPU qu
 UNSTAGE = "prewarm.unstage"
 
 
-
-
 def tls_options(redis_url: str) -> dict[str, object]:
     """TLS settings for Celery's broker and backend from a rediss:// URL's query, the parameters redis-py
     reads itself for prewarm's own connections: ssl_cert_reqs, ssl_ca_certs, ssl_certfile, ssl_keyfile.

@@ -75,3 +75,17 @@ class SentinelChannel(kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+
+NAME = f"{__name__}:SentinelTransport"
+
+
+def install() -> None:
+    """Make this transport what `sentinel://` means to kombu in this process. Naming it in Celery's
+    `broker_transport` is not enough: when a connection fails, kombu switches to the next of the broker's
+    `sentinel://...;sentinel://...` URLs and takes the transport from that URL's scheme again (the stock
+    one, with the bug), so the scheme itself is pointed here."""
+    from kombu import transport
+
+    transport.TRANSPORT_ALIASES["sentinel"] = NAME
+    transport._transport_cache.pop("sentinel", None)  # resolved before (e.g. by an earlier Connection)

@@ -140,7 +140,11 @@ def client(u: SentinelUrl, **kw: Any) -> redis.Redis:
 
 
 def celery_config(u: SentinelUrl) -> dict[str, Any]:
-    """Celery settings for the broker and result backend on the same sentinels and master."""
+    """Celery settings for the broker and result backend on the same sentinels and master (and kombu's
+    `sentinel://` pointed at prewarm's fixed transport, prewarm.celery_transport)."""
+    from prewarm import celery_transport
+
+    celery_transport.install()
     cred = ""
     if u.password:
         cred = f"{u.username or ''}:{u.password}@"
@@ -154,7 +158,7 @@ def celery_config(u: SentinelUrl) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": hosts, "result_backend": hosts,
         # the worker's own kombu fix for a failover (prewarm.celery_transport)
-        "broker_transport": "prewarm.celery_transport:SentinelTransport",
+        "broker_transport": celery_transport.NAME,
         "broker_transport_options": options,
         "result_backend_transport_options": dict(options),
     }

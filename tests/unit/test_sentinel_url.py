@@ -48,6 +48,19 @@ def test_celery_gets_every_sentinel_the_master_name_and_the_sentinel_password() 
     assert app.conf.broker_transport == "prewarm.celery_transport:SentinelTransport"
 
 
+def test_every_sentinel_url_gets_the_fixed_transport_also_after_kombu_switches_to_the_next() -> None:
+    from kombu import Connection
+
+    from prewarm.celery_transport import SentinelTransport
+
+    app = make_celery("sentinel://127.0.0.1:26379,127.0.0.1:26380/prewarm/0")
+    conn = app.connection_for_read()
+    assert conn.get_transport_cls() is SentinelTransport
+    conn.switch("sentinel://127.0.0.1:26380/0")  # what kombu does after a connection error
+    assert conn.get_transport_cls() is SentinelTransport
+    assert Connection("sentinel://127.0.0.1:26381/0").get_transport_cls() is SentinelTransport
+
+
 def test_celery_over_tls_to_sentinels_and_master() -> None:
     app = make_celery("sentinels://h1/prewarm/0?ssl_cert_reqs=none")
     assert app.conf.broker_use_ssl == {"ssl_cert_reqs": ssl.CERT_NONE}
