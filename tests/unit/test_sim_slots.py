@@ -239,7 +239,8 @@ def test_sweep_writes_the_table_json_and_plot(tmp_path) -> None:
     assert {(r["gpus"], r["policy"]) for r in data["rows"]} == {(g, p) for g in (1, 2) for p in POLICIES}
     md = (out / "sweep.md").read_text()
     assert md == markdown(data["rows"], 2)
-    assert md.count("| tiny | 1 | 0 |") == 2 and md.count("| tiny | 2 | 0 |") == 2
+    # the summary, every policy's cold starts, every policy's cold-wait seconds
+    assert md.count("| tiny | 1 | 0 |") == 3 and md.count("| tiny | 2 | 0 |") == 3
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
