@@ -24,6 +24,8 @@ def fmt_report(r: dict[str, Any]) -> str:
         f"after a failover, {p['lost']} lost",
     ]
     lines += [f"  lost: {d}" for d in p["lost_detail"]]
+    if r.get("logs"):
+        lines.append(f"logs kept in {r['logs']}")
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -229,6 +230,7 @@ def run_bench(failovers: int = 5, *, preload_pairs: int = 4, hook_threads: int =
                 "PYTHONPATH": str(repo_root())})
     (work / "prom").mkdir()
     procs = Procs(work, env)
+    keep_logs = True  # until the run ends clean
     hooks: list[Hooks] = []
     stream: PreloadStream | None = None
     threads: list[threading.Thread] = []
@@ -284,8 +286,11 @@ def run_bench(failovers: int = 5, *, preload_pairs: int = 4, hook_threads: int =
         lost_hooks = sum(max(0, answered[m] - recorded.get(m, 0)) for m in answered)
         log_text = procs.log("worker")
         failover_events = [e for e in _retry(lambda: events.read(r, limit=5000)) if e.kind == "failover"]
-        resent = sum(len(e.numbers.get("resent") or []) for e in failover_events)
+        handled = [x for e in failover_events for x in (e.numbers.get("resent") or [])]
+        resent = sum(x.startswith("sent again") for x in handled)
         lost = [s for s in stream.sent if s.done_at is None]
+        trouble = bool(lost) or lost_hooks > 0 or worker.poll() is not None or "Unrecoverable error" in log_text
+        keep_logs = trouble
         return {
             "failovers": failovers,
             "settings": {"replicas": len(cluster.nodes) - 1, "sentinels": len(cluster.sentinels),
@@ -301,9 +306,11 @@ def run_bench(failovers: int = 5, *, preload_pairs: int = 4, hook_threads: int =
             "hooks": {"answered_202": sum(answered.values()), "recorded": sum(recorded.get(m, 0) for m in answered),
                       "lost": lost_hooks, "answered_503": sum(h.refused for h in hooks)},
             "preloads": {"sent": len(stream.sent), "completed": len(stream.sent) - len(lost),
-                         "resent_after_failover": resent, "lost": len(lost),
+                         "resent_after_failover": resent, "released_after_failover": len(handled) - resent,
+                         "lost": len(lost),
                          "lost_detail": [_describe(r, s, kills) for s in lost], "errors": stream.errors[:20]},
             "failover_events": len(failover_events),
+            "logs": str(work) if trouble else None,  # kept only when something was lost or failed
         }
     finally:
         if stream is not None:
@@ -312,6 +319,8 @@ def run_bench(failovers: int = 5, *, preload_pairs: int = 4, hook_threads: int =
             h.halt.set()
         procs.stop()
         cluster.stop()
+        if not keep_logs:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _web_up(port: int) -> bool:
