@@ -30,8 +30,9 @@ MASTER_NAME = "prewarm"
 
 
 class _Proc:
-    def __init__(self, args: list[str], port: int, directory: Path, password: str | None = None) -> None:
-        self.args, self.port, self.dir, self.password = args, port, directory, password
+    def __init__(self, args: list[str], port: int, directory: Path, password: str | None = None,
+                 ca: Path | None = None) -> None:
+        self.args, self.port, self.dir, self.password, self.ca = args, port, directory, password, ca
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10.0) -> None:
@@ -44,8 +45,9 @@ class _Proc:
             time.sleep(0.05)
 
     def client(self, timeout: float = 1.0) -> redis.Redis:
+        tls = {"ssl": True, "ssl_ca_certs": str(self.ca)} if self.ca else {}
         return redis.Redis(port=self.port, password=self.password, socket_timeout=timeout,
-                           socket_connect_timeout=timeout)
+                           socket_connect_timeout=timeout, **tls)
 
     def answers(self) -> bool:
         try:
@@ -75,8 +77,12 @@ class _Proc:
 
 class SentinelCluster:
     def __init__(self, *, replicas: int = 1, sentinels: int = 3, quorum: int = 2, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 5000, password: str | None = None) -> None:
-        self.binary = redis_server_binary()
+                 failover_timeout_ms: int = 5000, password: str | None = None,
+                 tls: dict[str, Path] | None = None, binary: str | None = None) -> None:
+        """`tls`: {"cert", "key", "ca"} files: every node and sentinel on TLS only (replication and the
+        sentinels' links too), and `url` is sentinels://."""
+        self.binary = binary or redis_server_binary()
+        self.tls = tls
         self.root = Path(tempfile.mkdtemp(prefix="prewarm-sentinel-"))
         self.password = password
         self.quorum, self.down_after_ms, self.failover_timeout_ms = quorum, down_after_ms, failover_timeout_ms
@@ -94,9 +100,17 @@ class SentinelCluster:
                 "--dir", str(d), "--logfile", str(d / "redis.log")]
         if self.password:
             args += ["--requirepass", self.password, "--masterauth", self.password]
+        if self.tls:
+            args += ["--port", "0", "--tls-port", str(port), *self._tls_args("--")]
         if i:
             args += ["--replicaof", "127.0.0.1", str(self.nodes[0].port)]
-        return _Proc(args, port, d, self.password)
+        return _Proc(args, port, d, self.password, self.tls["ca"] if self.tls else None)
+
+    def _tls_args(self, dash: str) -> list[str]:
+        assert self.tls is not None
+        return [f"{dash}tls-cert-file", str(self.tls["cert"]), f"{dash}tls-key-file", str(self.tls["key"]),
+                f"{dash}tls-ca-cert-file", str(self.tls["ca"]), f"{dash}tls-auth-clients", "no",
+                f"{dash}tls-replication", "yes"]
 
     def _sentinel(self, i: int, master_port: int) -> _Proc:
         port = free_port()
@@ -110,13 +124,19 @@ class SentinelCluster:
                  f"sentinel parallel-syncs {MASTER_NAME} 1"]
         if self.password:
             lines.append(f"sentinel auth-pass {MASTER_NAME} {self.password}")
+        if self.tls:
+            t = self._tls_args("")
+            lines[0] = f"port 0\ntls-port {port}"
+            lines += [f"{t[k]} {t[k + 1]}" for k in range(0, len(t), 2)]
         conf.write_text("\n".join(lines) + "\n")
-        return _Proc([self.binary, str(conf), "--sentinel"], port, d)
+        return _Proc([self.binary, str(conf), "--sentinel"], port, d, ca=self.tls["ca"] if self.tls else None)
 
     @property
     def url(self) -> str:
         cred = f":{self.password}@" if self.password else ""
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        if self.tls:
+            return f"sentinels://{cred}{hosts}/{MASTER_NAME}/0?ssl_ca_certs={self.tls['ca']}"
         return f"sentinel://{cred}{hosts}/{MASTER_NAME}/0"
 
     def start(self) -> SentinelCluster:
