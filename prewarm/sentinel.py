@@ -38,7 +38,7 @@ CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none
 
 @dataclass(frozen=True)
 class SentinelUrl:
-    sentinels: tuple[tuple[str, int], ...]
+    hosts: tuple[tuple[str, int], ...]  # the sentinels, (host, port)
     master: str
     db: int = 0
     username: str | None = None
@@ -83,7 +83,7 @@ def parse(url: str) -> SentinelUrl:
         password = unquote(secret) if colon and secret else None
         if not colon:  # "pw@host": a user or a password? Sentinel URLs take only [USER]:PASSWORD@
             raise _refuse(url, "the part before @ has no ':'; write the password as :PASSWORD@")
-    sentinels = tuple(_host(url, h) for h in hostlist.split(","))
+    hosts = tuple(_host(url, h) for h in hostlist.split(","))
     path = [p for p in parts.path.split("/")]
     if len(path) < 2 or not path[1]:
         raise _refuse(url, "no master name after the sentinels")
@@ -103,7 +103,7 @@ def parse(url: str) -> SentinelUrl:
         raise _refuse(url, f"ssl_cert_reqs={reqs!r}; use required, optional or none")
     if "ssl_cert_reqs" in tls_query:
         tls_query["ssl_cert_reqs"] = reqs
-    return SentinelUrl(sentinels, master, db, username, password, query.get("sentinel_password") or None,
+    return SentinelUrl(hosts, master, db, username, password, query.get("sentinel_password") or None,
                        scheme == "sentinels", tls_query)
 
 
@@ -134,7 +134,7 @@ def _sentinel_kwargs(u: SentinelUrl, timeout: float) -> dict[str, Any]:
 def client(u: SentinelUrl, **kw: Any) -> redis.Redis:
     """prewarm's own client for the master the sentinels name now; every new connection asks them again,
     so after a failover the pool's reconnects reach the new master."""
-    sentinel = Sentinel(list(u.sentinels), sentinel_kwargs=_sentinel_kwargs(u, 1.0), **u.ssl_options())
+    sentinel = Sentinel(list(u.hosts), sentinel_kwargs=_sentinel_kwargs(u, 1.0), **u.ssl_options())
     auth = {"password": u.password, **({"username": u.username} if u.username else {})}
     return sentinel.master_for(u.master, db=u.db, **auth, **kw)
 
@@ -148,7 +148,7 @@ def celery_config(u: SentinelUrl) -> dict[str, Any]:
     cred = ""
     if u.password:
         cred = f"{u.username or ''}:{u.password}@"
-    hosts = ";".join(f"sentinel://{cred}{_netloc(h, p)}/{u.db}" for h, p in u.sentinels)
+    urls = ";".join(f"sentinel://{cred}{_netloc(h, p)}/{u.db}" for h, p in u.hosts)
     sentinel_kwargs: dict[str, Any] = {}
     if u.sentinel_password:
         sentinel_kwargs["password"] = u.sentinel_password
@@ -156,7 +156,7 @@ def celery_config(u: SentinelUrl) -> dict[str, Any]:
         sentinel_kwargs.update(u.ssl_options())
     options = {"master_name": u.master, "sentinel_kwargs": sentinel_kwargs}
     conf: dict[str, Any] = {
-        "broker_url": hosts, "result_backend": hosts,
+        "broker_url": urls, "result_backend": urls,
         # the worker's own kombu fix for a failover (prewarm.celery_transport)
         "broker_transport": celery_transport.NAME,
         "broker_transport_options": options,

@@ -13,7 +13,7 @@ from prewarm.config import ConfigError, Settings, redacted
 
 def test_the_documented_form_parses() -> None:
     u = sentinel.parse("sentinel://:s3cret@h1:26379,h2:26380,h3:26381/mymaster/2")
-    assert u.sentinels == (("h1", 26379), ("h2", 26380), ("h3", 26381))
+    assert u.hosts == (("h1", 26379), ("h2", 26380), ("h3", 26381))
     assert (u.master, u.db, u.password, u.username, u.sentinel_password, u.tls) == ("mymaster", 2, "s3cret", None,
                                                                                     None, False)
 
@@ -21,13 +21,13 @@ def test_the_documented_form_parses() -> None:
 def test_the_deploy_manifest_form_parses_ports_defaulting_to_26379() -> None:
     # deploy/k8s/web.yaml writes hosts without ports after the first
     u = sentinel.parse("sentinel://:pw@prewarm-redis-0.prewarm-redis-headless:26379,h2,h3/prewarm/0")
-    assert u.sentinels == (("prewarm-redis-0.prewarm-redis-headless", 26379), ("h2", 26379), ("h3", 26379))
+    assert u.hosts == (("prewarm-redis-0.prewarm-redis-headless", 26379), ("h2", 26379), ("h3", 26379))
     assert (u.master, u.db, u.password) == ("prewarm", 0, "pw")
 
 
 def test_no_password_a_user_ipv6_and_a_missing_db() -> None:
     u = sentinel.parse("sentinel://[::1]:26379,127.0.0.1/prewarm")
-    assert u.sentinels == (("::1", 26379), ("127.0.0.1", 26379)) and u.db == 0 and u.password is None
+    assert u.hosts == (("::1", 26379), ("127.0.0.1", 26379)) and u.db == 0 and u.password is None
     assert sentinel.parse("sentinel://app:pw@h1/prewarm/0").username == "app"
 
 
