@@ -30,6 +30,7 @@ class WorkerOptions:
     heartbeat_seconds: float = 2.0
     heartbeat_ttl: float = 10.0
     event_log_max: int = 5000
+    intent_ttl: float = 120.0  # Settings.intent_ttl: a task's intent missing this soon after a failover was lost
     warmup_min_passes: int = 3  # the first pass is cold (allocator, kernels); stability needs two more
     warmup_max_passes: int = 10
     warmup_tolerance: float = 0.15  # last two passes within 15% of each other: latency is stable
@@ -53,7 +54,7 @@ class WorkerOptions:
         from gpu_worker.host_cache import default_host_cache_bytes
 
         return cls(heartbeat_seconds=s.heartbeat_seconds, heartbeat_ttl=s.heartbeat_ttl,
-                   event_log_max=s.event_log_max,
+                   event_log_max=s.event_log_max, intent_ttl=s.intent_ttl,
                    warmup_max_passes=s.warmup_max_passes,
                    warmup_max_seconds=s.warmup_max_seconds,
                    max_loads_per_gpu=s.max_loads_per_gpu,

@@ -11,6 +11,10 @@ broker's visibility timeout lapses, up to an hour later, when nobody wants that 
 - A task without an intent id (sent by hand with send_task, or queued by an older dispatcher) is never
   stale: it runs as it always did, and releases only an intent claimed without an id.
 - When Redis cannot be read the task runs: a task is dropped only on evidence that it is stale.
+- A Redis failover (prewarm.failover) can lose the intent and keep the task (replication is asynchronous):
+  an intent missing, before the task's deadline, within one intent TTL of a failover, is re-claimed with
+  the task's own id and the task runs (it is a preload or an evict the dispatcher did send). If something
+  else holds the (model, target) by then, the task is superseded as usual.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ import time
 import redis
 
 from gpu_worker.errors import Stale
-from prewarm import events, state
+from prewarm import events, failover, state
 
 log = logging.getLogger("prewarm.worker")
 
 
 def stale_reason(r: redis.Redis, model: str, target: str, intent_id: str, deadline: float | None,
-                 now: float | None = None) -> str | None:
-    """Why a task for (model, target) carrying `intent_id` is stale, or None when it should run."""
+                 now: float | None = None, *, action: str = "", version: str | None = None,
+                 intent_ttl: float = 0.0) -> str | None:
+    """Why a task for (model, target) carrying `intent_id` is stale, or None when it should run.
+    `intent_ttl`: how long after a failover a missing intent is taken for one the failover lost (0: never)."""
     if not intent_id:
         return None
     now = time.time() if now is None else now
@@ -39,11 +45,36 @@ def stale_reason(r: redis.Redis, model: str, target: str, intent_id: str, deadli
     except redis.RedisError as exc:
         log.warning("could not read the intent of %s on %s (%s): running the task", model, target, exc)
         return None
+    if held is None and intent_ttl > 0 and _lost_in_failover(r, action, model, version, target, intent_id,
+                                                             deadline, intent_ttl, now):
+        return None
     if held is None:
         return "its intent is no longer held (expired, or cleared by a worker restart)"
     if held.id != intent_id:
         return f"superseded by the {held.action} of {held.model}@{held.version} in flight ({held.actor}: {held.reason})"
     return None
+
+
+def _lost_in_failover(r: redis.Redis, action: str, model: str, version: str | None, target: str, intent_id: str,
+                      deadline: float | None, intent_ttl: float, now: float) -> bool:
+    """The intent vanished with a failover: claim it again under the task's id (True), so the task runs and
+    releases it as usual. False: no recent failover, or another intent took (model, target) meanwhile."""
+    try:
+        seen = failover.recent(r, intent_ttl, now)
+        if seen is None:
+            return False
+        again = state.Intent(action=action or "preload", model=model, version=version or "", gpu=target,
+                             actor="worker", reason="claimed again after a Redis failover lost it",
+                             created_at=now, expires_at=deadline if deadline is not None else now + intent_ttl,
+                             id=intent_id)
+        if not state.claim_intent(r, again):
+            return False
+    except redis.RedisError as exc:
+        log.warning("could not check the intent of %s on %s against a failover (%s)", model, target, exc)
+        return False
+    log.warning("%s of %s on %s: its intent was lost in the Redis failover at %.0f; claimed again, running it",
+                action or "task", model, target, seen.failover_at or now)
+    return True
 
 
 def drop(r: redis.Redis, action: str, model: str, version: str | None, target: str, why: str, intent_id: str,

@@ -58,7 +58,8 @@ def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> LocalGpu:
 def _check(worker: NodeWorker, action: str, model: str, version: str | None, target: str, intent_id: str,
            deadline: float | None, g: LocalGpu | None = None) -> None:
     """Raise errors.Stale (after recording it) when the task's intent expired or was superseded."""
-    why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
+    why = intents.stale_reason(worker.r, model, target, intent_id, deadline, action=action, version=version,
+                               intent_ttl=worker.options.intent_ttl)
     # Read after Redis: an evict that took this preload over marks it cancelled before it releases its own
     # intent, so an evict finishing on another thread between the two reads is still named as such.
     if g is not None and intent_id and intent_id in g.cancelled_tasks:

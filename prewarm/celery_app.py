@@ -14,10 +14,11 @@ over Redis pub/sub: with nobody listening they cost a PUBLISH each and are kept 
 
 from __future__ import annotations
 
-import ssl
 from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
+
+from prewarm.sentinel import CERT_REQS
 
 PRELOAD = "prewarm.preload"
 EVICT = "prewarm.evict"
@@ -26,18 +27,15 @@ STAGE = "prewarm.stage"  # into the node's host cache (staging tier); any GPU qu
 UNSTAGE = "prewarm.unstage"
 
 
-_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
-
-
 def tls_options(redis_url: str) -> dict[str, object]:
     """TLS settings for Celery's broker and backend from a rediss:// URL's query, the parameters redis-py
     reads itself for prewarm's own connections: ssl_cert_reqs, ssl_ca_certs, ssl_certfile, ssl_keyfile.
     Certificates are verified unless the URL says ssl_cert_reqs=none."""
     query = {k: v[-1] for k, v in parse_qs(urlsplit(redis_url).query).items()}
     reqs = query.get("ssl_cert_reqs", "required").lower()
-    if reqs not in _CERT_REQS:
+    if reqs not in CERT_REQS:
         raise ValueError(f"PREWARM_REDIS_URL: ssl_cert_reqs={reqs!r}; use required, optional or none")
-    opts: dict[str, object] = {"ssl_cert_reqs": _CERT_REQS[reqs]}
+    opts: dict[str, object] = {"ssl_cert_reqs": CERT_REQS[reqs]}
     for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
         if key in query:
             opts[key] = query[key]
@@ -45,7 +43,10 @@ def tls_options(redis_url: str) -> dict[str, object]:
 
 
 def make_celery(redis_url: str, *, name: str = "prewarm") -> Celery:
-    app = Celery(name, broker=redis_url, backend=redis_url)
+    from prewarm import sentinel
+
+    via_sentinel = sentinel.celery_config(sentinel.parse(redis_url)) if sentinel.is_sentinel(redis_url) else None
+    app = Celery(name, broker=None if via_sentinel else redis_url, backend=None if via_sentinel else redis_url)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -62,7 +63,11 @@ def make_celery(redis_url: str, *, name: str = "prewarm") -> Celery:
         worker_send_task_events=True,  # received/started/succeeded/failed, for Flower and `celery events`
         task_send_sent_event=True,  # and "sent" from whoever dispatches, so a task queued for a GPU shows
     )
-    if redis_url.startswith("rediss://"):
+    if via_sentinel is not None:  # the sentinels' URLs, the master's name, the kombu fix (prewarm.sentinel)
+        via_sentinel["broker_transport_options"] = {**app.conf.broker_transport_options,
+                                                    **via_sentinel["broker_transport_options"]}
+        app.conf.update(via_sentinel)
+    elif redis_url.startswith("rediss://"):
         ssl_opts = tls_options(redis_url)
         app.conf.broker_use_ssl = ssl_opts
         app.conf.redis_backend_use_ssl = ssl_opts

@@ -17,7 +17,9 @@ counted in `stats()["dropped"]`), and are sent with their own timestamps once it
 late batch lands in the right traffic buckets. A batch prewarm refuses for one event (an unknown model:
 batches are all-or-nothing) is resent without that event, counted in `stats()["rejected"]`. Delivery is
 at least once: a post that times out (`timeout`, 2 s by default, far above the hook's latency) is sent
-again, and is counted twice if prewarm had recorded it meanwhile (the hook has no idempotency key).
+again, and is counted twice if prewarm had recorded it meanwhile (the hook has no idempotency key). A post
+answered 503 (prewarm cannot reach Redis: a restart, or the 2-3 s of a Sentinel election) or 429 is kept
+and sent again the same way, with the same backoff, until it is answered 202.
 `flush()` waits until everything reported before it is delivered (for shutdown and tests).
 
 Routing: `route(model)` asks `GET /hooks/route` and keeps an answer whose state is `ready` for

@@ -246,10 +246,9 @@ def redacted(url: str) -> str:
     messages, logs and repr."""
     parts = urlsplit(url)
     if parts.password is not None:
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        port = f":{parts.port}" if parts.port else ""
-        url = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{MASK}@{host}{port}"))
+        # by hand on the netloc: a sentinel:// URL lists several hosts, which urlsplit's port cannot read
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        url = urlunsplit(parts._replace(netloc=f"{userinfo.partition(':')[0]}:{MASK}@{hosts}"))
     base, mark, rest = url.partition("?")  # by hand: urlunsplit would drop unix:///'s empty netloc
     query, hash_, fragment = rest.partition("#")
     pairs = parse_qsl(query, keep_blank_values=True)
@@ -315,6 +314,8 @@ class Settings:
     cpu_device_arena: bool = False  # PREWARM_CPU_DEVICE_ARENA: a CPU virtual GPU as one pre-faulted arena
     host_cache: str | None = None  # PREWARM_HOST_CACHE: 16GiB or 25% of RAM (None: a quarter)
     advertise_host: str | None = None  # PREWARM_ADVERTISE_HOST: where routers reach this node's engines
+    # PREWARM_REDIS_WAIT_REPLICAS: replicas that must confirm a hook's write before its 202 (prewarm.replicated)
+    redis_wait_replicas: int = 0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -358,6 +359,7 @@ class Settings:
             cpu_device_arena=env_flag(e, "PREWARM_CPU_DEVICE_ARENA"),
             host_cache=(e.get("PREWARM_HOST_CACHE") or "").strip() or None,
             advertise_host=(e.get("PREWARM_ADVERTISE_HOST") or "").strip() or None,
+            redis_wait_replicas=env_int(e, "PREWARM_REDIS_WAIT_REPLICAS", 0, low=0, example=1),
         )
 
     _SECRETS = ("hook_token", "admin_token", "secret_key")
@@ -375,6 +377,11 @@ class Settings:
 
     def __post_init__(self) -> None:
         policy_names.check(self.policy)
+        if self.redis_url is not None:
+            from prewarm import sentinel  # here, not at the top: prewarm.sentinel imports this module
+
+            if sentinel.is_sentinel(self.redis_url):
+                sentinel.parse(self.redis_url)  # a bad sentinel:// URL is refused now, in words
         if not 0.0 <= self.speculative_share <= 1.0:
             raise ConfigError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")

@@ -42,7 +42,7 @@ class Context:
 
     @cached_property
     def r(self) -> redis.Redis:
-        return runtime.connect(self.redis_url)
+        return runtime.connect(self.redis_url, wait_replicas=self.settings.redis_wait_replicas)
 
     @cached_property
     def celery(self) -> Celery:

@@ -144,6 +144,9 @@ DISPATCH_COUNTS = PREFIX + "dispatch_counts"  # Hash "<action>:<kind>" -> action
 # --- decisions and leadership ---------------------------------------------------------------------
 EVENTS = PREFIX + "events"  # Stream of decisions and actions (bounded with MAXLEN).
 LEADER_LOCK = PREFIX + "scheduler:leader"  # redis-py Lock held by the planning scheduler.
+# Hash: run_id (the Redis master's run id when last seen), failover_at (Unix seconds the run id last changed:
+# a Sentinel failover or a restart), previous (the run id before). prewarm.failover.
+REDIS_EPOCH = PREFIX + "redis:epoch"
 SCHEDULER_STATUS = PREFIX + "scheduler:status"  # Hash: leader id, last tick, tick seconds, trigger.
 SCHEDULER_POLICY = PREFIX + "scheduler:policy"  # Hash: the policy the leader runs (name, since, scheduler).
 WAKE = PREFIX + "wake"  # Pub/sub channel: the route hook publishes "<model>@<version>" when a lookup opens a

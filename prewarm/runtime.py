@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from prewarm import replicated, sentinel
 from prewarm.config import Settings, redacted
 from prewarm.redis_server import EmbeddedRedis
 
@@ -69,8 +70,16 @@ def stop_owned() -> None:
         _owned = None
 
 
-def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5)
+def connect(url: str, *, wait_replicas: int = 0) -> redis.Redis:
+    """prewarm's own client for `url`: redis://, rediss://, unix://, or sentinel:// / sentinels:// (the master
+    the sentinels name, followed across a failover: prewarm.sentinel). `wait_replicas`: replicas that must
+    confirm the writes that ask for it (prewarm.replicated, PREWARM_REDIS_WAIT_REPLICAS)."""
+    options = {"health_check_interval": 30, "socket_timeout": 10, "socket_connect_timeout": 5}
+    if sentinel.is_sentinel(url):
+        client = sentinel.client(sentinel.parse(url), **options)
+    else:
+        client = redis.Redis.from_url(url, **options)
+    return replicated.require(client, wait_replicas)
 
 
 def redis_failure(exc: BaseException) -> str | None:
@@ -82,9 +91,14 @@ def redis_failure(exc: BaseException) -> str | None:
         return None
     url = _resolved or "(PREWARM_REDIS_URL)"
     detail = str(exc) or type(exc).__name__
-    password = urlsplit(url).password
-    if password:
-        detail = detail.replace(password, "***")
+    secrets = [urlsplit(url).password]
+    if sentinel.is_sentinel(url):
+        try:
+            secrets.append(sentinel.parse(url).sentinel_password)
+        except ValueError:
+            pass
+    for secret in filter(None, secrets):
+        detail = detail.replace(secret, "***")
     url = redacted(url)
     if isinstance(exc, redis.AuthenticationError):
         return f"Redis at {url} refused the login ({detail}); check the password (and user) in PREWARM_REDIS_URL"

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from prewarm import keys
+from prewarm import keys, replicated
 
 SECOND = 1
 MINUTE = 60
@@ -161,8 +161,9 @@ def record_counts(r: redis.Redis, counts: Mapping[float, Mapping[str, int]], now
     # ZADD GT: newest wins, so a delayed batch never moves a model's last request backwards.
     for m, t in newest.items():
         args += (f"{t:.3f}", m)
-    _record_script(keys=[keys.REQUESTS_TOTAL, keys.LAST_REQUEST, *bucket_keys],
-                   args=[json.dumps(args, separators=(",", ":"))], client=r)
+    # confirmed by PREWARM_REDIS_WAIT_REPLICAS replicas when set (prewarm.replicated): a 202 survives a failover
+    replicated.run_script(r, _record_script, [keys.REQUESTS_TOTAL, keys.LAST_REQUEST, *bucket_keys],
+                          [json.dumps(args, separators=(",", ":"))])
     return sum(totals.values())
 
 

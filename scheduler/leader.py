@@ -3,6 +3,11 @@
 A redis-py `Lock` with a TTL. The leader extends it every tick; a standby tries to take it every tick and
 succeeds once the leader has stopped extending it (crashed, hung, partitioned) and the TTL ran out. If
 Redis loses its data, the lock vanishes with it and whoever asks first becomes leader again.
+
+Fenced across a Sentinel failover: the promoted replica may not have the lock (replication is asynchronous).
+The leader's extension then finds it gone and at once takes it again with SET NX: it stays leader if nobody
+else took it meanwhile, and steps down if a standby did. The lock is one key set only with NX, so at any
+time exactly one scheduler holds it, and a scheduler plans only in a tick that began by holding it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,17 @@ class Leadership:
     def ensure(self) -> bool:
         """Keep or take the leadership; True if this process may plan now."""
         try:
-            if self.is_leader and self.lock.owned():
-                self.lock.reacquire()
-                return True
+            if self.is_leader:
+                try:
+                    self.lock.reacquire()
+                    return True
+                except LockError:
+                    # gone (expired, or lost in a failover) or taken: take it again if it is free, else step down
+                    if self.lock.acquire(blocking=False, token=self.ident.encode()):
+                        log.warning("scheduler %s took the leader lock again (it had vanished: a Redis failover?)",
+                                    self.ident)
+                        return True
+                    raise
             if self.lock.acquire(blocking=False, token=self.ident.encode()):
                 if not self.is_leader:
                     log.info("scheduler %s is now the leader", self.ident)

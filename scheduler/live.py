@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from prewarm import events, keys, metrics_defs, state
+from prewarm import events, failover, keys, metrics_defs, state
 from prewarm.context import Context
 from prewarm.dispatch import Dispatched, Order, order_preload
 from prewarm.domain.choice import Policy, make_policy
@@ -49,6 +49,7 @@ from prewarm.domain.policy import native as policy_native
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
+from scheduler.failover import FailoverGuard
 from scheduler.isolation import Isolation
 from scheduler.leader import Leadership
 from scheduler.snapshot import SnapshotReader
@@ -94,6 +95,8 @@ class Scheduler:
                                              overdue_wait_s=ctx.settings.max_demand_wait)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
+        self.failover = FailoverGuard(ctx, self.ident)  # a Redis failover: hold, reconcile (scheduler.failover)
+        self._unacted: failover.Epoch | None = None  # a failover seen as standby, acted on if it takes the lead
         self.reader: SnapshotReader | None = None
         self.policy: Policy | None = None
         self.isolation = Isolation()
@@ -172,14 +175,22 @@ class Scheduler:
         started = time.perf_counter()
         trips_before = self.round_trips.value
         was_leader = self.leadership.is_leader
+        now = time.time() if now is None else now
+        changed = self.failover.observe(now)  # the master's run id: a failover since the last tick?
+        if changed is not None:
+            self._unacted = changed
         if not self.leadership.ensure():
             self.reader = None
             return TickResult(False)
         if not was_leader or self.reader is None:
             self._reset()
             events.record(self.ctx.r, "leader", "scheduler", reason=f"scheduler {self.ident} took the lead")
+        if self._unacted is not None:
+            e, self._unacted = self._unacted, None
+            # (within an intent TTL: later, whatever the failover lost has expired by itself)
+            if e.failover_at is not None and now < e.failover_at + self.ctx.settings.intent_ttl:
+                self.failover.begin(e, now)
         assert self.reader is not None
-        now = time.time() if now is None else now
         catalog = self.ctx.catalog
         if self.steering is not None:  # the SLO moves the speculative budget before the plan
             self.reader.config = self.steering.tick(self.ctx.r, self.reader.config, now)
@@ -188,7 +199,7 @@ class Scheduler:
         memory_time.account(self.ctx.r, fleet, self._accounted_at, now)
         self._accounted_at = now
         t_plan, c_plan = time.perf_counter(), time.process_time()
-        actions = self._plan(snap, now)
+        actions = self.failover.filter(self._plan(snap, now), fleet, now)  # the hold after a failover
         t_dispatch, c_dispatch = time.perf_counter(), time.process_time()
         result = TickResult(True, actions=len(actions), woken_by=list(woken_by),
                             left_out={m: x.reason for m, x in self.isolation.left_out.items()})
@@ -206,6 +217,7 @@ class Scheduler:
                 result.errors.append(str(d))
             else:
                 result.dispatched += int(d is not None and d.sent)
+        self.failover.reconcile(fleet, now)  # once, when a failover's hold is over: lost preloads sent again
         done, c_done = time.perf_counter(), time.process_time()
         result.snapshot_seconds, result.plan_seconds = t_plan - t_snapshot, t_dispatch - t_plan
         result.dispatch_seconds = done - t_dispatch
@@ -219,7 +231,8 @@ class Scheduler:
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
-            "left_out": ",".join(sorted(result.left_out))})
+            "left_out": ",".join(sorted(result.left_out)),
+            "failover_hold": "1" if self.failover.holding(now) else "0"})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import redis
 
 from prewarm import keys, state
+from prewarm.runtime import connect  # redis://, rediss:// and sentinel:// alike
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -85,7 +85,7 @@ class WorkerProc:
 
     def heartbeating(self) -> bool:
         """Every GPU of this worker announced by this very process."""
-        r = redis.Redis.from_url(self.redis_url)
+        r = connect(self.redis_url)
         try:
             for gid in self.gpu_ids:
                 owner = r.hget(keys.gpu(gid), "worker")
@@ -166,7 +166,7 @@ def _raise_dead(w: WorkerProc) -> bool:
 
 def gpu_gone(redis_url: str, gpu: str) -> bool:
     """The GPU is out of the fleet: no live inventory (its heartbeat expired or it was removed)."""
-    r = redis.Redis.from_url(redis_url)
+    r = connect(redis_url)
     try:
         return not r.exists(keys.gpu(gpu))
     finally:

@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import redis
-
 from prewarm import keys
+from prewarm.runtime import connect
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,7 +33,7 @@ class SchedulerProc:
         self.ident = f"{os.uname().nodename}:{self.proc.pid}"
 
     def is_leader(self) -> bool:
-        r = redis.Redis.from_url(self.redis_url)
+        r = connect(self.redis_url)  # redis://, rediss:// and sentinel:// alike
         try:
             return r.get(keys.LEADER_LOCK) == self.ident.encode()
         finally:

@@ -20,6 +20,7 @@ _REGISTRARS = (
     "bench.tick.cli",  # bench tick
     "bench.engine.cli",  # bench engine
     "bench.live.cli",  # bench live
+    "bench.failover.cli",  # bench failover
     "scheduler.cli",  # scheduler
     "web.cli",  # web
     "prewarm.programs.up",  # up, replay

@@ -19,7 +19,7 @@ from werkzeug.serving import make_server
 
 from prewarm import traffic
 from prewarm.client import TrafficReporter
-from prewarm.redis_server import free_port
+from prewarm.redis_server import EmbeddedRedis, free_port
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
 from tests.web_support import WebProc, make_catalog, make_context, publish_gpu, replica
@@ -155,6 +155,35 @@ def test_while_prewarm_is_unreachable_counts_are_kept_bounded_then_delivered(
         rep.close()
         if web is not None:
             web.stop()
+
+
+def test_a_503_while_redis_is_away_is_resent_once_it_is_back(catalog: Path, tmp_path: Path) -> None:
+    # What a Sentinel election looks like to the router: the web answers 503 with Retry-After for a few
+    # seconds (tests/system/test_sentinel_failover.py has the real one); the reporter keeps the counts and
+    # resends them, as after a timeout.
+    port = free_port()
+    server = EmbeddedRedis(port=port).start()
+    web = WebProc(server.url, catalog, tmp_path, workers=1)
+    rep = TrafficReporter(web.url, flush_interval=0.05)
+    try:
+        server.stop()
+        rep.report("alpha", 5)
+        wait_for(lambda: rep.stats()["failures"] >= 2, 30, what="posts answered 503")
+        req = urllib.request.Request(web.url + "/hooks/requests", data=b'{"model": "alpha"}',
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"]
+        assert rep.stats()["sent"] == 0 and rep.stats()["pending"] == 1
+        server = EmbeddedRedis(port=port).start()
+        assert rep.flush(30)
+        r = redis.Redis(port=port)
+        assert traffic.totals(r) == {"alpha": 5}, rep.stats()
+        r.close()
+    finally:
+        rep.close()
+        web.stop()
+        server.stop()
 
 
 def test_route_caches_ready_answers_only(reporter: TrafficReporter, r: redis.Redis) -> None:

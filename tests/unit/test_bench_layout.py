@@ -25,3 +25,10 @@ def test_prewarm_bench_load_is_the_bench_package() -> None:
 
     args = build_parser().parse_args(["bench", "load", "--size", "1MiB", "--no-cold", "--idle", "0"])
     assert args.func is cmd_bench_load and args.size == 1 << 20 and args.no_cold and args.idle == 0
+
+
+def test_prewarm_bench_failover_is_the_bench_package() -> None:
+    from bench.failover import cmd_bench_failover
+
+    args = build_parser().parse_args(["bench", "failover", "--json"])
+    assert args.func is cmd_bench_failover and args.failovers == 5 and args.json
