@@ -1,5 +1,5 @@
 """LiteLLM's Router with prewarm's routing strategy against a real `prewarm web`, real Redis and real HTTP
-servers as the replicas' endpoints (tests/openai_standin.py), the fleet published with the worker's own
+servers as the replicas' endpoints (bench/router/standin.py), the fleet published with the worker's own
 heartbeat function: the integration's logic without an engine start. tests/system/test_litellm.py runs it in
 front of a real vLLM engine replica placed by a real worker.
 """
@@ -26,11 +26,11 @@ litellm = pytest.importorskip("litellm", reason="the litellm extra is not instal
 from litellm import Router  # noqa: E402
 from litellm.types.router import RouterRateLimitError  # noqa: E402
 
+from bench.router.standin import OpenAIStandin  # noqa: E402
 from prewarm import traffic  # noqa: E402
 from prewarm.client import TrafficReporter  # noqa: E402
 from prewarm.integrations.litellm import PrewarmRouting, model_groups  # noqa: E402
 from prewarm.integrations.litellm.proxy import response_headers  # noqa: E402
-from tests.openai_standin import OpenAIStandin  # noqa: E402
 from tests.procs import wait_for  # noqa: E402
 from tests.web_support import WebProc, publish_gpu, queued_tasks, replica  # noqa: E402
 

@@ -55,8 +55,7 @@ class PrewarmRouting(CustomRoutingStrategyBase):
                                              input: str | list[object] | None = None,
                                              specific_deployment: bool | None = False,
                                              request_kwargs: dict[str, object] | None = None) -> dict[str, Any]:
-        stamp = _stamp(request_kwargs)
-        retry = "cold_since" in stamp  # LiteLLM retrying a request that already waited: keep its bound
+        retry = _retrying(request_kwargs)
         while True:
             # A ready answer is cached (no I/O); a repeat lookup of a cold model is a round trip: off the loop.
             got = await asyncio.to_thread(self._step, model, request_kwargs, retry) if retry \
@@ -69,8 +68,7 @@ class PrewarmRouting(CustomRoutingStrategyBase):
     def get_available_deployment(self, model: str, messages: list[dict[str, str]] | None = None,
                                  input: str | list[object] | None = None, specific_deployment: bool | None = False,
                                  request_kwargs: dict[str, object] | None = None) -> dict[str, Any]:
-        stamp = _stamp(request_kwargs)
-        retry = "cold_since" in stamp
+        retry = _retrying(request_kwargs)
         while True:
             got = self._step(model, request_kwargs, retry)
             if isinstance(got, dict):
@@ -182,6 +180,14 @@ def _stamp(request_kwargs: dict[str, object] | None) -> dict[str, Any]:
     if not isinstance(stamp, dict):
         stamp = md[STAMP] = {}
     return stamp
+
+
+def _retrying(request_kwargs: dict[str, object] | None) -> bool:
+    """LiteLLM picks again for this request (an attempt failed): ask prewarm afresh, not from the cache (the
+    replica tried may have gone within route_ttl), and as a repeat lookup (retry=1: counted once); a request
+    that already waited for a cold model keeps its bound."""
+    stamp = _stamp(request_kwargs)
+    return "served_by" in stamp or "cold_since" in stamp
 
 
 def _priority(request_kwargs: dict[str, object] | None) -> str | None:
