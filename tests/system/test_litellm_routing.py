@@ -209,3 +209,20 @@ def test_what_litellm_cannot_serve_is_refused_with_the_reason(web: WebProc, r: r
         ask(rt, "chat-a", metadata={"priority": "urgent"})
     with pytest.raises(ValueError, match="cold_wait"):
         PrewarmRouting(routing.reporter._http.host and "http://127.0.0.1:1", cold_wait=float("nan"))
+
+
+def test_the_proxy_callback_puts_the_strategy_on_a_router_and_says_where_it_went(
+        web: WebProc, r: redis.Redis, routing: PrewarmRouting, standins: dict[str, OpenAIStandin]) -> None:
+    from prewarm.integrations.litellm.proxy import PrewarmCallback
+
+    b2 = standins["b2"]
+    publish(r, {GPU0: [], GPU2: [served("chat-b", GPU2, b2.endpoint)]})
+    rt = Router(model_list=model_groups(["chat-a"]))  # as the proxy builds it: the names only
+    callback = PrewarmCallback(routing)
+    callback.install(rt)
+    callback.install(rt)  # once per router: every request's hook calls it
+    data: dict = {"metadata": {}}
+    resp = asyncio.run(rt.acompletion(model="chat-a", messages=MSG, metadata=data["metadata"]))
+    assert resp.choices[0].message.content == "served by b2"
+    headers = asyncio.run(callback.async_post_call_response_headers_hook(data, None, resp))
+    assert headers == {"x-prewarm-served-by": "chat-b", "x-prewarm-gpu": GPU2, "x-prewarm-fallback": "chat-a"}
