@@ -226,3 +226,27 @@ def test_the_proxy_callback_puts_the_strategy_on_a_router_and_says_where_it_went
     assert resp.choices[0].message.content == "served by b2"
     headers = asyncio.run(callback.async_post_call_response_headers_hook(data, None, resp))
     assert headers == {"x-prewarm-served-by": "chat-b", "x-prewarm-gpu": GPU2, "x-prewarm-fallback": "chat-a"}
+
+
+def test_bench_router_reports_the_issues_keys_and_no_failure_with_a_fallback() -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.procs import REPO
+
+    out = subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "bench", "router", "--requests", "4",
+                          "--cold-requests", "2", "--cold-seconds", "1", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    from importlib.metadata import version
+
+    assert set(r) == {"warm", "cold", "litellm_version"} and r["litellm_version"] == version("litellm")
+    assert {k: set(v) for k, v in r["warm"].items()} == {"integration": {"p50_ms", "p99_ms"},
+                                                         "static": {"p50_ms", "p99_ms"}}
+    assert set(r["cold"]) == {"requests", "failed", "served_by_fallback", "wait_seconds", "eta_seconds"}
+    assert set(r["cold"]["wait_seconds"]) == {"p50", "max"}
+    # 2 requests while cold, all served by the fallback, then 1 once the replica is back.
+    assert (r["cold"]["requests"], r["cold"]["failed"], r["cold"]["served_by_fallback"]) == (3, 0, 2)
+    assert r["cold"]["eta_seconds"] > 0 and r["warm"]["integration"]["p50_ms"] > 0
