@@ -25,8 +25,17 @@ echo "install-litellm-proxy: installing $spec into $VENV" >&2
 rm -f "$stamp"  # a half-finished install must not look finished
 mkdir -p "$(dirname "$VENV")"
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "$spec"
+# The proxy's own extra pulls litellm-proxy and litellm-proxy-extras at exactly matching versions; an index
+# that lacks them (a mirror behind PyPI) gets LiteLLM itself and what its proxy server imports instead.
+SERVER_DEPS=("gunicorn>=23,<24" "uvicorn>=0.33,<1" uvloop "fastapi>=0.136.3,<1" "starlette>=1.0.1,<2" backoff pyyaml
+             rq orjson "apscheduler>=3.11.2,<4" fastapi-sso "pyjwt>=2.13" python-multipart cryptography pynacl
+             "websockets>=15,<16" "mcp>=2.3,<3" azure-identity azure-storage-blob semver expression soundfile)
+if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$spec"; then
+  echo "install-litellm-proxy: $spec cannot be resolved here; installing litellm==$VERSION and the proxy server's imports" >&2
+  spec="litellm==$VERSION + server deps"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "litellm==$VERSION" "${SERVER_DEPS[@]}"
+fi
 "$VENV/bin/python" -c 'import litellm.proxy.proxy_server' >/dev/null  # the check that counts: the proxy imports
-printf '%s\n' "$want" > "$stamp"
+printf '%s\n%s\n' "$want" "$spec" > "$stamp"
 echo "install-litellm-proxy: LiteLLM's proxy $VERSION ready in $VENV" >&2
 echo "$VENV"

@@ -19,118 +19,24 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.router.fleet import BenchError
 
 MODEL, SPARE = "bench-chat", "bench-spare"
 MSG = [{"role": "user", "content": "hello"}]
 
 
-class BenchError(RuntimeError):
-    """The benchmark cannot run (LiteLLM missing, the web did not start); the message says why."""
+__all__ = ["BenchError", "run_bench"]
 
 
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
-
-
-def _catalog(root: Path) -> Path:
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    lines = []
-    for model, extra in ((MODEL, f'fallback = "{SPARE}"'), (SPARE, "")):
-        save_file({"w": np.zeros((256,), dtype=np.float32)}, str(root / f"{model}.safetensors"))
-        lines += ["[[models]]", f'id = "{model}"', 'version = "v1"', f'weights = "{model}.safetensors"',
-                  'builder = "json:loads"', extra, "[[models.warmup]]", "shape = [1, 4]", ""]
-    (root / "catalog.toml").write_text("\n".join(lines))
-    return root / "catalog.toml"
-
-
-class _Fleet:
-    """The replicas as prewarm sees them: each GPU re-announced every second (TTL 5 s), as a worker does."""
-
-    def __init__(self, redis_url: str) -> None:
-        import redis
-
-        self.r = redis.Redis.from_url(redis_url)
-        self.replicas: dict[str, list[Any]] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="bench-heartbeat", daemon=True)
-
-    def set(self, gid: str, replicas: list[tuple[str, str]]) -> None:
-        """`gid` now holds these (model, endpoint) ready replicas, announced at once."""
-        from prewarm import state
-        from prewarm.domain import states as rs
-
-        now = time.time()
-        reps = [state.Replica(model=m, version="v1", gpu=gid, state=rs.READY, bytes=1 << 20, total_bytes=1 << 20,
-                              progress=1.0, since=now, created_at=now, endpoint=ep) for m, ep in replicas]
-        with self._lock:
-            self.replicas[gid] = reps
-            self._announce(gid, reps)
-
-    def _announce(self, gid: str, reps: list[Any]) -> None:
-        from prewarm import state
-
-        node, _, device = gid.partition("/")
-        total = 4 << 30
-        used = sum(x.bytes for x in reps)
-        g = state.Gpu(id=gid, node=node, device=device, queue=state.queue_name(node, device), total_bytes=total,
-                      used_bytes=used, free_bytes=total - used, last_heartbeat=time.time(), worker="bench-router",
-                      started_at=time.time(), kind="cpu", heartbeat_seconds=1.0)
-        state.write_heartbeat(self.r, g, reps, 5.0)
-
-    def start(self) -> _Fleet:
-        self._thread.start()
-        return self
-
-    def _beat(self) -> None:
-        while not self._stop.wait(1.0):
-            with self._lock:
-                for gid, reps in self.replicas.items():
-                    self._announce(gid, reps)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.r.close()
-
-
-def _start_web(redis_url: str, catalog: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    from prewarm.redis_server import free_port
-
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
-    env.update(PREWARM_REDIS_URL=redis_url, PREWARM_CATALOG=str(catalog), PORT=str(port),
-               PREWARM_DATA_DIR=str(work / "web-data"), PROMETHEUS_MULTIPROC_DIR=str(work / "prom"))
-    (work / "prom").mkdir()
-    log = open(work / "web.log", "wb")  # noqa: SIM115 - the process writes it for its whole life
-    proc = subprocess.Popen([sys.executable, "-m", "prewarm.programs.cli", "web", "--host", "127.0.0.1",
-                             "--workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    raise BenchError(f"prewarm web did not start: {(work / 'web.log').read_text(errors='replace')[-2000:]}")
 
 
 def run_bench(requests: int = 200, cold_requests: int = 20, cold_seconds: float = 3.0,
@@ -142,6 +48,7 @@ def run_bench(requests: int = 200, cold_requests: int = 20, cold_seconds: float 
         from litellm import Router
     except ImportError:
         raise BenchError("LiteLLM is not installed: pip install prewarm[litellm]") from None
+    from bench.router.fleet import StandinFleet, catalog, start_web
     from bench.router.standin import OpenAIStandin
     from prewarm.client import TrafficReporter
     from prewarm.integrations.litellm import PrewarmRouting, model_groups
@@ -151,9 +58,9 @@ def run_bench(requests: int = 200, cold_requests: int = 20, cold_seconds: float 
     redis_server = EmbeddedRedis().start()
     engine, spare = OpenAIStandin("replica").start(), OpenAIStandin("spare").start()
     web = None
-    fleet = _Fleet(redis_server.url)
+    fleet = StandinFleet(redis_server.url)
     try:
-        web, url = _start_web(redis_server.url, _catalog(work), work)
+        web, url = start_web(redis_server.url, catalog(work, MODEL, SPARE), work)
         fleet.set("bench/cpu:0", [(MODEL, engine.endpoint)])
         fleet.set("bench/cpu:1", [(SPARE, spare.endpoint)])
         fleet.start()
