@@ -79,7 +79,8 @@ class StandinFleet:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
         self.r.close()
 
 
