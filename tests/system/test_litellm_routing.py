@@ -208,7 +208,13 @@ def test_what_litellm_cannot_serve_is_refused_with_the_reason(web: WebProc, r: r
     with pytest.raises(litellm.BadRequestError, match="metadata.priority: one of high, normal, low, got 'urgent'"):
         ask(rt, "chat-a", metadata={"priority": "urgent"})
     with pytest.raises(ValueError, match="cold_wait"):
-        PrewarmRouting(routing.reporter._http.host and "http://127.0.0.1:1", cold_wait=float("nan"))
+        PrewarmRouting("http://127.0.0.1:1", cold_wait=float("nan"))
+    with pytest.raises(ValueError, match="url"):
+        PrewarmRouting()
+    with pytest.raises(ValueError, match="provider"):
+        PrewarmRouting("http://127.0.0.1:1", provider="hosted_vllm/x")
+    with pytest.raises(ValueError, match="models: a list of catalog model ids"):
+        model_groups("chat-a")  # type: ignore[arg-type]
 
 
 def test_the_proxy_callback_puts_the_strategy_on_a_router_and_says_where_it_went(

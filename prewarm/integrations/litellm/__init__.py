@@ -25,15 +25,14 @@ the proxy's `x-litellm-model-id`) names the replica: `prewarm:<model>@<version>:
 On the proxy, `PrewarmCallback` (a `CustomLogger`, see `proxy.py`) installs the strategy on the proxy's
 router and adds `x-prewarm-served-by` / `x-prewarm-fallback` to every answer. Streaming is LiteLLM's own:
 the strategy only picks where a request goes. Needs `litellm` (the `litellm` extra); prewarm's core
-never imports this package.
+never imports this package. The version it is tested against is the `litellm` extra's pin (pyproject.toml).
 """
 
 from prewarm.integrations.litellm.routing import (
     DEFAULT_COLD_WAIT_S,
-    LITELLM_TESTED,
     PRIORITY_KEY,
     PrewarmRouting,
     model_groups,
 )
 
-__all__ = ["DEFAULT_COLD_WAIT_S", "LITELLM_TESTED", "PRIORITY_KEY", "PrewarmRouting", "model_groups"]
+__all__ = ["DEFAULT_COLD_WAIT_S", "PRIORITY_KEY", "PrewarmRouting", "model_groups"]

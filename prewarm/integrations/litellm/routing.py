@@ -14,7 +14,6 @@ from litellm.types.router import CustomRoutingStrategyBase, RouterRateLimitError
 from prewarm.client import TrafficReporter
 from prewarm.domain import states as rs
 
-LITELLM_TESTED = "1.110.2"  # the version this integration is tested against (pyproject's `litellm` extra)
 DEFAULT_COLD_WAIT_S = 30.0
 PRIORITY_KEY = "priority"  # metadata["priority"]: high | normal | low, the lookup's on-demand preload priority
 PRIORITIES = ("high", "normal", "low")
