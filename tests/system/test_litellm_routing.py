@@ -128,8 +128,10 @@ def test_a_retry_is_not_counted_again(web: WebProc, r: redis.Redis, routing: Pre
     dead = "http://127.0.0.1:9/v1"  # a replica whose engine died since its last heartbeat
     publish(r, {GPU0: [served("chat-a", GPU0, dead)], GPU1: [served("chat-a", GPU1, a1.endpoint)]})
     rt = router(routing, num_retries=3, retry_after=0)
+    shared = {"priority": "normal"}  # one metadata dict for every request, as a caller may keep one
     for _ in range(4):
-        assert ask(rt)[0] == "served by a1"  # a pick of the dead one fails and LiteLLM retries
+        resp = asyncio.run(rt.acompletion(model="chat-a", messages=MSG, metadata=shared))
+        assert resp.choices[0].message.content == "served by a1"  # a pick of the dead one fails, LiteLLM retries
     assert routing.reporter.flush(10)
     assert traffic.totals(r).get("chat-a") == 4
 

@@ -174,10 +174,14 @@ def _metadata(request_kwargs: dict[str, object] | None) -> dict[str, Any]:
 
 
 def _stamp(request_kwargs: dict[str, object] | None) -> dict[str, Any]:
+    """What the strategy decided for this request so far (its earlier attempts' picks). A caller may hand the
+    same metadata dict to many requests: LiteLLM's trace id, the same for every attempt of one request and
+    new for the next, tells them apart."""
     md = _metadata(request_kwargs)
+    trace = (request_kwargs or {}).get("litellm_trace_id")
     stamp = md.get(STAMP)
-    if not isinstance(stamp, dict):
-        stamp = md[STAMP] = {}
+    if not isinstance(stamp, dict) or stamp.get("request") != trace:
+        stamp = md[STAMP] = {"request": trace}
     return stamp
 
 
