@@ -27,7 +27,8 @@ Routing: `route(model)` asks `GET /hooks/route` and keeps an answer whose state 
 are never cached, so a router waiting for one sees its progress (pass `retry=True` on those repeat
 lookups so prewarm's hit rate counts requests, not polls). `route` never raises either: when prewarm
 cannot be asked it returns the last ready answer if it is at most `stale_ttl` old (with `"stale": true`),
-else `{"model", "state": "unknown", "replicas": [], "error"}`.
+else `{"model", "state": "unknown", "replicas": [], "error", "status"}` (`status`: prewarm's HTTP status, 404 for a
+model not in the catalog; 0 when it could not be asked).
 
 Standard library only (http.client), so a router can vendor this one file.
 """
@@ -149,14 +150,18 @@ class TrafficReporter:
         except Exception:  # noqa: BLE001 - a reporting bug must never fail the router's request
             log.exception("prewarm reporter: report() failed")
 
-    def route(self, model: str, version: str | None = None, *, retry: bool = False) -> dict[str, Any]:
-        """prewarm's route answer for `model` (see the module docstring); never raises."""
+    def route(self, model: str, version: str | None = None, *, retry: bool = False,
+              priority: str | None = None) -> dict[str, Any]:
+        """prewarm's route answer for `model` (see the module docstring); never raises. `priority`
+        (high | normal | low) is the on-demand preload's when the model is cold (the catalog's when None)."""
         key = (model, version)
         now = time.monotonic()
         cached = self._routes.get(key)
         if cached is not None and not retry and now - cached[0] < self.route_ttl:
             return cached[1]
-        params = {"model": model, **({"version": version} if version else {}), **({"retry": "1"} if retry else {})}
+        params = {"model": model, **({"version": version} if version else {}), **({"retry": "1"} if retry else {}),
+                  **({"priority": priority} if priority else {})}
+        status = 0
         try:
             status, body = self._http.request("GET", "/hooks/route?" + urllib.parse.urlencode(params))
             if status == 200 and isinstance(body, dict):
@@ -171,7 +176,9 @@ class TrafficReporter:
             reason = f"prewarm unreachable: {type(exc).__name__}: {exc}"
         if cached is not None and now - cached[0] < self.stale_ttl:
             return {**cached[1], "stale": True}
-        return {"model": model, "version": version, "state": "unknown", "replicas": [], "error": reason}
+        # status: prewarm's HTTP status (404: not a catalog model), 0 when it could not be asked.
+        return {"model": model, "version": version, "state": "unknown", "replicas": [], "error": reason,
+                "status": status}
 
     # --- the background flusher ----------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

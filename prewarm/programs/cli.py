@@ -19,6 +19,7 @@ _REGISTRARS = (
     "bench.load.cli",  # bench load
     "bench.tick.cli",  # bench tick
     "bench.engine.cli",  # bench engine
+    "bench.router.cli",  # bench router
     "bench.live.cli",  # bench live
     "bench.failover.cli",  # bench failover
     "scheduler.cli",  # scheduler

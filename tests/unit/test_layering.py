@@ -26,6 +26,13 @@ IO = ("redis", "celery", "kombu", "torch", "flask", "safetensors", "psutil", "re
       "subprocess", "time")
 # The native build's loader and its command line compile and find the build: they are the domain's only I/O.
 DOMAIN_IO_OK = ("prewarm.domain.policy.native", "prewarm.domain.policy.__main__")
+# The routers' own libraries: in prewarm/ only their integration imports them (the core never needs them;
+# the tools, e.g. `prewarm bench router`, may). An
+# integration runs in the router's process, which has none of prewarm's dependencies: it imports the client
+# (standard library) and the state names, nothing else of ours.
+ROUTERS = ("litellm",)
+INTEGRATIONS = "prewarm.integrations"
+INTEGRATIONS_MAY = ("prewarm.client", "prewarm.domain.states", INTEGRATIONS)
 
 
 def _module(path: Path) -> str:
@@ -57,6 +64,11 @@ def _violations(mod: str, names: set[str]) -> list[str]:
         bad += [f"{mod} imports {name}" for name in sorted(names)
                 if not any(_under(name, a) for a in DOMAIN_MAY)
                 and any(_under(name, b) for b in (*OURS, *io))]
+    if _under(mod, INTEGRATIONS):
+        bad += [f"{mod} imports {name}" for name in sorted(names) if _under(name, "prewarm")
+                and name not in ("prewarm", "prewarm.domain") and not any(_under(name, a) for a in INTEGRATIONS_MAY)]
+    elif _under(mod, "prewarm"):
+        bad += [f"{mod} imports {name}" for name in sorted(names) if any(_under(name, x) for x in ROUTERS)]
     return sorted(set(bad))
 
 
@@ -79,6 +91,12 @@ def test_the_rules_catch_what_the_design_forbids(tmp_path: Path) -> None:
     assert _violations("prewarm.domain.choice", {"prewarm.domain.policy.planner", "numpy"}) == []
     assert _violations("prewarm.rooms", {"prewarm.domain.policy.placement"}) == []  # the domain is below
     assert _violations("prewarm.programs.up", names) == []
+    assert _violations("prewarm.services.routing", {"litellm.router"}) == [
+        "prewarm.services.routing imports litellm.router"]
+    assert _violations("prewarm.integrations.litellm.routing", {"litellm", "prewarm.client", "prewarm.domain",
+                                                                 "prewarm.domain.states"}) == []
+    assert _violations("prewarm.integrations.litellm.routing", {"prewarm.config"}) == [
+        "prewarm.integrations.litellm.routing imports prewarm.config"]
 
 
 def test_the_bundled_trace_is_where_the_traffic_player_looks() -> None:
