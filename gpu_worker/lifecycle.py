@@ -207,8 +207,8 @@ class Lifecycle:
             raise Cancelled(f"preload of {s.record.model}@{s.record.version} on {g.id} was cancelled: "
                             f"{s.cancel_reason or 'evicted while loading'}")
 
-    def _runtime(self, g: LocalGpu, entry: ModelEntry, s: LocalReplica) -> Runtime:
-        """The runtime that hosts `entry` on `g` (the catalog's `runtime` field); `s` is its replica slot."""
+    def _runtime(self, g: LocalGpu, entry: ModelEntry) -> Runtime:
+        """The runtime that hosts `entry` on `g` (the catalog's `runtime` field)."""
         o = self.options
         policy = WarmupPolicy(o.warmup_min_passes, o.warmup_max_passes, o.warmup_tolerance, o.warmup_max_seconds)
         if entry.runtime == "torch":
@@ -232,7 +232,7 @@ class Lifecycle:
             return asleep if asleep is not None else VllmRuntime(spec, records=self.engine_records,
                                                                  lora=self._lora_slots(entry))
         if entry.runtime == ADAPTER_RUNTIME:
-            return self._adapter_runtime(g, s, entry, spec)
+            return self._adapter_runtime(g, entry, spec)
         raise LoadFailed(f"{entry.key}: unknown runtime {entry.runtime!r}")
 
     def _lora_slots(self, entry: ModelEntry) -> Any:
@@ -244,7 +244,7 @@ class Lifecycle:
             return None
         return LoraSlots(entry.max_adapters, entry.max_cpu_adapters, entry.max_lora_rank)
 
-    def _adapter_runtime(self, g: LocalGpu, s: LocalReplica, entry: ModelEntry, spec: ReplicaSpec) -> Runtime:
+    def _adapter_runtime(self, g: LocalGpu, entry: ModelEntry, spec: ReplicaSpec) -> Runtime:
         """An adapter's runtime, inside the ready replica of its base on `g` (which its record then names as
         `host`): refused in words when there is none, or when that engine's LoRA slots are all taken by other
         adapters (loaded or loading). Decided under the GPU's lock, so two loads cannot take one last slot."""
@@ -254,6 +254,9 @@ class Lifecycle:
         base = entry.base or ""
         where = f"cannot load adapter {entry.key} on {g.id}"
         with g.lock:
+            s = g.replicas.get(entry.key)  # this load's slot (Lifecycle._admit put it there)
+            if s is None:
+                raise AdapterRefused(f"{where}: its load was cancelled (evicted) before it started")
             of_base = [x for x in g.replicas.values() if x.record.model == base]
             hosts = [x for x in of_base if x.record.state == rs.READY and isinstance(x.runtime, VllmRuntime)]
             if not hosts:
@@ -280,7 +283,7 @@ class Lifecycle:
     def _load(self, g: LocalGpu, s: LocalReplica, entry: ModelEntry) -> None:
         key = entry.key
         dev = g.device
-        rt = self._runtime(g, entry, s)
+        rt = self._runtime(g, entry)
         error: WorkerError | None = None
         try:
             # 1. Cheap checks only (builder, headers, config): bad input fails before a byte is reserved.
