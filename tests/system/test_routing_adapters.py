@@ -6,6 +6,7 @@ with no base replica its ETA is the base's start plus its own load, and the base
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +114,13 @@ def test_a_base_with_its_slots_taken_gets_no_load_and_says_why(ctx: Context, r: 
     assert answer.body["state"] == "loading" and answer.body["preload"]["queued"] is False
     assert "LoRA slot(s) taken" in answer.body["preload"]["message"]
     assert queued_tasks(r, "gpu.node-a.cpu:0") == []
+
+
+def test_the_scheduler_leaves_adapters_to_the_route_until_the_policy_plans_them(ctx: Context, r: redis.Redis) -> None:
+    from prewarm.domain.policy import PolicyConfig
+    from scheduler.snapshot import SnapshotReader
+
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A), adapter_replica("lora-a", GPU_A)])
+    snap, _ = SnapshotReader(r, PolicyConfig()).read(ctx.catalog, time.time(), full=True)
+    assert set(snap.models) == {"base-llm"}  # free memory never sends an adapter to a GPU without its base
+    assert [x.model for x in snap.replicas] == ["base-llm"]  # nor is the adapter evicted as unknown
