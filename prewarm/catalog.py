@@ -47,6 +47,7 @@ replica of its base (no engine of its own: loaded at run time through vLLM's /v1
     base = "tiny-llama-vllm"         # the catalog id of a vllm model: the engine it is loaded into
     path = "lora-a"                  # a PEFT adapter directory: adapter_config.json + adapter_model.safetensors
     rank = 8                         # its LoRA rank (adapter_config.json's "r" must say the same)
+    # [[models.warmup]] is optional here (default: one 16-token prompt), run through the adapter
 
 An adapter is checked when the catalog is read: its base is an entry of the catalog with runtime "vllm",
 its rank is at most the base's max_lora_rank, its files lie inside the model roots, adapter_config.json is
