@@ -206,6 +206,24 @@ CHECKPOINTS: list[CheckpointDemo] = [
     CheckpointDemo("tiny-llama-vllm", "v1", "vllm", 12,
                    "tiny random Llama served by a vLLM engine process (a replica holds ~2 GB on CPU)"),
 ]
+# The vllm demo model's engine with LoRA: two slots, so a third adapter waits for one to be unloaded.
+VLLM_LORA_FIELDS = {"max_adapters": 2, "max_cpu_adapters": 4, "max_lora_rank": 16}
+
+
+@dataclass(frozen=True)
+class AdapterDemo:
+    """A small random LoRA adapter of a checkpoint demo (runtime vllm-adapter; gpu_worker/demo_lora.py)."""
+
+    id: str
+    base: str
+    rank: int
+    seed: int
+    version: str = "v1"
+
+
+ADAPTERS: list[AdapterDemo] = [AdapterDemo("tiny-llama-vllm-lora-a", "tiny-llama-vllm", 8, 21),
+                               AdapterDemo("tiny-llama-vllm-lora-b", "tiny-llama-vllm", 8, 22),
+                               AdapterDemo("tiny-llama-vllm-lora-c", "tiny-llama-vllm", 16, 23)]
 VLLM_MISSING = ("the vllm demo model (tiny-llama-vllm) is left out: the vLLM engine is not installed; "
                 "run `prewarm engines install vllm`, then `prewarm models demo` again to add it")
 
@@ -305,10 +323,19 @@ def checkpoint_entry(c: CheckpointDemo, path: str) -> str:
     lines = ["[[models]]", f"id = {_toml_value(c.id)}", f"version = {_toml_value(c.version)}",
              f"runtime = {_toml_value(c.runtime)}", f"path = {_toml_value(path)}",
              f"description = {_toml_value(c.description)}"]
+    if c.runtime == "vllm" and any(a.base == c.id for a in ADAPTERS):
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in VLLM_LORA_FIELDS.items())
     for w in c.warmup:
         lines.append("[[models.warmup]]")
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in w.items())
     return "\n".join(lines) + "\n"
+
+
+def adapter_entry(a: AdapterDemo, path: str) -> str:
+    return "\n".join(["[[models]]", f"id = {_toml_value(a.id)}", f"version = {_toml_value(a.version)}",
+                      'runtime = "vllm-adapter"', f"base = {_toml_value(a.base)}", f"path = {_toml_value(path)}",
+                      f"rank = {a.rank}",
+                      f"description = {_toml_value(f'random rank-{a.rank} LoRA adapter of {a.base}')}"]) + "\n"
 
 
 def _spec_hash(models: list[DemoModel], checkpoints: list[CheckpointDemo] | None = None) -> str:
@@ -317,6 +344,8 @@ def _spec_hash(models: list[DemoModel], checkpoints: list[CheckpointDemo] | None
     # The checkpoint demos count too: installing the vLLM engine later makes the next run add its model.
     ck = json.dumps([[c.id, c.version, c.runtime, c.seed, list(c.warmup), c.description]
                      for c in checkpoints or []], sort_keys=True)
+    ck += json.dumps([[a.id, a.base, a.rank, a.seed] for a in _adapters_for(checkpoints or [])])
+    ck += json.dumps(VLLM_LORA_FIELDS, sort_keys=True)
     return hashlib.sha256(("demo-v3" + text + ck).encode()).hexdigest()
 
 
@@ -368,7 +397,8 @@ def _write_checkpoints(out: Path, checkpoints: list[CheckpointDemo],
     """Write each checkpoint demo's directory; returns their catalog entries."""
     import shutil
 
-    from gpu_worker.demo_hf import write_tiny_llama
+    from gpu_worker.demo_hf import tiny_llama_config, write_tiny_llama
+    from gpu_worker.demo_lora import write_lora_adapter
 
     entries = []
     for c in checkpoints:
@@ -381,7 +411,21 @@ def _write_checkpoints(out: Path, checkpoints: list[CheckpointDemo],
             size = sum(f.stat().st_size for f in (out / rel).glob("*.safetensors"))
             log(f"{c.id}@{c.version} ({c.runtime}): {size / 1e6:.1f} MB checkpoint with tokenizer, "
                 f"{time.perf_counter() - t0:.1f} s")
+    for a in _adapters_for(checkpoints):
+        rel = f"{a.id}-{a.version}"
+        shutil.rmtree(out / rel, ignore_errors=True)
+        write_lora_adapter(out / rel, tiny_llama_config(), rank=a.rank, seed=a.seed, base=a.base)
+        entries.append(adapter_entry(a, rel))
+        if log:
+            size = (out / rel / "adapter_model.safetensors").stat().st_size
+            log(f"{a.id}@{a.version} (vllm-adapter of {a.base}): rank {a.rank}, {size / 1e3:.0f} kB")
     return entries
+
+
+def _adapters_for(checkpoints: list[CheckpointDemo]) -> list[AdapterDemo]:
+    """The demo adapters whose base is among the checkpoints written."""
+    written = {c.id for c in checkpoints}
+    return [a for a in ADAPTERS if a.base in written]
 
 
 def param_count(model: DemoModel) -> int:

@@ -27,12 +27,13 @@ from gpu_worker.held import LocalGpu, LocalReplica, WorkerOptions
 from gpu_worker.host_cache import HostCache
 from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
 from gpu_worker.runtimes.engine_records import EngineLeftRunning, EngineRecords
+from gpu_worker.runtimes.errors import AdapterRefused
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.stage_book import StageBook
 from prewarm import priority as priorities
 from prewarm import state
-from prewarm.catalog import ModelEntry, TokenWarmupInput
+from prewarm.catalog import ADAPTER_RUNTIME, ModelEntry, TokenWarmupInput
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES
@@ -43,7 +44,8 @@ log = logging.getLogger("prewarm.worker")
 EVICT_WAIT_SECONDS = 10.0
 # What `infer` sends a replica when the task gives no inputs (torch: the first warmup shape).
 DEFAULT_REQUESTS: dict[str, dict[str, Any]] = {"transformers": {"prompt_tokens": 16, "batch": 1},
-                                               "vllm": {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0}}  # how long a preload that does not fit waits for an evict in flight on its GPU
+                                               "vllm": {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0},
+                                               ADAPTER_RUNTIME: {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0}}  # how long a preload that does not fit waits for an evict in flight on its GPU
 
 
 def _level(rank: int) -> str | None:
@@ -227,8 +229,56 @@ class Lifecycle:
             from gpu_worker.runtimes.vllm_engine import VllmRuntime
 
             asleep = self.take_sleeper(entry.key, g)  # its engine asleep on this GPU: load() wakes it
-            return asleep if asleep is not None else VllmRuntime(spec, records=self.engine_records)
+            return asleep if asleep is not None else VllmRuntime(spec, records=self.engine_records,
+                                                                 lora=self._lora_slots(entry))
+        if entry.runtime == ADAPTER_RUNTIME:
+            return self._adapter_runtime(g, entry, spec)
         raise LoadFailed(f"{entry.key}: unknown runtime {entry.runtime!r}")
+
+    def _lora_slots(self, entry: ModelEntry) -> Any:
+        """A vllm base's LoRA settings when the catalog has adapters for it (its engine then starts with
+        LoRA enabled), else None: an engine without adapters runs as before."""
+        from gpu_worker.runtimes.vllm_engine import LoraSlots
+
+        if not self.catalog().adapters_of(entry.id):
+            return None
+        return LoraSlots(entry.max_adapters, entry.max_cpu_adapters, entry.max_lora_rank)
+
+    def _adapter_runtime(self, g: LocalGpu, entry: ModelEntry, spec: ReplicaSpec) -> Runtime:
+        """An adapter's runtime, inside the ready replica of its base on `g` (which its record then names as
+        `host`): refused in words when there is none, or when that engine's LoRA slots are all taken by other
+        adapters (loaded or loading). Decided under the GPU's lock, so two loads cannot take one last slot."""
+        from gpu_worker.runtimes.vllm_adapter import VllmAdapterRuntime
+        from gpu_worker.runtimes.vllm_engine import VllmRuntime
+
+        base = entry.base or ""
+        where = f"cannot load adapter {entry.key} on {g.id}"
+        with g.lock:
+            s = g.replicas.get(entry.key)  # this load's slot (Lifecycle._admit put it there)
+            if s is None:
+                raise AdapterRefused(f"{where}: its load was cancelled (evicted) before it started")
+            of_base = [x for x in g.replicas.values() if x.record.model == base]
+            hosts = [x for x in of_base if x.record.state == rs.READY and isinstance(x.runtime, VllmRuntime)]
+            if not hosts:
+                seen = ", ".join(f"{x.record.version}: {x.record.state}" for x in of_base) or "absent"
+                raise AdapterRefused(f"{where}: its base {base} is not ready there ({seen}); an adapter is loaded "
+                                     f"into a ready replica of its base: preload {base} on {g.id} first")
+            host = max(hosts, key=lambda x: x.record.since)
+            engine = host.runtime
+            assert isinstance(engine, VllmRuntime)
+            host_key = f"{host.record.model}@{host.record.version}"
+            if engine.lora is None:
+                raise AdapterRefused(f"{where}: the engine of its base {host_key} was started without LoRA (the "
+                                     "catalog had no adapters for it then); evict the base and preload it again")
+            taken = sorted(x.record.model for x in g.replicas.values()
+                           if x is not s and x.record.host == host_key and x.record.state != rs.FAILED)
+            if len(taken) >= engine.lora.max_loras:
+                raise AdapterRefused(f"{where}: the engine of its base {host_key} has all its "
+                                     f"{engine.lora.max_loras} LoRA slot(s) (max_adapters) taken by "
+                                     f"{', '.join(taken)}; evict one of them first, or raise {base}'s max_adapters "
+                                     "in the catalog")
+            s.record.host = host_key
+        return VllmAdapterRuntime(spec, engine, host_key)
 
     def _load(self, g: LocalGpu, s: LocalReplica, entry: ModelEntry) -> None:
         key = entry.key
@@ -382,6 +432,14 @@ class Lifecycle:
         """Drop every replica of `model` (of `version` when given) on `g`; idempotent. A load of it in
         progress is cancelled. `supersedes`: the intent id of the preload this evict took over; a preload
         task carrying it that has not started yet is cancelled when it does."""
+        # A base's adapters go first, each evicted with its own event and reason: they live in its engine.
+        with g.lock:
+            bases = {k for k, s in g.replicas.items()
+                     if s.record.model == model and (not version or s.record.version == version)}
+            hosted = sorted({s.record.model for s in g.replicas.values() if s.record.host in bases})
+        for adapter in hosted:
+            self.evict(g, adapter, reason=f"its base {model} is being evicted from {g.id}"
+                                          + (f" ({reason})" if reason else ""), cancel_timeout=cancel_timeout)
         with g.lock:
             if supersedes:
                 g.cancelled_tasks[supersedes] = time.time()

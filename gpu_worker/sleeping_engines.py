@@ -58,6 +58,7 @@ class SleepingEngines:
     gpus: dict[str, LocalGpu]
     _sleep_lock: threading.Lock
     _sleepers: dict[str, Sleeper]
+    evict: Any  # lifecycle.Lifecycle.evict: a base's adapters are unloaded before it sleeps
 
     # Publication's _write_node, _release_intent, _node_event, _drop_published and _cache_figures are
     # used here.
@@ -107,6 +108,11 @@ class SleepingEngines:
         return found
 
     def _put_to_sleep(self, g: LocalGpu, k: str, s: LocalReplica, entry: ModelEntry, reason: str, value: float) -> Sleeper:
+        # Its LoRA adapters live in the engine being put to sleep: unloaded first, each with its evict event.
+        with g.lock:
+            hosted = sorted({x.record.model for x in g.replicas.values() if x.record.host == k})
+        for adapter in hosted:
+            self.evict(g, adapter, reason=f"its base {k} is put to sleep on {g.id} (staged: {reason or 'stage'})")
         with g.lock:
             if g.replicas.get(k) is not s or s.record.state != rs.READY:
                 raise LoadFailed(f"staging {k} on node {self.node}: its replica on {g.id} changed meanwhile")

@@ -30,9 +30,30 @@ A Hugging Face checkpoint is served by another runtime (default `runtime = "torc
     path = "tiny-chat"               # the checkpoint directory: config.json + model.safetensors (or shards)
     kv_cache_bytes = 268435456       # vllm only: the engine's KV cache on top of the weights
     engine_bytes = 2147483648        # vllm only: what the engine's processes hold besides (default 2 GiB)
+    max_adapters = 4                 # vllm only: LoRA slots (--max-loras): adapters resident at once
+    max_cpu_adapters = 8             # vllm only: the engine's CPU cache of adapters (--max-cpu-loras)
+    max_lora_rank = 16               # vllm only: the largest adapter rank it takes (--max-lora-rank)
     [[models.warmup]]
     prompt_tokens = 16               # a batch of `batch` prompts of this many tokens
     batch = 1                        # prompt_tokens x batch: at most MAX_INPUT_TOKENS (65,536)
+
+A LoRA adapter of a vllm model is an entry of its own (`runtime = "vllm-adapter"`), served inside a ready
+replica of its base (no engine of its own: loaded at run time through vLLM's /v1/load_lora_adapter):
+
+    [[models]]
+    id = "tiny-llama-vllm-lora-a"    # also its name in the OpenAI API (the `model` of a request)
+    version = "v1"
+    runtime = "vllm-adapter"
+    base = "tiny-llama-vllm"         # the catalog id of a vllm model: the engine it is loaded into
+    path = "lora-a"                  # a PEFT adapter directory: adapter_config.json + adapter_model.safetensors
+    rank = 8                         # its LoRA rank (adapter_config.json's "r" must say the same)
+    # [[models.warmup]] is optional here (default: one 16-token prompt), run through the adapter
+
+An adapter is checked when the catalog is read: its base is an entry of the catalog with runtime "vllm",
+its rank is at most the base's max_lora_rank, its files lie inside the model roots, adapter_config.json is
+a JSON table whose "r" is the rank, and adapter_model.safetensors parses. A base whose catalog has
+adapters is started with LoRA enabled (--enable-lora --max-loras max_adapters --max-cpu-loras
+max_cpu_adapters --max-lora-rank max_lora_rank); one without runs as before.
 
 Every numeric field is checked to be finite and within its range (a value outside it is that entry's
 error, naming the field, its range and the value; a lenient load serves the other entries):
@@ -45,6 +66,10 @@ error, naming the field, its range and the value; a lenient load serves the othe
                             batch: integer, 1 to 4,096; prompt_tokens x batch at most 65,536
     kv_cache_bytes          integer, 1 to 17,592,186,044,416 (16 TiB)
     engine_bytes            integer, 0 to 17,592,186,044,416 (16 TiB)
+    max_adapters            integer, 1 to 256 (default 4)
+    max_cpu_adapters        integer, max_adapters to 4,096 (default max_adapters)
+    max_lora_rank           one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (vLLM's choices; default 16)
+    rank                    integer, 1 to 512, at most the base's max_lora_rank
 
 A checkpoint's config.json is read by its runtime when a replica is loaded (a missing one fails that
 replica with the reason); here only its weights' headers are validated. A vllm entry's size_bytes is its
@@ -64,8 +89,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import logging
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -75,7 +102,7 @@ from typing import Any
 from prewarm import priority as priorities
 from prewarm.config import parse_duration
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES, DEFAULT_VLLM_ENGINE_BYTES, RUNTIMES
-from prewarm.model_roots import within
+from prewarm.model_roots import RefusedFile, open_inside, within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 WARMUP_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
@@ -88,9 +115,19 @@ MAX_WARMUP_INPUTS = 16  # warmup entries per model: each may take PREWARM_WARMUP
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
                 "description", "fallback", "priority", "max_replica_age"}
 # The keys each runtime takes besides the common ones (one home: the error lists them from here).
+ADAPTER_RUNTIME = "vllm-adapter"  # a LoRA adapter served inside a ready replica of its vllm base
+CATALOG_RUNTIMES = (*RUNTIMES, ADAPTER_RUNTIME)
 _RUNTIME_KEYS = {"torch": {"weights", "builder", "builder_args", "cuda_graphs"},
                  "transformers": {"path"},
-                 "vllm": {"path", "kv_cache_bytes", "engine_bytes"}}
+                 "vllm": {"path", "kv_cache_bytes", "engine_bytes", "max_adapters", "max_cpu_adapters",
+                          "max_lora_rank"},
+                 ADAPTER_RUNTIME: {"base", "path", "rank"}}
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's names for an adapter directory's two files
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MAX_ADAPTER_CONFIG_BYTES = 1 << 20  # adapter_config.json is a few hundred bytes; a huge one is not PEFT's
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices (vllm/config/lora.py)
+DEFAULT_MAX_ADAPTERS = 4
+DEFAULT_MAX_LORA_RANK = 16
 _MODEL_KEYS = _COMMON_KEYS | set().union(*_RUNTIME_KEYS.values())
 _WARMUP_KEYS = {"shape", "dtype", "high"}
 _TOKEN_WARMUP_KEYS = {"prompt_tokens", "batch"}
@@ -135,6 +172,9 @@ BOUNDS: dict[str, Bound] = {
     "batch": Bound(1, 4096, integer=True),
     "kv_cache_bytes": Bound(1, 16 * TIB, integer=True, unit="bytes, up to 16 TiB"),
     "engine_bytes": Bound(0, 16 * TIB, integer=True, unit="bytes, up to 16 TiB"),
+    "max_adapters": Bound(1, 256, integer=True),
+    "max_cpu_adapters": Bound(1, 4096, integer=True),
+    "rank": Bound(1, 512, integer=True),
 }
 
 
@@ -217,6 +257,18 @@ class ModelEntry:
     runtime: str = "torch"  # one of prewarm.engines.RUNTIMES; for the others `weights` is the checkpoint dir
     kv_cache_bytes: int = 0  # vllm: the engine's KV cache, counted in size_bytes
     cuda_graphs: bool = False  # torch: capture each warmup shape as a CUDA graph on CUDA devices
+    # vllm: the engine's LoRA slots (--max-loras), CPU cache (--max-cpu-loras) and --max-lora-rank, used
+    # when the catalog has adapters for it (Catalog.adapters_of)
+    max_adapters: int = 0
+    max_cpu_adapters: int = 0
+    max_lora_rank: int = 0
+    # vllm-adapter: the catalog id of its base (a vllm entry) and its LoRA rank; `weights` is its directory
+    base: str | None = None
+    rank: int = 0
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.runtime == ADAPTER_RUNTIME
 
     @property
     def shards(self) -> int:
@@ -234,7 +286,10 @@ class ModelEntry:
                            else {"shape": list(w.shape), "dtype": w.dtype} for w in self.warmup],
                 "description": self.description, "runtime": self.runtime, "kv_cache_bytes": self.kv_cache_bytes,
                 "fallback": self.fallback, "priority": self.priority,
-                "max_replica_age_s": self.max_replica_age_s, "cuda_graphs": self.cuda_graphs}
+                "max_replica_age_s": self.max_replica_age_s, "cuda_graphs": self.cuda_graphs,
+                **({"max_adapters": self.max_adapters, "max_cpu_adapters": self.max_cpu_adapters,
+                    "max_lora_rank": self.max_lora_rank} if self.runtime == "vllm" else {}),
+                **({"base": self.base, "rank": self.rank} if self.is_adapter else {})}
 
 
 @dataclass
@@ -271,6 +326,11 @@ class Catalog:
 
     def versions(self, model_id: str) -> list[ModelEntry]:
         return [m for m in self.models if m.id == model_id]
+
+    def adapters_of(self, base_id: str) -> list[ModelEntry]:
+        """The current entries of the adapters whose base is `base_id` (its engine starts with LoRA
+        enabled when there is any)."""
+        return [m for m in self._current.values() if m.base == base_id]
 
 
 def _fail(where: str, msg: str) -> CatalogError:
@@ -362,6 +422,82 @@ def _parse_checkpoint_entry(where: str, raw: dict[str, Any], runtime: str, base:
     return path, files, size + kv + engine, kv, _parse_token_warmup(where, raw.get("warmup"))
 
 
+def _lora_slots(where: str, raw: dict[str, Any]) -> dict[str, int]:
+    """A vllm entry's LoRA settings: max_adapters, max_cpu_adapters (at least max_adapters, as vLLM
+    requires) and max_lora_rank (one of vLLM's choices)."""
+    slots = check_number(where, "max_adapters", raw.get("max_adapters", DEFAULT_MAX_ADAPTERS))
+    cpu = check_number(where, "max_cpu_adapters", raw.get("max_cpu_adapters", slots))
+    if cpu < slots:
+        raise _fail(where, f"max_cpu_adapters ({cpu}) must be at least max_adapters ({slots}): the engine's CPU "
+                           "cache holds every adapter in its slots (vLLM refuses to start otherwise)")
+    rank = raw.get("max_lora_rank", DEFAULT_MAX_LORA_RANK)
+    if isinstance(rank, bool) or rank not in LORA_RANKS:
+        raise _fail(where, f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's choices), "
+                           f"got {rank!r}")
+    return {"max_adapters": slots, "max_cpu_adapters": cpu, "max_lora_rank": rank}
+
+
+def _parse_adapter_entry(where: str, raw: dict[str, Any], model_id: str, version: str, base_dir: Path,
+                         roots: list[Path], check_files: bool) -> ModelEntry:
+    """A vllm-adapter entry: its base's id (checked against the catalog once every entry is read), its PEFT
+    directory inside the roots (adapter_config.json whose "r" is `rank`, adapter_model.safetensors parsed)."""
+    base = raw.get("base")
+    if not isinstance(base, str) or not _ID_RE.fullmatch(base):
+        raise _fail(where, f"runtime {ADAPTER_RUNTIME!r} needs base = the catalog id of the vllm model it "
+                           f"adapts, got {base!r}")
+    if base == model_id:
+        raise _fail(where, "base names the adapter itself; name the vllm model it is loaded into")
+    path_raw = raw.get("path")
+    if not isinstance(path_raw, str) or not path_raw:
+        raise _fail(where, f"runtime {ADAPTER_RUNTIME!r} needs path = a PEFT adapter directory ({ADAPTER_CONFIG} "
+                           f"and {ADAPTER_WEIGHTS})")
+    path = (base_dir / path_raw).resolve()
+    if not within(path, roots):
+        raise _fail(where, f"path {path_raw!r} lies outside the model roots {[str(r) for r in roots]}")
+    if "rank" not in raw:
+        raise _fail(where, f"missing required key 'rank' (the adapter's LoRA rank: {ADAPTER_CONFIG}'s \"r\")")
+    rank = check_number(where, "rank", raw["rank"])
+    files: tuple[Path, ...] = ()
+    size = 0
+    if check_files:
+        if not path.is_dir():
+            raise _fail(where, f"path {path} is not a directory; an adapter is a PEFT directory with "
+                               f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+        _check_adapter_config(where, path / ADAPTER_CONFIG, rank, roots)
+        weights = path / ADAPTER_WEIGHTS
+        if not weights.exists():
+            raise _fail(where, f"{weights} does not exist; PEFT saves an adapter's weights there "
+                               "(save_pretrained with safe_serialization)")
+        files, size = _weights_read(where, "adapter weights", weights, roots)
+    warmup = _parse_token_warmup(where, raw["warmup"]) if "warmup" in raw else (TokenWarmupInput(16, 1),)
+    return ModelEntry(id=model_id, version=version, weights=path, files=files, builder="", builder_args={},
+                      warmup=warmup, size_bytes=size, runtime=ADAPTER_RUNTIME, **_common(where, raw),
+                      roots=tuple(roots), base=base, rank=rank)
+
+
+def _check_adapter_config(where: str, path: Path, rank: int, roots: list[Path]) -> None:
+    """adapter_config.json: opened inside the roots, a JSON table whose "r" (when present) is `rank`."""
+    try:
+        fd = open_inside(path, roots)
+    except FileNotFoundError:
+        raise _fail(where, f"{path} does not exist; a PEFT adapter directory has {ADAPTER_CONFIG}") from None
+    except (RefusedFile, OSError) as exc:
+        raise _fail(where, f"{ADAPTER_CONFIG}: {exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(MAX_ADAPTER_CONFIG_BYTES + 1)
+    if len(text) > MAX_ADAPTER_CONFIG_BYTES:
+        raise _fail(where, f"{path} is over {MAX_ADAPTER_CONFIG_BYTES:,} bytes; not a PEFT adapter config")
+    try:
+        cfg = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _fail(where, f"{path} is not valid JSON; write the adapter with PEFT's save_pretrained") from None
+    if not isinstance(cfg, dict):
+        raise _fail(where, f"{path} must hold a JSON object (PEFT's LoraConfig)")
+    r = cfg.get("r")
+    if r is not None and r != rank:
+        raise _fail(where, f"rank = {rank} but {ADAPTER_CONFIG} says r = {r!r}; make them agree")
+
+
 def _weights_read(where: str, label: str, weights: Path, roots: list[Path]) -> tuple[tuple[Path, ...], int]:
     """An entry's weight files and their data bytes, each file opened inside the roots (a shard symlinked
     out of them is refused); a malformed file or index, or one that cannot be read, is this entry's error."""
@@ -399,8 +535,8 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     if unknown:
         raise _fail(where, f"unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_MODEL_KEYS))}")
     runtime = raw.get("runtime", "torch")
-    if runtime not in RUNTIMES:
-        raise _fail(where, f"runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    if runtime not in CATALOG_RUNTIMES:
+        raise _fail(where, f"runtime {runtime!r} is not one of {', '.join(CATALOG_RUNTIMES)}")
     foreign = set(raw) - _COMMON_KEYS - _RUNTIME_KEYS[runtime]
     if foreign:
         raise _fail(where, f"key {sorted(foreign)[0]!r} does not apply to runtime {runtime!r}; it takes "
@@ -410,11 +546,14 @@ def _parse_entry(i: int, raw: object, base: Path, roots: list[Path], check_files
     version = raw["version"]
     if not isinstance(version, str) or not _ID_RE.fullmatch(version):
         raise _fail(where, f"version {version!r} must be 1-128 letters, digits, '.', '_' or '-'")
+    if runtime == ADAPTER_RUNTIME:
+        return _parse_adapter_entry(where, raw, model_id, version, base, roots, check_files)
     if runtime != "torch":
         path, files, size, kv, token_warmup = _parse_checkpoint_entry(where, raw, runtime, base, roots, check_files)
         return ModelEntry(id=model_id, version=version, weights=path, files=files, builder="", builder_args={},
                           warmup=token_warmup, size_bytes=size, runtime=runtime, kv_cache_bytes=kv,
-                          **_common(where, raw), roots=tuple(roots))
+                          **_common(where, raw), roots=tuple(roots),
+                          **(_lora_slots(where, raw) if runtime == "vllm" else {}))
     for key in ("weights", "builder"):
         if key not in raw:
             raise _fail(where, f"missing required key {key!r}")
@@ -513,6 +652,28 @@ def _fallback_problem(models: list[ModelEntry]) -> tuple[ModelEntry, str] | None
     return None
 
 
+def _adapter_problem(models: list[ModelEntry], problems: dict[str, str]) -> tuple[ModelEntry, str] | None:
+    """The first adapter whose base is not a vllm entry of the catalog, or whose rank passes the base's
+    max_lora_rank, with what to fix; None when every adapter has a base that takes it."""
+    current: dict[str, ModelEntry] = {}
+    for m in models:
+        current.setdefault(m.id, m)
+    for m in models:
+        if not m.is_adapter:
+            continue
+        b = current.get(m.base or "")
+        if b is None:
+            refused = f" (that entry was refused: {problems[m.base]})" if m.base in problems else ""
+            return m, f"base {m.base!r} is not a model in the catalog{refused}; add it or fix the id"
+        if b.runtime != "vllm":
+            return m, f"base {m.base!r} has runtime {b.runtime!r}; an adapter is loaded into a vllm engine, so its " \
+                      "base must be a runtime = \"vllm\" entry"
+        if m.rank > b.max_lora_rank:
+            return m, f"rank {m.rank} is above its base {b.id!r}'s max_lora_rank {b.max_lora_rank}; raise the " \
+                      f"base's max_lora_rank (one of {', '.join(map(str, LORA_RANKS))}) or use a smaller adapter"
+    return None
+
+
 def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bool = True) -> Catalog:
     """Parse and validate a catalog. strict: any bad entry refuses the whole file (operators editing it
     want to hear at once); lenient (strict=False): a bad entry is left out and named in `problems`, while
@@ -550,6 +711,13 @@ def parse_catalog(text: str, path: Path, *, check_files: bool = True, strict: bo
             continue
         seen.add(entry.key)
         models.append(entry)
+    # Adapters name their base: checked once every entry is read (lenient: the adapter alone is left out).
+    while (bad_adapter := _adapter_problem(models, problems)) is not None:
+        entry, problem = bad_adapter
+        if strict:
+            raise CatalogError(f"{path}: model {entry.id!r}: {problem}")
+        problems.setdefault(entry.id, f"model {entry.id!r}: {problem}")
+        models.remove(entry)
     # Fallbacks name other entries: checked once all are read. Lenient: a model with a bad fallback stays,
     # without it (its weights are fine; one bad link must not take down the models that fall back to it).
     while (bad := _fallback_problem(models)) is not None:

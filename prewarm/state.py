@@ -82,6 +82,7 @@ class Replica:
     reason: str | None = None  # why it was loaded (the dispatching decision)
     source: str | None = None  # where the bytes came from: "host" (promoted from the host cache) | "storage"
     endpoint: str | None = None  # a replica served over HTTP (vllm): its OpenAI base URL, for routers
+    host: str | None = None  # a LoRA adapter's replica: the "model@version" of the base replica on this GPU holding it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -224,7 +224,10 @@ class SnapshotReader:
                 active[mid] = (f"{mid}@{ro.version}", ro.traffic_fraction)
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r, parsed=self._replicas, now=now)
-        ids = catalog.ids()
+        # LoRA adapters (issue 29) are left out of the plan until the policy plans them (item 4): they are loaded
+        # into a ready base replica by the route's on-demand load, and the worker refuses one without its
+        # base, so "free memory takes never-requested models" must not send them anywhere, nor evict them.
+        ids = [m for m in catalog.ids() if not catalog.get(m).is_adapter]
         load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
         pinned = overlays.pinned(self.r)
         self.refs = {}
@@ -255,6 +258,8 @@ class SnapshotReader:
             for rep in g.replicas:
                 if rep.state == rs.FAILED:
                     continue  # holds no memory; the worker keeps it only to show the reason
+                if rep.host:
+                    continue  # an adapter, inside its base replica: not planned yet (above)
                 key = self._old_version(models, catalog, rep.model, rep.version, load_s, pinned, promote_s)
                 if key is None:
                     continue
@@ -277,7 +282,7 @@ class SnapshotReader:
                                           since=x.staged_at, version=x.version))
         intents = []
         for it in state.read_intents(self.r):
-            if it.model not in catalog:
+            if it.model not in catalog or catalog.get(it.model).is_adapter:
                 continue
             target: str | None = it.gpu
             if it.action in ("stage", "unstage"):

@@ -88,7 +88,15 @@ def spec() -> dict[str, Any]:
                                                               "is ready (also the Retry-After header)"},
                                "fallback": {"type": "object", "required": ["model", "version", "replicas"],
                                             "description": "loading/cold with a catalog fallback: its ready "
-                                                           "replicas"}}}), **_errors(400, 401, 404, 429)}}},
+                                                           "replicas"},
+                               "base": {"type": "string",
+                                        "description": "a LoRA adapter: the catalog id of the base it is served "
+                                                       "from; each replica then has `model` (the adapter's name "
+                                                       "in the OpenAI request) and `host` (the base replica)"},
+                               "base_eta_seconds": {"type": "number", "minimum": 0,
+                                                    "description": "an adapter with no base replica ready: the "
+                                                                   "base's part of eta_seconds"}}}),
+                          **_errors(400, 401, 404, 429)}}},
         "/hooks/rollout": {"post": {
             "summary": "A new version is about to take a share of the model's traffic: warm it first",
             "security": hook_sec,

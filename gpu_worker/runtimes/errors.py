@@ -46,3 +46,8 @@ class BadServeRequest(BadRequest):
 
 class ReleaseFailed(LoadFailed):
     """Something of a released replica is still there (a process, a port); the message says what."""
+
+
+class AdapterRefused(LoadFailed):
+    """A LoRA adapter that cannot be loaded on this GPU now: its base has no ready replica here, or the
+    base replica's LoRA slots are all taken (the message names them and what to do)."""

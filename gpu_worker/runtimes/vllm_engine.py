@@ -27,6 +27,10 @@ and a later load() of the same runtime is a promotion: POST /wake_up, then warm 
 CPU has no host tier for vLLM: vLLM does not support sleep mode there (it logs so and ignores the flag),
 so host_tier() says why and sleep() refuses without asking the engine.
 
+LoRA (issue 29): a base whose catalog has adapters runs with `lora` = LoraSlots: --enable-lora --max-loras
+--max-cpu-loras --max-lora-rank, and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (what mounts
+/v1/load_lora_adapter and /v1/unload_lora_adapter); runtimes/vllm_adapter.py loads adapters into it.
+
 CUDA graphs: vLLM captures its own for its batch sizes on CUDA unless --enforce-eager is passed, and this
 runtime never passes it; on CPU vLLM captures none (its CPU platform empties the capture sizes).
 """
@@ -43,6 +47,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +80,19 @@ NO_HOST_TIER_CPU = ("vLLM's host tier is its sleep mode (level 1: weights to hos
                     "which vLLM does not support on CPU; a vllm replica on a CPU device has no host tier")
 SLEEP_TIMEOUT = 300.0  # seconds for /sleep or /wake_up to answer: a large model's weights cross PCIe
 MAX_MODEL_LEN = 2048  # at most: the config's max_position_embeddings when smaller
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """An engine's LoRA settings (the catalog's max_adapters, max_cpu_adapters, max_lora_rank)."""
+
+    max_loras: int
+    max_cpu_loras: int
+    max_lora_rank: int
+
+    def args(self) -> list[str]:
+        return ["--enable-lora", "--max-loras", str(self.max_loras), "--max-cpu-loras", str(self.max_cpu_loras),
+                "--max-lora-rank", str(self.max_lora_rank)]
+
 
 # Engines are started from this one long-lived thread: the kernel's parent-death signal fires when the
 # *thread* that forked the launcher exits, and a task thread may exit long before the worker does.
@@ -121,8 +139,10 @@ class VllmRuntime:
     def __init__(self, spec: ReplicaSpec, *, python: Path | str | None = None, port: int | None = None,
                  bind_host: str | None = None, host: str | None = None, start_timeout: float = 600.0,
                  term_grace: float = 20.0, log_dir: Path | str | None = None,
-                 extra_args: tuple[str, ...] = (), records: EngineRecords | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), records: EngineRecords | None = None,
+                 lora: LoraSlots | None = None) -> None:
         self.spec = spec
+        self.lora = lora  # LoRA enabled (adapters loaded at run time) when set
         self.records = records  # where the started engine is written down (a restarted worker reaps it)
         self.engine_id = os.urandom(8).hex()
         self._python = Path(python) if python else None
@@ -186,29 +206,36 @@ class VllmRuntime:
 
     def warm(self, check_cancel: CheckCancel | None = None) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
-        out = []
         try:
-            for i, w in enumerate(self.spec.warmup):
-                if w.prompt_tokens >= self.max_model_len:
-                    raise EngineWarmupFailed(f"{self.spec.where}: warmup entry #{i} has {w.prompt_tokens} prompt "
-                                             f"tokens; the engine serves at most {self.max_model_len - 1}")
-                prompts = [[(7 + 31 * (b + 1) * (j + 1)) % max(3, self.vocab - 1) + 1 for j in range(w.prompt_tokens)]
-                           for b in range(w.batch)]
-                body = {"prompt": prompts if w.batch > 1 else prompts[0], "max_tokens": 1, "temperature": 0.0}
-
-                def one(body: dict[str, Any] = body, i: int = i) -> None:
-                    try:
-                        self._completion(body)
-                    except EngineFailed as exc:
-                        raise EngineWarmupFailed(f"{self.spec.where}: warmup entry #{i}: {exc}") from None
-
-                fig = run_until_stable(one, self.spec.policy, check_cancel)
-                out.append({"prompt_tokens": w.prompt_tokens, "batch": w.batch, **fig})
+            out = self.warm_entries(self.spec.warmup, self.spec.model, self.spec.where, self.spec.policy, check_cancel)
         except BaseException:
             self._stop_quietly()
             raise
         self.timings["warmup_seconds"] = time.perf_counter() - t0
         self._held = self.measure()
+        return out
+
+    def warm_entries(self, warmup: tuple[Any, ...], model: str, where: str, policy: Any,
+                     check_cancel: CheckCancel | None) -> list[dict[str, Any]]:
+        """Each declared {prompt_tokens, batch} as /v1/completions requests for `model` (the base, or an
+        adapter loaded into this engine) until its latency is stable; per-entry figures."""
+        out = []
+        for i, w in enumerate(warmup):
+            if w.prompt_tokens >= self.max_model_len:
+                raise EngineWarmupFailed(f"{where}: warmup entry #{i} has {w.prompt_tokens} prompt "
+                                         f"tokens; the engine serves at most {self.max_model_len - 1}")
+            prompts = [[(7 + 31 * (b + 1) * (j + 1)) % max(3, self.vocab - 1) + 1 for j in range(w.prompt_tokens)]
+                       for b in range(w.batch)]
+            body = {"prompt": prompts if w.batch > 1 else prompts[0], "max_tokens": 1, "temperature": 0.0}
+
+            def one(body: dict[str, Any] = body, i: int = i) -> None:
+                try:
+                    self._completion(body, model)
+                except EngineFailed as exc:
+                    raise EngineWarmupFailed(f"{where}: warmup entry #{i}: {exc}") from None
+
+            fig = run_until_stable(one, policy, check_cancel)
+            out.append({"prompt_tokens": w.prompt_tokens, "batch": w.batch, **fig})
         return out
 
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -366,6 +393,8 @@ class VllmRuntime:
             # Exact bytes: VLLM_CPU_KVCACHE_SPACE (vLLM calls it legacy) counts whole GiB, so it cannot say
             # 256 MiB; on CPU this flag also skips vLLM's check against 90% of the node's memory.
             cmd += ["--kv-cache-memory-bytes", str(self.spec.kv_cache_bytes)]
+        if self.lora is not None:
+            cmd += self.lora.args()
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -375,6 +404,8 @@ class VllmRuntime:
         env["VLLM_NO_USAGE_STATS"] = "1"
         env["DO_NOT_TRACK"] = "1"
         env[ENGINE_ID_ENV] = self.engine_id  # every process of the engine carries it (engine_records.py)
+        if self.lora is not None:  # what mounts /v1/load_lora_adapter and /v1/unload_lora_adapter
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.spec.device.startswith("cuda"):
             env["CUDA_VISIBLE_DEVICES"] = self.spec.device.partition(":")[2] or "0"
             # What mounts /sleep, /wake_up and /is_sleeping (vLLM's dev endpoints) on the engine's port.
@@ -439,9 +470,10 @@ class VllmRuntime:
         self._healthy = True
         self.timings["health_seconds"] = time.perf_counter() - t0
 
-    def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _completion(self, body: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+        """A /v1/completions request to the engine, for `model` (an adapter's name; default the base)."""
         assert self.port is not None
-        data = json.dumps({"model": self.spec.model, **body}).encode()
+        data = json.dumps({"model": model or self.spec.model, **body}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=data,
                                      headers={"Content-Type": "application/json"}, method="POST")
         try:

@@ -10,6 +10,13 @@ request router (the REST hook GET /hooks/route, and any router integration), wit
   leader scheduler is woken once per episode to plan at once (e.g. make room).
 - loading/cold answers carry `eta_seconds` with a `Retry-After` header, the promise recorded for the ETA
   error metric, and the catalog fallback's ready replicas (`fallback`).
+- an adapter (catalog runtime "vllm-adapter", issue 29): its replicas are the base replicas holding it
+  (each with the base's `endpoint`, `model` = the adapter's name in the OpenAI API, `host` = the base
+  replica); with a base replica ready but the adapter in none, `loading` with the ETA of the adapter's
+  load and one on-demand adapter load into that base replica (never an engine start); with no base
+  replica, the ETA is the base's start plus the adapter's load, and the on-demand path starts the base
+  (`cold`), or waits for the one loading (`loading`). The next lookup once the base is ready loads the
+  adapter. `base` in the body says which model the adapter is served from.
 - `counted`: the lookup is a request, not a router's retry poll (`retry=1`): only requests are counted in
   the per-minute lookup counts (the SLO's window, /api/roi) and by `counters`.
 
@@ -68,8 +75,11 @@ class Answer:
 
 def replica_view(rep: state.Replica, gpu: state.Gpu) -> dict[str, Any]:
     # endpoint: where a router sends requests itself (an engine's OpenAI base URL); None: through `infer`.
-    return {"gpu": gpu.id, "queue": gpu.queue, "version": rep.version, "state": rep.state,
+    view = {"gpu": gpu.id, "queue": gpu.queue, "version": rep.version, "state": rep.state,
             "progress": round(rep.progress, 4), "in_flight": rep.in_flight, "endpoint": rep.endpoint}
+    if rep.host:  # an adapter: served at its base replica's endpoint under its own name
+        view.update(model=rep.model, host=rep.host)
+    return view
 
 
 def lookup(ctx: Any, entry: ModelEntry, *, priority: str, counted: bool,
@@ -85,19 +95,53 @@ def lookup(ctx: Any, entry: ModelEntry, *, priority: str, counted: bool,
     found.sort(key=lambda p: (_ORDER[p[0].state], p[0].in_flight, -p[0].progress, p[1].id))
     body: dict[str, Any] = {"model": entry.id, "version": entry.version,
                             "replicas": [replica_view(rep, g) for rep, g in found]}
+    if entry.is_adapter:
+        body["base"] = entry.base
+    base_ready = _base_ready(ctx, entry, fleet) if entry.is_adapter else []
+    via_base = False  # an adapter whose base has no ready replica: its ETA is the base's start plus its load
+    base_entry = ctx.catalog.get(entry.base) if entry.is_adapter and entry.base in ctx.catalog else None
     if found and found[0][0].state == rs.READY:
         body["state"] = rs.ROUTE_READY
         cold_starts.close_ready(r, fleet, [entry.id])
     elif found or _preload_in_flight(r, entry, fleet):
         body["state"] = rs.ROUTE_LOADING
         _open_cold_start(r, entry, counters)
+    elif base_entry is not None and base_ready:
+        # The base runs: loading the adapter into it is all it takes (well under a second), never an engine start.
+        body["state"] = rs.ROUTE_LOADING
+        _open_cold_start(r, entry, counters)
+        body["preload"] = _on_demand_preload(ctx, entry, fleet, priority,
+                                             place=lambda: _place_adapter(ctx, entry, base_ready, priority))
+    elif base_entry is not None and _ready_of(base_entry, fleet):
+        # Every ready base replica's LoRA slots are taken: the scheduler makes room (unloads an adapter).
+        body["state"] = rs.ROUTE_LOADING
+        if _open_cold_start(r, entry, counters):
+            _wake_scheduler(r, entry)
+        body["preload"] = {"queued": False, "message": f"every ready replica of its base {base_entry.id} has all "
+                                                       f"its {base_entry.max_adapters} LoRA slot(s) taken; the "
+                                                       "scheduler will make room"}
+    elif base_entry is not None:
+        # No base replica ready: the base starts first (once: the base's own on-demand path), then the adapter.
+        via_base = True
+        new_episode = _open_cold_start(r, entry, counters)
+        base_found = any(x.model == base_entry.id and x.version == base_entry.version and x.state in _ORDER
+                         for g in fleet.alive() for x in g.replicas)
+        if base_found or _preload_in_flight(r, base_entry, fleet):
+            body["state"] = rs.ROUTE_LOADING
+        else:
+            body["state"] = rs.ROUTE_COLD
+            _open_cold_start(r, base_entry, counters)
+            body["preload"] = _on_demand_preload(ctx, base_entry, fleet, priority)
+            if new_episode:
+                _wake_scheduler(r, base_entry)
     else:
         body["state"] = rs.ROUTE_COLD
         new_episode = _open_cold_start(r, entry, counters)
         body["preload"] = _on_demand_preload(ctx, entry, fleet, priority)
         if new_episode:  # once per cold episode (its HSETNX claim), not on every router retry
             _wake_scheduler(r, entry)
-    headers = {} if body["state"] == rs.ROUTE_READY else _cold_fields(ctx, body, entry, fleet, counted, counters)
+    headers = {} if body["state"] == rs.ROUTE_READY else _cold_fields(ctx, body, entry, fleet, counted, counters,
+                                                                       via_base=via_base)
     if counted:
         counters.lookup(body["state"])
         _count_lookup(r, body)
@@ -128,7 +172,42 @@ def _preload_in_flight(r: redis.Redis, entry: ModelEntry, fleet: state.Fleet) ->
     return any(it.action == "preload" and it.version == entry.version for it in held)
 
 
-def _on_demand_preload(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: str) -> dict[str, Any]:
+def _base_ready(ctx: Any, entry: ModelEntry, fleet: state.Fleet) -> list[tuple[state.Replica, state.Gpu]]:
+    """An adapter's base replicas that are ready and have a LoRA slot free (fewer adapters hosted than the
+    base's max_adapters), least busy first: where an on-demand adapter load can go."""
+    if entry.base not in ctx.catalog:
+        return []
+    base = ctx.catalog.get(entry.base)
+    out = []
+    for g in fleet.alive():
+        for x in g.replicas:
+            if x.model != base.id or x.state != rs.READY:
+                continue
+            key = f"{x.model}@{x.version}"
+            hosted = sum(1 for y in g.replicas if y.host == key and y.state != rs.FAILED)
+            if hosted < base.max_adapters:
+                out.append((x, g))
+    out.sort(key=lambda p: (p[0].in_flight, p[1].id))
+    return out
+
+
+def _place_adapter(ctx: Any, entry: ModelEntry, hosts: list[tuple[state.Replica, state.Gpu]],
+                   priority: str) -> dict[str, Any]:
+    """The on-demand adapter load: into the least busy ready base replica with a free slot."""
+    d = None
+    for base_rep, gpu in hosts:
+        d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand", priority=priority,
+                                   reason=f"route lookup found the adapter absent from its ready base "
+                                          f"{base_rep.model}@{base_rep.version}: on-demand adapter load",
+                                   numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes})
+        if d.sent:
+            return {"queued": True, "gpu": d.gpu, "host": f"{base_rep.model}@{base_rep.version}",
+                    "message": d.message}
+    return {"queued": False, "message": d.message if d is not None else "no ready base replica has a free slot"}
+
+
+def _on_demand_preload(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: str,
+                       place: Any = None) -> dict[str, Any]:
     r = ctx.r
     claim = keys.cold_claim(entry.key)
     # One on-demand preload per cold episode, however many routers ask at once.
@@ -141,7 +220,7 @@ def _on_demand_preload(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority
         lock = r.lock(keys.ON_DEMAND_LOCK, timeout=5.0, blocking_timeout=2.0)
         if lock.acquire():
             try:
-                answer = _place_on_demand(ctx, entry, fleet, priority)
+                answer = place() if place is not None else _place_on_demand(ctx, entry, fleet, priority)
             finally:
                 try:
                     lock.release()
@@ -175,14 +254,27 @@ def _place_on_demand(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: 
     return {"queued": False, "message": d.message}
 
 
+def _ready_of(entry: ModelEntry, fleet: state.Fleet) -> bool:
+    return any(x.model == entry.id and x.version == entry.version and x.state == rs.READY
+               for g in fleet.alive() for x in g.replicas)
+
+
 def _cold_fields(ctx: Any, body: dict[str, Any], entry: ModelEntry, fleet: state.Fleet, counted: bool,
-                 counters: Counters) -> dict[str, str]:
+                 counters: Counters, *, via_base: bool = False) -> dict[str, str]:
     """Add eta_seconds (and fallback, when the catalog names one) to a loading/cold `body`; returns the
     headers to send."""
     now = time.time()
     # With no load placed (no room yet), the scheduler makes room at its wake-up: about one tick more.
     seconds = eta.model_eta(ctx.r, ctx.catalog, fleet, entry.id, entry.version, ctx.settings.max_loads_per_gpu,
                             now, ctx.settings.tick_seconds)
+    if via_base:
+        # No base replica is ready: the base's start (or the rest of it) comes first, then the adapter's load.
+        base = ctx.catalog.get(entry.base)
+        base_s = eta.model_eta(ctx.r, ctx.catalog, fleet, base.id, base.version, ctx.settings.max_loads_per_gpu,
+                               now, ctx.settings.tick_seconds)
+        seconds = base_s + eta.expected_seconds(ctx.catalog, eta.read_measured(ctx.r, [entry.id]), entry.id,
+                                                entry.version, False)
+        body["base_eta_seconds"] = round(base_s, 2)
     body["eta_seconds"] = round(seconds, 2)
     eta_promises.promise(ctx.r, entry.id, entry.version, seconds, now)
     fb = fallback_answer(ctx.catalog, entry, fleet)

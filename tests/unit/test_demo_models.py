@@ -142,3 +142,20 @@ def test_vllm_demo_model_only_when_the_engine_is_installed(tmp_path: Path, monke
     entry = load_catalog(cat_path).get("tiny-llama-vllm")
     assert entry.runtime == "vllm" and entry.kv_cache_bytes > 0
     assert (entry.weights / "config.json").is_file() and dm.VLLM_MISSING not in cat_path.read_text()
+    # Its LoRA adapters come with it: PEFT's names and shapes for the demo Llama's attention projections.
+    cat = load_catalog(cat_path)
+    adapters = cat.adapters_of("tiny-llama-vllm")
+    assert [a.id for a in adapters] == [a.id for a in dm.ADAPTERS] and len(adapters) == 3
+    assert (entry.max_adapters, entry.max_cpu_adapters, entry.max_lora_rank) == (2, 4, 16)
+    from prewarm.safetensors_header import read_header
+
+    first = adapters[0]
+    cfg = json.loads((first.weights / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == first.rank == 8
+    assert set(cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    tensors = read_header(first.weights / "adapter_model.safetensors").tensors
+    layer = "base_model.model.model.layers.1.self_attn"
+    assert tensors[f"{layer}.q_proj.lora_A.weight"].shape == (8, 128)
+    assert tensors[f"{layer}.k_proj.lora_B.weight"].shape == (64, 8)  # 2 KV heads of 32
+    assert tensors[f"{layer}.o_proj.lora_B.weight"].shape == (128, 8)
+    assert len(tensors) == 2 * 4 * 2  # two layers, four projections, A and B

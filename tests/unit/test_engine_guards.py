@@ -287,3 +287,45 @@ def test_a_vllm_checkpoint_inside_the_roots_reaches_the_engine_start(tmp_path: P
     with pytest.raises(EngineFailed, match="exited with status 3 before it was healthy"):
         rt.load()
     assert mark.exists() and rt.proc is None  # started, then stopped on the failure
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_a_base_with_adapters_runs_with_lora_and_its_runtime_api_one_without_does_not(
+        tmp_path: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_worker.runtimes.vllm_engine import LoraSlots
+
+    monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    plain = runtime(device, tmp_path)
+    assert "--enable-lora" not in plain.command(Path("/venv/bin/python"), 8123)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.environment()
+    rt = runtime(device, tmp_path)
+    rt.lora = LoraSlots(max_loras=3, max_cpu_loras=6, max_lora_rank=32)
+    cmd = rt.command(Path("/venv/bin/python"), 8123)
+    i = cmd.index("--enable-lora")
+    assert cmd[i:i + 7] == ["--enable-lora", "--max-loras", "3", "--max-cpu-loras", "6", "--max-lora-rank", "32"]
+    assert rt.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_an_adapter_is_not_loaded_into_an_engine_that_is_not_running_or_has_no_lora(tmp_path: Path) -> None:
+    from gpu_worker.demo_hf import tiny_llama_config
+    from gpu_worker.demo_lora import write_lora_adapter
+    from gpu_worker.runtimes.vllm_adapter import VllmAdapterRuntime
+    from gpu_worker.runtimes.vllm_engine import LoraSlots
+
+    write_lora_adapter(tmp_path / "lora", tiny_llama_config(), rank=8)
+    spec = ReplicaSpec(model="lora", version="v1", path=tmp_path / "lora", gpu="n/cpu", roots=(tmp_path,))
+    engine = runtime("cpu", tmp_path)
+    adapter = VllmAdapterRuntime(spec, engine, "m@v1")
+    assert adapter.required_bytes() > 0 and adapter.measure() == 0 and adapter.endpoint is None
+    with pytest.raises(EngineFailed, match="cannot load the adapter: its base m@v1's engine is not running"):
+        adapter.load()
+    engine.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    engine.port = 1
+    try:
+        with pytest.raises(EngineFailed, match="was started without LoRA"):
+            adapter.load()
+        engine.lora = LoraSlots(2, 2, 16)
+        assert adapter.died() is None and adapter.release() == 0  # never loaded: nothing to unload
+    finally:
+        engine.proc.kill()
+        engine.proc.wait()

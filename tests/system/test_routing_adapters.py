@@ -1,0 +1,126 @@
+"""The route lookup for LoRA adapters (issue 29, item 3), called as a router integration would, on a real
+Redis with the fleet published as workers' heartbeats would publish it: an adapter is served by the base
+replicas holding it; absent from a ready base it is `loading` with one adapter load (never an engine start);
+with no base replica its ETA is the base's start plus its own load, and the base is what gets started."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from safetensors.numpy import save_file
+
+from gpu_worker.demo_hf import tiny_llama_config
+from gpu_worker.demo_lora import write_lora_adapter
+from prewarm import celery_app, eta
+from prewarm.context import Context
+from prewarm.services import routing
+from tests.web_support import make_context, publish_gpu, queued_tasks, replica
+
+GPU_A, GPU_B = "node-a/cpu:0", "node-b/cpu:0"
+ENDPOINT = "http://127.0.0.1:8011/v1"
+
+
+@pytest.fixture
+def ctx(redis_url: str, tmp_path: Path) -> Context:
+    root = tmp_path / "models"
+    (root / "base").mkdir(parents=True)
+    (root / "base" / "config.json").write_text(json.dumps(tiny_llama_config()))
+    save_file({"w": np.zeros((1024,), np.float32)}, str(root / "base" / "model.safetensors"))
+    for name in ("lora-a", "lora-b"):
+        write_lora_adapter(root / name, tiny_llama_config(), rank=8)
+    text = ('[[models]]\nid = "base-llm"\nversion = "v1"\nruntime = "vllm"\npath = "base"\nkv_cache_bytes = 1024\n'
+            'engine_bytes = 0\nmax_adapters = 1\n[[models.warmup]]\nprompt_tokens = 8\n')
+    for name in ("lora-a", "lora-b"):
+        text += (f'[[models]]\nid = "{name}"\nversion = "v1"\nruntime = "vllm-adapter"\nbase = "base-llm"\n'
+                 f'path = "{name}"\nrank = 8\n')
+    (root / "catalog.toml").write_text(text)
+    return make_context(redis_url, root / "catalog.toml")
+
+
+def base_replica(gid: str, st: str = "ready"):  # noqa: ANN201
+    rep = replica("base-llm", gid, st)
+    rep.endpoint = ENDPOINT if st == "ready" else None
+    return rep
+
+
+def adapter_replica(name: str, gid: str, st: str = "ready"):  # noqa: ANN201
+    rep = replica(name, gid, st)
+    rep.host, rep.endpoint = "base-llm@v1", ENDPOINT if st == "ready" else None
+    return rep
+
+
+def lookup(ctx: Context, model: str) -> routing.Answer:
+    return routing.lookup(ctx, ctx.catalog.get(model), priority="normal", counted=True)
+
+
+def test_an_adapter_is_routed_to_the_base_replica_holding_it(ctx: Context, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A), adapter_replica("lora-a", GPU_A)])
+    publish_gpu(r, GPU_B, replicas=[base_replica(GPU_B)])
+    answer = lookup(ctx, "lora-a")
+    assert answer.body["state"] == "ready" and answer.body["base"] == "base-llm"
+    [held] = answer.body["replicas"]
+    assert held["gpu"] == GPU_A and held["endpoint"] == ENDPOINT
+    assert held["model"] == "lora-a" and held["host"] == "base-llm@v1"  # the name a router sends as `model`
+    assert queued_tasks(r, "gpu.node-a.cpu:0") == [] and queued_tasks(r, "gpu.node-b.cpu:0") == []
+
+
+def test_absent_from_a_ready_base_it_loads_the_adapter_not_an_engine(ctx: Context, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A)])
+    first = lookup(ctx, "lora-a")
+    assert first.body["state"] == "loading"
+    assert first.body["preload"]["queued"] is True and first.body["preload"]["gpu"] == GPU_A
+    assert first.body["preload"]["host"] == "base-llm@v1"
+    [task] = queued_tasks(r, "gpu.node-a.cpu:0")
+    assert task["headers"]["task"] == celery_app.PRELOAD and task["headers"]["argsrepr"].startswith("['lora-a'")
+    # Its ETA is the adapter's own load (its measured or size-based load time), not an engine start.
+    measured = eta.read_measured(r, ["lora-a", "base-llm"])
+    adapter_s = eta.expected_seconds(ctx.catalog, measured, "lora-a", "v1", False)
+    assert first.body["eta_seconds"] == pytest.approx(adapter_s, abs=0.05)
+    assert "base_eta_seconds" not in first.body
+
+    # One on-demand load: the router's next lookup finds it in flight.
+    again = lookup(ctx, "lora-a")
+    assert again.body["state"] == "loading" and "preload" not in again.body
+    assert len(queued_tasks(r, "gpu.node-a.cpu:0")) == 1
+
+
+def test_with_no_base_replica_the_base_starts_and_the_eta_adds_the_adapter_load(ctx: Context,
+                                                                                 r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, total_mib=64)
+    answer = lookup(ctx, "lora-a")
+    assert answer.body["state"] == "cold"
+    assert answer.body["preload"]["queued"] is True and answer.body["preload"]["gpu"] == GPU_A
+    [task] = queued_tasks(r, "gpu.node-a.cpu:0")
+    assert task["headers"]["argsrepr"].startswith("['base-llm'")  # the base's engine, not the adapter
+    measured = eta.read_measured(r, ["lora-a"])
+    adapter_s = eta.expected_seconds(ctx.catalog, measured, "lora-a", "v1", False)
+    assert answer.body["base_eta_seconds"] > 0
+    assert answer.body["eta_seconds"] == pytest.approx(answer.body["base_eta_seconds"] + adapter_s, abs=0.05)
+
+    # Meanwhile the base is loading: loading, no second base start, the ETA still counts both.
+    again = lookup(ctx, "lora-a")
+    assert again.body["state"] == "loading" and "preload" not in again.body
+    assert again.body["eta_seconds"] > adapter_s and len(queued_tasks(r, "gpu.node-a.cpu:0")) == 1
+
+
+def test_a_base_with_its_slots_taken_gets_no_load_and_says_why(ctx: Context, r: redis.Redis) -> None:
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A), adapter_replica("lora-b", GPU_A)])  # max_adapters = 1
+    answer = lookup(ctx, "lora-a")
+    assert answer.body["state"] == "loading" and answer.body["preload"]["queued"] is False
+    assert "LoRA slot(s) taken" in answer.body["preload"]["message"]
+    assert queued_tasks(r, "gpu.node-a.cpu:0") == []
+
+
+def test_the_scheduler_leaves_adapters_to_the_route_until_the_policy_plans_them(ctx: Context, r: redis.Redis) -> None:
+    from prewarm.domain.policy import PolicyConfig
+    from scheduler.snapshot import SnapshotReader
+
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A), adapter_replica("lora-a", GPU_A)])
+    snap, _ = SnapshotReader(r, PolicyConfig()).read(ctx.catalog, time.time(), full=True)
+    assert set(snap.models) == {"base-llm"}  # free memory never sends an adapter to a GPU without its base
+    assert [x.model for x in snap.replicas] == ["base-llm"]  # nor is the adapter evicted as unknown
