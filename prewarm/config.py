@@ -315,6 +315,9 @@ class Settings:
     cpu_device_arena: bool = False  # PREWARM_CPU_DEVICE_ARENA: a CPU virtual GPU as one pre-faulted arena
     host_cache: str | None = None  # PREWARM_HOST_CACHE: 16GiB or 25% of RAM (None: a quarter)
     advertise_host: str | None = None  # PREWARM_ADVERTISE_HOST: where routers reach this node's engines
+    # PREWARM_DRAIN_GRACE: how long a draining worker waits for its replicas' replacements before it evicts
+    # them anyway and exits (keep it under the pod's terminationGracePeriodSeconds)
+    drain_grace: float = 300.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -358,6 +361,7 @@ class Settings:
             cpu_device_arena=env_flag(e, "PREWARM_CPU_DEVICE_ARENA"),
             host_cache=(e.get("PREWARM_HOST_CACHE") or "").strip() or None,
             advertise_host=(e.get("PREWARM_ADVERTISE_HOST") or "").strip() or None,
+            drain_grace=env_seconds(e, "PREWARM_DRAIN_GRACE", 300.0),
         )
 
     _SECRETS = ("hook_token", "admin_token", "secret_key")
