@@ -115,6 +115,7 @@ class NodeDrain:
         """Wait until no replica here needs a home, nobody can give it one, or the grace ends: True. False:
         the drain was undone (`prewarm undrain`) and it was not begun by SIGTERM."""
         w = self.worker
+        what = ""
         while True:
             try:
                 fleet = state.read_fleet(w.r, include_stale=False)
@@ -134,7 +135,8 @@ class NodeDrain:
             except redis.RedisError as exc:
                 log.warning("drain: cannot read the fleet (%s); trying again", exc)
             if time.monotonic() >= deadline:
-                log.warning("drain: grace (%.0f s, PREWARM_DRAIN_GRACE) over; evicting now", self.grace_s)
+                log.warning("drain: grace (%.0f s, PREWARM_DRAIN_GRACE) over; evicting now%s", self.grace_s,
+                            f" although no replacement is ready for {what}" if what else "")
                 return True
             time.sleep(self.poll_s)
 

@@ -17,7 +17,7 @@ from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.services import drain, operator
-from prewarm.store import overlays
+from prewarm.store import drains, overlays
 
 T = TypeVar("T")
 POLL_S = 0.2  # how often a --wait looks again
@@ -310,8 +310,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return 0
 
     def drained() -> int | None:
-        d = ctx.r.hget(keys.DRAINING, args.node)
-        if d is None:
+        if drains.get(ctx.r, args.node) is None:
             return _err(f"the drain of {args.node} was undone (`prewarm undrain`) while waiting")
         fleet = state.read_fleet(ctx.r, include_stale=False)
         if not any(g.node == args.node for g in fleet.alive()):

@@ -176,8 +176,9 @@ def drain_round(ctx: Any, fleet: state.Fleet, now: float | None = None) -> list[
             continue  # a version the catalog no longer has: nothing can load it
         targets = rooms.ranked(ctx.r, fleet, catalog, entry, ctx.settings.max_loads_per_gpu)[:need.to_load]
         if not targets:
-            log.info("drain: no other GPU has room for %s (%s) yet; its replica on %s stays until one has or the "
-                     "drain's grace ends", entry.key, need.why, ", ".join(need.gpus))
+            # every tick until there is room: the worker says at the grace's end what found no home
+            log.debug("drain: no other GPU has room for %s (%s) yet; its replica on %s stays until one has or the "
+                      "drain's grace ends", entry.key, need.why, ", ".join(need.gpus))
             continue
         for g in targets:
             reason = (f"drain: {', '.join(need.gpus)} draining; {entry.key} ({need.why}) wants {need.wanted} ready "
