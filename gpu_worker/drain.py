@@ -52,6 +52,7 @@ class NodeDrain:
         self.by_signal = False
         self.finished = threading.Event()  # the node is drained (or the drain gave up): the process may stop
         self._stop_watch = threading.Event()
+        self._watching = False
 
     # --- how a drain begins -------------------------------------------------------------------------
     def on_signal(self) -> None:
@@ -68,7 +69,13 @@ class NodeDrain:
             self._thread.start()
 
     def watch(self) -> NodeDrain:
-        """Begin the drain when the node's record says draining (checked every poll_s, in a daemon thread)."""
+        """Begin the drain when the node's record says draining (checked every poll_s, in a daemon thread
+        started once, however often the consumer is (re)started)."""
+        with self._lock:
+            if self._watching:
+                return self
+            self._watching = True
+
         def run() -> None:
             while not self._stop_watch.wait(self.poll_s):
                 try:

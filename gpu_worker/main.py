@@ -121,6 +121,7 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
         def on_ready(**_kw: object) -> None:
             hb.announce()
             _drain_on_sigterm(nd)
+            nd.watch()  # from now on a drain can end in Celery's own shutdown
             log.info("worker %s ready: %s", worker.worker_id, ", ".join(worker.gpus))
 
         def on_shutting_down(**_kw: object) -> None:
@@ -131,7 +132,6 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
 
         worker_ready.connect(on_ready, weak=False)
         worker_shutting_down.connect(on_shutting_down, weak=False)
-        node_drain.watch()
         concurrency = threads or settings.worker_threads or default_threads(len(devices))
         # The resident models live in this process, so a broker failure must not end it: kombu's Redis
         # transport can die with an "Unrecoverable error" when Redis vanishes mid-ack (celery/kombu#970
