@@ -66,6 +66,8 @@ class Begun:
     @property
     def message(self) -> str:
         d = self.drain
+        if not self.new and not d.draining:
+            return f"{d.node} is drained already: its worker is on its way out"
         if not self.new:
             return f"{d.node} is draining already (since {time.strftime('%H:%M:%S', time.localtime(d.since))}, " \
                    f"{d.actor}: {d.reason})"
@@ -73,7 +75,7 @@ class Begun:
                 f"evicted, and its worker exits (within {d.grace_s:g} s)")
 
     def public(self) -> dict[str, Any]:
-        return {"node": self.drain.node, "draining": True, "new": self.new, "gpus": list(self.gpus),
+        return {"node": self.drain.node, "draining": self.drain.draining, "new": self.new, "gpus": list(self.gpus),
                 "drain": self.drain.public(), "message": self.message}
 
 

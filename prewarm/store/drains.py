@@ -79,7 +79,8 @@ def get(r: redis.Redis, node: str) -> Drain | None:
 def begin(r: redis.Redis, node: str, *, actor: str, reason: str, grace_s: float, worker: str, now: float,
           maxlen: int = 5000) -> tuple[Drain, bool]:
     """Mark `node` draining, with a `drain` event; (the record, True) when this call began it, (the record
-    held, False) when it was draining already (nothing written). A drained node is drained again."""
+    held, False) when it was draining already, or drained by this same `worker` (it is on its way out):
+    nothing written. A node drained under an earlier worker is drained again."""
     new = Drain(node, DRAINING, now, actor, reason, grace_s, worker)
     for _ in range(20):  # retried only while another writer changes the record between WATCH and EXEC
         with r.pipeline(transaction=True) as pipe:
@@ -87,7 +88,7 @@ def begin(r: redis.Redis, node: str, *, actor: str, reason: str, grace_s: float,
                 pipe.watch(keys.DRAINING)
                 raw = pipe.hget(keys.DRAINING, node)
                 held = parse(node, raw) if raw is not None else None
-                if held is not None and held.draining:
+                if held is not None and (held.draining or (worker and held.worker == worker)):
                     return held, False
                 pipe.multi()
                 pipe.hset(keys.DRAINING, node, new.to_json())

@@ -59,7 +59,8 @@ def _route(web: WebProc, model: str) -> dict:
 
 
 def _slow_worker(worker_factory, catalog: Path, node: str, seconds: float) -> WorkerProc:  # noqa: F811, ANN001
-    """A worker whose loads of tiny-mlp take about `seconds`: the drain is under way that long."""
+    """A worker whose loads of tiny-mlp take about `seconds`: the drain is under way that long, ample time for
+    the checks made while it drains (a few CLI and HTTP calls)."""
     pace = int(size_of(catalog, "tiny-mlp") / seconds)
     return worker_factory(catalog, devices="cpu:0=256MiB", node=node, env={"PREWARM_LOAD_PACE_BYTES_PER_S": str(pace)})
 
@@ -69,7 +70,7 @@ def test_a_drain_moves_the_pinned_model_before_it_leaves_and_the_worker_exits_0(
     wa = worker_factory(catalog, devices="cpu:0=256MiB", node="node-a")
     schedulers.append(_scheduler(redis_url, catalog, tmp_path))
     wait_for(lambda: ready_on(r, "tiny-mlp") == [A], 60, what="tiny-mlp ready on node-a (pinned)", log=wa.log)
-    wb = _slow_worker(worker_factory, catalog, "node-b", 4.0)
+    wb = _slow_worker(worker_factory, catalog, "node-b", 20.0)
 
     p = _cli(redis_url, catalog, "drain", "node-c")
     assert p.returncode == 2 and "node 'node-c' is not in the fleet" in p.stderr and "node-a" in p.stderr, p.stderr
@@ -116,7 +117,7 @@ def test_the_api_drains_and_undrains_and_sigterm_drains(redis_url, r, catalog, a
     wa = worker_factory(catalog, devices="cpu:0=256MiB", node="node-a")
     schedulers.append(_scheduler(redis_url, catalog, tmp_path))
     wait_for(lambda: ready_on(r, "tiny-mlp") == [A], 60, what="tiny-mlp ready on node-a (pinned)", log=wa.log)
-    _slow_worker(worker_factory, catalog, "node-b", 8.0)
+    _slow_worker(worker_factory, catalog, "node-b", 20.0)
     url = f"{admin_web.url}/api/nodes/node-a/drain"
     auth = {"Authorization": f"Bearer {ADMIN}"}
 

@@ -42,6 +42,9 @@ def test_finish_end_and_a_new_worker(r: redis.Redis, ctx: Context) -> None:
     assert drains.finish(r, "node-a", worker="fake-worker", evicted=2, now=time.time())
     assert drains.get(r, "node-a").state == drains.DRAINED  # type: ignore[union-attr]
     assert not drains.finish(r, "node-a", worker="fake-worker", evicted=2, now=time.time())  # once
+    # drained, its worker still on its way out: a drain again changes nothing
+    again = drain.begin(r, "node-a", actor="operator", reason="t", grace_s=300)
+    assert not again.new and "drained already" in again.message and len(events.read(r, kind="drain")) == 1
     assert drains.clear_for_new_worker(r, "node-a", "fake-worker", time.time()) is None  # the same worker
     assert drains.clear_for_new_worker(r, "node-a", "node-a:42:new", time.time()) is not None
     assert drains.get(r, "node-a") is None and [e.actor for e in events.read(r, kind="undrain")] == ["worker"]
