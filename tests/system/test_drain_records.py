@@ -79,3 +79,23 @@ def test_the_round_moves_what_has_demand_once_and_never_onto_a_draining_node(r: 
     # once ready on node-b, nothing on node-a needs a home: its worker may evict
     publish_gpu(r, B, replicas=[replica("alpha", B), replica("beta", B)])
     assert drain.needs(r, ctx.catalog, state.read_fleet(r), time.time(), {"node-a"}) == []
+
+
+def test_the_console_and_the_fleet_api_show_a_draining_node(r: redis.Redis, redis_url: str, tmp_path: Path) -> None:
+    from tests.system.test_api import ADMIN, _login
+    from web.app import create_app
+
+    app = create_app(make_context(redis_url, make_catalog(tmp_path / "models"), admin_token=ADMIN))
+    client = app.test_client()
+    _login(client)
+    publish_gpu(r, A, replicas=[replica("alpha", A)])
+    publish_gpu(r, B)
+    assert 'data-drain="draining"' not in client.get("/fleet").get_data(as_text=True)
+    drain.begin(r, "node-a", actor="operator", reason="kernel upgrade", grace_s=300)
+    html = client.get("/fleet").get_data(as_text=True)
+    section = html[html.index('data-node="node-a"'):html.index('data-node="node-b"')]
+    assert 'data-drain="draining"' in section and "draining · no new loads" in section and "kernel upgrade" in section
+    assert 'data-drain="draining"' not in html[html.index('data-node="node-b"'):]
+    view = client.get("/api/fleet").get_json()
+    assert [g["draining"] for g in view["gpus"]] == [True, False]
+    assert [n["drain"] and n["drain"]["state"] for n in view["by_node"]] == ["draining", None]
