@@ -25,6 +25,8 @@ from pathlib import Path
 
 import requests
 
+from prewarm.domain import states as rs
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -81,11 +83,11 @@ def main() -> int:
                 for m in ids:
                     t0 = time.time()
                     body = requests.get(f"{url}/hooks/route", params={"model": m}, timeout=10).json()
-                    if body["state"] != "ready":
+                    if body["state"] != rs.ROUTE_READY:
                         asked[m] = (t0, body["eta_seconds"], body["state"])
 
                 def ready(want: dict = asked) -> dict[str, float] | None:
-                    reps = {x.model: x.since for x in state.read_fleet(r).replicas() if x.state == "ready"}
+                    reps = {x.model: x.since for x in state.read_fleet(r).replicas() if x.state == rs.READY}
                     return reps if all(m in reps for m in want) else None
 
                 since = _wait(ready, 120, f"every model ready: asked {sorted(asked)}, ready "

@@ -5,7 +5,6 @@ weights into host memory, unstage drops them; a preload promotes a staged copy t
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,28 +20,27 @@ from gpu_worker.errors import (
     UnknownModel,
     WorkerError,
 )
+from gpu_worker.held import StageJob, WorkerOptions
+from gpu_worker.host_cache import HostCache, HostCacheFull
 from gpu_worker.runtimes.torch_module import _meta_module
-from gpu_worker.slots import StageJob, WorkerOptions
-from gpu_worker.staging import HostCache, HostCacheFull
+from gpu_worker.stage_book import StageBook
 from prewarm import state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
+from prewarm.domain import states as rs
 from prewarm.safetensors_header import SafetensorsError, weight_files
 
 log = logging.getLogger("prewarm.worker")
 
 
 class HostCacheOps:
-    """stage / unstage and the promotion check; the cache itself is gpu_worker.staging.HostCache."""
+    """stage / unstage and the promotion check; the cache itself is gpu_worker.host_cache.HostCache."""
 
     r: redis.Redis
     node: str
     options: WorkerOptions
     host_cache: HostCache
-    _stage_lock: threading.Lock
-    _stages: dict[str, StageJob]
-    _stage_reasons: dict[str, str | None]
-    _stage_files: dict[str, dict[str, tuple[int, int]]]
+    stages: StageBook
     stage_engine: Any  # sleeping_engines.SleepingEngines
     drop_sleepers: Any
 
@@ -57,17 +55,14 @@ class HostCacheOps:
         wrong = [n for n, (dtype, shape) in expected.items()
                  if n not in tensors or tensors[n].dtype != dtype or tuple(tensors[n].shape) != tuple(shape)]
         wrong += [n for n in tensors if n not in expected]
-        with self._stage_lock:
-            files = self._stage_files.get(key)
+        files = self.stages.files(key)
         now = _fingerprint(entry.weights) if files else None
         why = f"does not match its module (e.g. {wrong[0]!r})" if wrong else \
             "is older than its weight files (changed since staged)" if now is not None and now != files else ""
         if why:
             log.warning("staged copy of %s %s: unstaged, loading from storage", key, why)
             self.host_cache.evict(key)
-            with self._stage_lock:
-                self._stage_reasons.pop(key, None)
-                self._stage_files.pop(key, None)
+            self.stages.forget([key])
             self._write_node()
             self._node_event("unstaged", entry.id, f"staged copy {why}", {"version": entry.version})
             return None
@@ -99,8 +94,7 @@ class HostCacheOps:
             self._release_intent(entry.id, target, intent_id)
             self._node_event("failed", entry.id, msg, {"version": entry.version, "action": "stage"})
             raise LoadFailed(msg)
-        with self._stage_lock:
-            files = self._stage_files.get(key)
+        files = self.stages.files(key)
         if files and self.host_cache.get(key) is not None and (now := _fingerprint(entry.weights)) is not None \
                 and now != files:
             # Its files changed since it was staged: this stage replaces the stale copy.
@@ -109,16 +103,9 @@ class HostCacheOps:
                              "staged); staging again", {"version": entry.version})
         if self.host_cache.get(key) is not None:
             return self._staged_result(entry, key, reason, kind, value, noop=True, evicted=[], intent_id=intent_id)
-        with self._stage_lock:
-            job = self._stages.get(key)
-            owner = job is None
-            if owner:
-                now = time.time()
-                job = StageJob(state.Staged(model=entry.id, version=entry.version, node=self.node, state="staging",
-                                            total_bytes=entry.size_bytes, value=float(value), staged_at=now,
-                                            reason=reason or None))
-                self._stages[key] = job
-        assert job is not None
+        job, owner = self.stages.claim(key, lambda: StageJob(state.Staged(
+            model=entry.id, version=entry.version, node=self.node, state=rs.STAGING, total_bytes=entry.size_bytes,
+            value=float(value), staged_at=time.time(), reason=reason or None)))
         if not owner:
             job.done.wait()  # a stage of it is running: its outcome is this one's
             if self.host_cache.get(key) is None:
@@ -135,10 +122,7 @@ class HostCacheOps:
         except Exception as exc:  # noqa: BLE001 - anything else still fails the stage cleanly
             error = LoadFailed(f"staging {key} on node {self.node} failed: {type(exc).__name__}: {exc}")
         finally:
-            with self._stage_lock:
-                self._stages.pop(key, None)
-                if error is None:
-                    self._stage_reasons[key] = reason or None
+            self.stages.finish(key, reason=reason if error is None else None)
             job.error = str(error) if error is not None else None
             job.done.set()
         if error is not None:
@@ -152,10 +136,7 @@ class HostCacheOps:
             log.warning("stage of %s on %s failed: %s", key, self.node, error)
             raise error
         evicted = sorted(before - {e.key for e in self.host_cache.entries()} - {key})
-        with self._stage_lock:
-            for k in evicted:
-                self._stage_reasons.pop(k, None)
-                self._stage_files.pop(k, None)
+        self.stages.forget(evicted)
         for k in evicted:
             m, _, v = k.rpartition("@")
             self._node_event("unstaged", m, f"value-per-byte eviction to stage {key}", {"version": v})
@@ -183,9 +164,7 @@ class HostCacheOps:
             now = time.monotonic()
             if now - last[0] >= self.options.progress_publish_seconds or done == total:
                 last[0] = now
-                with self._stage_lock:
-                    job.record.bytes, job.record.total_bytes = done, total
-                    job.record.progress = round(done / total, 4) if total else 1.0
+                self.stages.update(job, done, total)
                 self._write_node()
             if pace:
                 while (wait := done / pace - (time.monotonic() - t0)) > 0:
@@ -201,8 +180,7 @@ class HostCacheOps:
             raise
         except (SafetensorsError, LoadError, OSError) as exc:
             raise LoadFailed(f"staging {key} on node {self.node}: {exc}") from None
-        with self._stage_lock:
-            self._stage_files[key] = files or {}
+        self.stages.set_files(key, files or {})
         # An unstage that came as the read finished waits for us (job.done) and then drops it: no race here.
 
     def _staged_result(self, entry: ModelEntry, key: str, reason: str, kind: str, value: float, *, noop: bool,
@@ -222,7 +200,7 @@ class HostCacheOps:
                               "value": e.value, "evicted": evicted, "kind": kind, "reason": reason})
             log.info("%s staged on %s: %d bytes in %.2f s%s", key, self.node, e.nbytes, e.stage_seconds,
                      f" (evicted {', '.join(evicted)})" if evicted else "")
-        return {"model": entry.id, "version": entry.version, "node": self.node, "state": "staged",
+        return {"model": entry.id, "version": entry.version, "node": self.node, "state": rs.STAGED,
                 "bytes": e.nbytes, "stage_seconds": round(e.stage_seconds, 4), "value": e.value, "pinned": e.pinned,
                 "noop": noop, "evicted": evicted, "host_cache": self._cache_figures()}
 
@@ -235,10 +213,7 @@ class HostCacheOps:
             m, _, v = k.rpartition("@")
             return m == model and (not version or v == version)
 
-        with self._stage_lock:
-            jobs = [j for k, j in self._stages.items() if match(k)]
-            for j in jobs:
-                j.cancel, j.cancel_reason = True, f"unstaged while staging ({reason or 'unstage'})"
+        jobs = self.stages.cancel(match, f"unstaged while staging ({reason or 'unstage'})")
         for j in jobs:
             j.done.wait(cancel_timeout)
         targets = [e.key for e in self.host_cache.entries() if match(e.key)]
@@ -246,10 +221,7 @@ class HostCacheOps:
         asleep, engine_bytes = self.drop_sleepers(model, version, reason)  # vLLM engines asleep (CUDA)
         freed += engine_bytes
         targets += [f"{model}@{v}" for v in asleep]
-        with self._stage_lock:
-            for k in targets:
-                self._stage_reasons.pop(k, None)
-                self._stage_files.pop(k, None)
+        self.stages.forget(targets)
         if targets or jobs:
             trim_host_memory()
         self._write_node()

@@ -4,6 +4,7 @@ warm, ready or failed), evict (cancelling a load in flight), infer, and the queu
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -22,12 +23,13 @@ from gpu_worker.errors import (
     UnknownModel,
     WorkerError,
 )
+from gpu_worker.held import LocalGpu, LocalReplica, WorkerOptions
+from gpu_worker.host_cache import HostCache
 from gpu_worker.runtimes import ReplicaSpec, Runtime, TokenWarmup
 from gpu_worker.runtimes.engine_records import EngineLeftRunning, EngineRecords
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
-from gpu_worker.slots import GpuSlot, Slot, WorkerOptions
-from gpu_worker.staging import HostCache
+from gpu_worker.stage_book import StageBook
 from prewarm import priority as priorities
 from prewarm import state
 from prewarm.catalog import ModelEntry, TokenWarmupInput
@@ -50,18 +52,28 @@ def _level(rank: int) -> str | None:
     return None if level == priorities.DEFAULT else level
 
 
+class Admission(enum.Enum):
+    """How a preload task enters a GPU (Lifecycle._admit): the whole admission rule in four outcomes."""
+
+    NOOP = "noop"    # the model is ready here already: nothing to load
+    JOIN = "join"    # a load of it is in flight and this task may wait: its outcome is this one's
+    LOAD = "load"    # this task loads it now (a new replica, or a queued one whose turn came)
+    QUEUE = "queue"  # no load slot (or staged soon, or others ahead): a `pending` placeholder; the task retries
+
+
 class Lifecycle:
-    """preload / evict / infer on a GpuSlot; publication, catalog and host cache are the other mixins'."""
+    """preload / evict / infer on a LocalGpu; publication, catalog and host cache are the other mixins'."""
 
     r: redis.Redis
     node: str
     options: WorkerOptions
-    gpus: dict[str, GpuSlot]
+    gpus: dict[str, LocalGpu]
     host_cache: HostCache
+    stages: StageBook
     engine_records: EngineRecords | None
-    take_sleeper: Callable[[str, GpuSlot], Any]  # sleeping_engines.SleepingEngines
+    take_sleeper: Callable[[str, LocalGpu], Any]  # sleeping_engines.SleepingEngines
 
-    def preload(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
+    def preload(self, g: LocalGpu, model: str, version: str | None = None, *, reason: str = "",
                 kind: str = "", defer: bool = False, task_id: str | None = None,
                 intent_id: str = "", priority: str | None = None) -> dict[str, Any]:
         """Load and warm `model` on GPU `g`; returns the ready replica's figures (see tasks.py).
@@ -82,54 +94,14 @@ class Lifecycle:
             self._fail_unknown(g, model, version, str(exc), intent_id)
             raise
         key = entry.key
-        now = time.time()
-        placeholder: Slot | None = None
-        rank = priorities.rank(priority)
-        with self._stage_lock:
-            staging = key in self._stages
-            stages = set(self._stages)
-        with g.lock:
-            if (task_id and task_id in g.cancelled_tasks) or (intent_id and intent_id in g.cancelled_tasks):
-                raise Cancelled(f"preload of {key} on {g.id} was cancelled by an evict while it waited")
-            s = g.replicas.get(key)
-            if s is not None and s.queued:
-                s.priority, s.queued_seen = max(s.priority, rank), now
-                rank = s.priority
-                s.record.priority = _level(rank)
-            ahead = defer and g.queued_ahead(key, rank, s.record.created_at if s is not None else now, now, stages)
-            busy = defer and (staging or bool(ahead) or g.active_loads() >= self.options.max_loads_per_gpu)
-            if s is not None and s.record.state == rs.READY:
-                owner, waiting = False, False
-            elif s is not None and s.queued and not busy:
-                s.queued = False  # a queued preload's turn: this task loads it
-                s.record.reason = s.record.reason or reason or None
-                owner, waiting = True, False
-            elif s is not None and s.record.state in rs.IN_FLIGHT:  # loading now (or queued while busy)
-                if defer:
-                    if task_id:
-                        s.task_ids.add(task_id)
-                    raise Busy(f"{key} is {'queued' if s.queued else 'already loading'} on {g.id}")
-                owner, waiting = False, True
-            else:
-                s = Slot(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state=rs.PENDING,
-                                       total_bytes=entry.size_bytes, since=now, created_at=now,
-                                       reason=reason or None, priority=_level(rank)), queued=busy, priority=rank,
-                         queued_seen=now)
-                if task_id:
-                    s.task_ids.add(task_id)
-                g.replicas[key] = s
-                owner, waiting = not busy, False
-                if busy:
-                    placeholder = s
-        if placeholder is not None:
-            self.publish(g, placeholder)
-            if staging:
-                raise Busy(f"{key} is being staged on node {self.node}; the preload waits to promote it")
-            if ahead:
-                raise Busy(f"{key} is queued on {g.id} behind {ahead} (a higher priority, or queued earlier)")
-            raise Busy(f"{g.id} runs {self.options.max_loads_per_gpu} load(s) already; {key} is queued")
-        if not owner:
-            if waiting:
+        stages = self.stages.keys()
+        admitted, s, why = self._admit(g, entry, reason=reason, rank=priorities.rank(priority), defer=defer,
+                                       task_id=task_id, intent_id=intent_id, stages=stages)
+        if admitted is Admission.QUEUE:
+            self.publish(g, s)  # its `pending` placeholder: the router and the planner see it queued
+            raise Busy(why)
+        if admitted in (Admission.NOOP, Admission.JOIN):
+            if admitted is Admission.JOIN:
                 s.done.wait()  # the first preload's outcome is this one's
             self._release_intent(entry.id, g, intent_id)
             with g.lock:
@@ -171,12 +143,56 @@ class Lifecycle:
                      **({"warmup_not_warmed": skipped} if skipped else {})})
         return self._result(rec, s, noop=False)
 
-    def _result(self, rec: state.Replica, s: Slot, *, noop: bool) -> dict[str, Any]:
+    def _admit(self, g: LocalGpu, entry: ModelEntry, *, reason: str, rank: int, defer: bool, task_id: str | None,
+               intent_id: str, stages: set[str]) -> tuple[Admission, LocalReplica, str]:
+        """Which way a preload of `entry` on `g` goes, decided under the GPU's lock (see Admission); with the
+        replica's slot, and for QUEUE the Busy message. Raises Cancelled when an evict took it over, Busy when
+        a deferred preload finds the model loading already (the task retries; its id joins the slot's)."""
+        key, now = entry.key, time.time()
+        with g.lock:
+            if (task_id and task_id in g.cancelled_tasks) or (intent_id and intent_id in g.cancelled_tasks):
+                raise Cancelled(f"preload of {key} on {g.id} was cancelled by an evict while it waited")
+            s = g.replicas.get(key)
+            if s is not None and s.queued:
+                s.priority, s.queued_seen = max(s.priority, rank), now
+                rank = s.priority
+                s.record.priority = _level(rank)
+            staging = key in stages
+            ahead = defer and g.queued_ahead(key, rank, s.record.created_at if s is not None else now, now, stages)
+            busy = defer and (staging or bool(ahead) or g.active_loads() >= self.options.max_loads_per_gpu)
+            if s is not None and s.record.state == rs.READY:
+                return Admission.NOOP, s, ""
+            if s is not None and s.queued and not busy:
+                s.queued = False  # a queued preload's turn: this task loads it
+                s.record.reason = s.record.reason or reason or None
+                return Admission.LOAD, s, ""
+            if s is not None and s.record.state in rs.IN_FLIGHT:  # loading now (or queued while busy)
+                if defer:
+                    if task_id:
+                        s.task_ids.add(task_id)
+                    raise Busy(f"{key} is {'queued' if s.queued else 'already loading'} on {g.id}")
+                return Admission.JOIN, s, ""
+            s = LocalReplica(state.Replica(model=entry.id, version=entry.version, gpu=g.id, state=rs.PENDING,
+                                   total_bytes=entry.size_bytes, since=now, created_at=now,
+                                   reason=reason or None, priority=_level(rank)), queued=busy, priority=rank,
+                     queued_seen=now)
+            if task_id:
+                s.task_ids.add(task_id)
+            g.replicas[key] = s
+        if not busy:
+            return Admission.LOAD, s, ""
+        if staging:
+            return Admission.QUEUE, s, f"{key} is being staged on node {self.node}; the preload waits to promote it"
+        if ahead:
+            return Admission.QUEUE, s, f"{key} is queued on {g.id} behind {ahead} (a higher priority, or queued earlier)"
+        return Admission.QUEUE, s, f"{g.id} runs {self.options.max_loads_per_gpu} load(s) already; {key} is queued"
+
+    def _result(self, rec: state.Replica, s: LocalReplica, *, noop: bool) -> dict[str, Any]:
         return {"model": rec.model, "version": rec.version, "gpu": rec.gpu, "state": rec.state,
                 "bytes": rec.bytes, "load_seconds": rec.load_seconds, "warmup_seconds": rec.warmup_seconds,
                 "warmup": list(s.warmup), "noop": noop, "source": rec.source}
 
-    def _set(self, g: GpuSlot, s: Slot, **changes: Any) -> None:
+    def _set(self, g: LocalGpu, s: LocalReplica, **changes: Any) -> None:
         with g.lock:
             for k, v in changes.items():
                 setattr(s.record, k, v)
@@ -184,12 +200,12 @@ class Lifecycle:
                 s.record.since = time.time()
         self.publish(g, s)
 
-    def _check_cancel(self, g: GpuSlot, s: Slot) -> None:
+    def _check_cancel(self, g: LocalGpu, s: LocalReplica) -> None:
         if s.cancel:
             raise Cancelled(f"preload of {s.record.model}@{s.record.version} on {g.id} was cancelled: "
                             f"{s.cancel_reason or 'evicted while loading'}")
 
-    def _runtime(self, g: GpuSlot, entry: ModelEntry) -> Runtime:
+    def _runtime(self, g: LocalGpu, entry: ModelEntry) -> Runtime:
         """The runtime that hosts `entry` on `g` (the catalog's `runtime` field)."""
         o = self.options
         policy = WarmupPolicy(o.warmup_min_passes, o.warmup_max_passes, o.warmup_tolerance, o.warmup_max_seconds)
@@ -214,7 +230,7 @@ class Lifecycle:
             return asleep if asleep is not None else VllmRuntime(spec, records=self.engine_records)
         raise LoadFailed(f"{entry.key}: unknown runtime {entry.runtime!r}")
 
-    def _load(self, g: GpuSlot, s: Slot, entry: ModelEntry) -> None:
+    def _load(self, g: LocalGpu, s: LocalReplica, entry: ModelEntry) -> None:
         key = entry.key
         dev = g.device
         rt = self._runtime(g, entry)
@@ -268,7 +284,7 @@ class Lifecycle:
             dev.reclaim()
             raise error
 
-    def _progress(self, g: GpuSlot, s: Slot, rt: Runtime) -> Callable[[int, int], None]:
+    def _progress(self, g: LocalGpu, s: LocalReplica, rt: Runtime) -> Callable[[int, int], None]:
         """The runtime's progress callback: cancel check, published progress (throttled), load pacing."""
         t0 = time.monotonic()
         last = [0.0]
@@ -290,7 +306,7 @@ class Lifecycle:
 
         return progress
 
-    def _reserve(self, g: GpuSlot, s: Slot, key: str, need: int) -> None:
+    def _reserve(self, g: LocalGpu, s: LocalReplica, key: str, need: int) -> None:
         """Reserve `need` bytes for `key` on `g`; DoesNotFit when they do not fit — unless an evict of another
         resident here is in flight (its intent claimed, the task queued or running): the scheduler sends a
         make-room evict and the preload it makes room for at once, and with a thread pool the preload can
@@ -310,7 +326,7 @@ class Lifecycle:
             time.sleep(0.05)
             self._check_cancel(g, s)
 
-    def _evict_in_flight(self, g: GpuSlot, key: str) -> bool:
+    def _evict_in_flight(self, g: LocalGpu, key: str) -> bool:
         """An evict intent (claimed by the dispatcher, released by our evict once its bytes are freed) is held
         for a model with a replica on `g` other than `key`."""
         with g.lock:
@@ -322,7 +338,7 @@ class Lifecycle:
             return False
         return any(it.action == "evict" for it in held)
 
-    def _failed(self, g: GpuSlot, s: Slot, entry: ModelEntry, exc: WorkerError, intent_id: str) -> dict[str, Any]:
+    def _failed(self, g: LocalGpu, s: LocalReplica, entry: ModelEntry, exc: WorkerError, intent_id: str) -> dict[str, Any]:
         msg = str(exc)
         cancelled = isinstance(exc, Cancelled)
         with g.lock:
@@ -346,11 +362,11 @@ class Lifecycle:
         log.warning("preload of %s on %s failed: %s", entry.key, g.id, msg)
         raise exc
 
-    def _fail_unknown(self, g: GpuSlot, model: str, version: str | None, msg: str, intent_id: str) -> None:
+    def _fail_unknown(self, g: LocalGpu, model: str, version: str | None, msg: str, intent_id: str) -> None:
         v = version or "?"
         rec = state.Replica(model=model, version=v, gpu=g.id, state=rs.FAILED, error=msg, since=time.time(),
                             created_at=time.time())
-        s = Slot(rec)
+        s = LocalReplica(rec)
         s.done.set()
         with g.lock:
             key = state.replica_field(model, v)
@@ -361,7 +377,7 @@ class Lifecycle:
         self._event("failed", model, g, msg, {"version": v})
 
     # --- evict ------------------------------------------------------------------------------------
-    def evict(self, g: GpuSlot, model: str, version: str | None = None, *, reason: str = "",
+    def evict(self, g: LocalGpu, model: str, version: str | None = None, *, reason: str = "",
               cancel_timeout: float = 120.0, intent_id: str = "", supersedes: str = "") -> dict[str, Any]:
         """Drop every replica of `model` (of `version` when given) on `g`; idempotent. A load of it in
         progress is cancelled. `supersedes`: the intent id of the preload this evict took over; a preload
@@ -410,7 +426,7 @@ class Lifecycle:
                 "free_bytes": inv.free_bytes, "used_bytes": inv.used_bytes}
 
     # --- infer ------------------------------------------------------------------------------------
-    def infer(self, g: GpuSlot, model: str, inputs: Any = None, *, version: str | None = None,
+    def infer(self, g: LocalGpu, model: str, inputs: Any = None, *, version: str | None = None,
               seed: int = 0) -> dict[str, Any]:
         """One request to a ready replica. torch: `inputs` None (the first warmup shape), a spec
         {"shape", "dtype", "high"}, or nested lists of numbers. transformers: None or a table
@@ -442,7 +458,7 @@ class Lifecycle:
                 s.record.last_used = time.time()
         return {**answer, "model": rec.model, "version": rec.version, "gpu": g.id}
 
-    def check_runtimes(self, g: GpuSlot) -> None:
+    def check_runtimes(self, g: LocalGpu) -> None:
         """A ready replica whose runtime died (an engine process that exited) goes `failed` with the
         runtime's reason; its bytes and whatever of it is left are released. A live engine's bytes are
         measured again (every remeasure_seconds). Called with every heartbeat."""
@@ -468,7 +484,7 @@ class Lifecycle:
                                                           "runtime": rt.name, "while": "ready"})
             log.error("%s on %s died while ready: %s%s", k, g.id, why, f" ({left})" if left else "")
 
-    def _remeasure(self, g: GpuSlot, k: str, s: Slot) -> None:
+    def _remeasure(self, g: LocalGpu, k: str, s: LocalReplica) -> None:
         """A ready engine's bytes measured again when its last figure is older than its runtime's
         `remeasure_seconds`: the replica record (published by this heartbeat) and the device's accounting
         show what it holds now. One that grew past the device's budget is said in the log."""
@@ -489,7 +505,7 @@ class Lifecycle:
             log.warning("%s on %s now holds %s, past %s's budget (%s in use)", k, g.id, format_bytes(now), g.id,
                         format_bytes(g.device.inventory().used_bytes))
 
-    def reap_engines(self, g: GpuSlot) -> None:
+    def reap_engines(self, g: LocalGpu) -> None:
         """Stop every engine a previous worker recorded for `g` and left running (a SIGKILLed worker whose
         launcher could not take its engine down). Called once the GPU is claimed, before it is announced:
         an engine that survives means the GPU's memory is not free, so the GPU is not announced at all."""
@@ -506,7 +522,7 @@ class Lifecycle:
                 f"stopped, so its memory is not free (records under {self.engine_records.root}); stop those "
                 "processes, then start the worker again")
 
-    def release_runtimes(self, g: GpuSlot) -> None:
+    def release_runtimes(self, g: LocalGpu) -> None:
         """Let every replica's runtime go (worker shutdown): engines stop, no process is left behind."""
         with g.lock:
             held = [(k, s.runtime) for k, s in g.replicas.items() if s.runtime is not None]
@@ -519,11 +535,11 @@ class Lifecycle:
             g.device.release(k)
 
     # --- lifecycle --------------------------------------------------------------------------------
-    def replicas(self, g: GpuSlot) -> list[state.Replica]:
+    def replicas(self, g: LocalGpu) -> list[state.Replica]:
         with g.lock:
             return [replace(s.record) for s in g.replicas.values()]
 
-    def forget_queued(self, g: GpuSlot, task_id: str) -> None:
+    def forget_queued(self, g: LocalGpu, task_id: str) -> None:
         """Drop the `pending` placeholder a preload task queued for a load slot, when that task is dropped
         (stale) and no other task waits on it: it must not linger as a load that will never come."""
         with g.lock:

@@ -18,7 +18,7 @@ Steps (issue 4):
      allocation) is faulted in and zeroed by the kernel as the reads first touch it, which costs about
      as much as the copy; an ``allocator`` over already-mapped memory
      (:class:`gpu_worker.devmem.DeviceArena`, as a GPU's memory is) avoids that (docs/worker.md).
-   - CUDA target: into a per-thread ring of pinned host buffers (:class:`StagingRing`), each chunk
+   - CUDA target: into a per-thread ring of pinned host buffers (:class:`ReadRing`), each chunk
      then copied ``non_blocking`` on the thread's side stream while the thread reads the next one.
      ``staged=True`` forces this path on CPU too (a synchronous copy), which is how the shared
      logic is tested without a GPU.
@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
-from gpu_worker.staging_ring import StagingRing
+from gpu_worker.read_ring import ReadRing
 from prewarm.model_roots import RefusedFile, open_inside
 from prewarm.safetensors_header import (
     SafetensorsError,
@@ -478,9 +478,9 @@ def _run(
 
     def staged_worker(t: int) -> None:
         r = Reader(t)
-        ring: StagingRing | None = None
+        ring: ReadRing | None = None
         try:
-            ring = StagingRing(chunk_bytes, depth, device, after=alloc_stream)
+            ring = ReadRing(chunk_bytes, depth, device, after=alloc_stream)
             while (c := r.next()) is not None:
                 i = ring.acquire()
                 r.read(c, [ring.views[i][: c.nbytes]])

@@ -12,8 +12,9 @@ from typing import Any
 
 import redis
 
-from gpu_worker.slots import GpuSlot, Slot, StageJob, WorkerOptions
-from gpu_worker.staging import HostCache
+from gpu_worker.held import LocalGpu, LocalReplica, WorkerOptions
+from gpu_worker.host_cache import HostCache
+from gpu_worker.stage_book import StageBook
 from prewarm import events, keys, state
 from prewarm.domain import states as rs
 
@@ -28,15 +29,13 @@ class Publication:
     node: str
     worker_id: str
     options: WorkerOptions
-    gpus: dict[str, GpuSlot]
+    gpus: dict[str, LocalGpu]
     host_cache: HostCache
-    _stage_lock: threading.Lock
-    _stages: dict[str, StageJob]
-    _stage_reasons: dict[str, str | None]
+    stages: StageBook
     _node_publish_lock: threading.Lock
     _node_closed: bool
 
-    def publish(self, g: GpuSlot, s: Slot) -> None:
+    def publish(self, g: LocalGpu, s: LocalReplica) -> None:
         """Write one replica's current record (under the GPU's publish lock, with the heartbeat's TTL)."""
         with g.publish_lock:
             with g.lock:
@@ -51,7 +50,7 @@ class Publication:
             except redis.RedisError as exc:
                 log.warning("could not publish %s on %s: %s", rec.model, g.id, exc)
 
-    def _write_gpu(self, g: GpuSlot) -> None:
+    def _write_gpu(self, g: LocalGpu) -> None:
         """Refresh the GPU's inventory hash alone (the replicas hash is written separately)."""
         info = state.gpu_info(g.gpu_record(self.options.heartbeat_seconds))
         pipe = self.r.pipeline(transaction=True)
@@ -86,15 +85,12 @@ class Publication:
         cache = self.host_cache
         entries = cache.entries()
         used = cache.used_bytes
-        with self._stage_lock:
-            staged = [state.Staged(model=m, version=v, node=self.node, state="staged", bytes=e.nbytes,
-                                   total_bytes=e.nbytes, progress=1.0, value=e.value, staged_at=e.staged_at,
-                                   stage_seconds=round(e.stage_seconds, 4), pinned=e.pinned,
-                                   promotions=e.promotions, last_promoted_at=e.last_promoted_at,
-                                   reason=self._stage_reasons.get(e.key))
-                      for e in entries for m, _, v in [e.key.rpartition("@")]]
-            done = {e.key for e in entries}
-            staged += [replace(j.record) for k, j in self._stages.items() if k not in done]
+        staged = self.stages.published({e.key for e in entries}, lambda reasons: [
+            state.Staged(model=m, version=v, node=self.node, state=rs.STAGED, bytes=e.nbytes, total_bytes=e.nbytes,
+                         progress=1.0, value=e.value, staged_at=e.staged_at, stage_seconds=round(e.stage_seconds, 4),
+                         pinned=e.pinned, promotions=e.promotions, last_promoted_at=e.last_promoted_at,
+                         reason=reasons.get(e.key))
+            for e in entries for m, _, v in [e.key.rpartition("@")]])
         staged += self.sleeping_records()  # vLLM engines asleep (their host tier on CUDA)
         node = state.Node(node=self.node, budget_bytes=cache.budget_bytes, used_bytes=used,
                           free_bytes=cache.budget_bytes - used, last_heartbeat=time.time(), worker=self.worker_id,
@@ -117,7 +113,7 @@ class Publication:
         return {"budget_bytes": self.host_cache.budget_bytes, "used_bytes": used,
                 "free_bytes": self.host_cache.budget_bytes - used}
 
-    def _drop_published(self, g: GpuSlot, model: str, version: str) -> None:
+    def _drop_published(self, g: LocalGpu, model: str, version: str) -> None:
         with g.publish_lock:
             try:
                 state.drop_replica(self.r, g.id, model, version)
@@ -125,14 +121,14 @@ class Publication:
             except redis.RedisError as exc:
                 log.warning("could not unpublish %s on %s: %s", model, g.id, exc)
 
-    def _event(self, kind: str, model: str, g: GpuSlot, reason: str, numbers: dict[str, Any]) -> None:
+    def _event(self, kind: str, model: str, g: LocalGpu, reason: str, numbers: dict[str, Any]) -> None:
         try:
             events.record(self.r, kind, "worker", model=model, gpu=g.id, reason=reason, numbers=numbers,
                           maxlen=self.options.event_log_max)
         except redis.RedisError as exc:
             log.warning("could not record event %s %s: %s", kind, model, exc)
 
-    def _release_intent(self, model: str, g: GpuSlot | str, intent_id: str) -> None:
+    def _release_intent(self, model: str, g: LocalGpu | str, intent_id: str) -> None:
         """Release this task's own intent (`intent_id`; "": a task sent without one releases only an intent
         claimed without one): an evict that took over a preload's intent keeps it when that load ends."""
         target = g if isinstance(g, str) else g.id

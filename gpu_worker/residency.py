@@ -1,6 +1,6 @@
 """What a worker process holds on its GPUs, and the preload / evict / infer operations on it.
 
-`NodeWorker` is the worker without Celery: one per process, one `GpuSlot` per device. The Celery tasks
+`NodeWorker` is the worker without Celery: one per process, one `LocalGpu` per device. The Celery tasks
 (`gpu_worker.tasks`) are thin wrappers around its methods, so the semantics can be exercised in-process.
 
 Rules it keeps (issue 2, items 5 and 8):
@@ -18,7 +18,7 @@ Rules it keeps (issue 2, items 5 and 8):
 - On ready or failed the in-flight intent is released and an event recorded (actor "worker"); measured
   load+warmup seconds, the load/warmup histograms and the close of the model's cold start are recorded
   at that moment (prewarm.store.ready).
-- The node's host cache (issue 4's staging tier, `gpu_worker.staging.HostCache`): `stage` reads a model's
+- The node's host cache (issue 4's staging tier, `gpu_worker.host_cache.HostCache`): `stage` reads a model's
   weights into host memory (no device memory), `unstage` drops them; a preload of a staged model promotes
   it from there (no storage I/O) and reports `source: "host"`. Staged models are node-level records
   (keys.staged(node), keys.host_cache(node)), published at once and with every heartbeat.
@@ -43,22 +43,23 @@ import redis
 
 from gpu_worker.devmem import DeviceArena
 from gpu_worker.errors import BadRequest
+from gpu_worker.held import LocalGpu, LocalReplica, StageJob, WorkerOptions
+from gpu_worker.host_cache import HostCache
 from gpu_worker.host_cache_ops import HostCacheOps
 from gpu_worker.lifecycle import EVICT_WAIT_SECONDS, Lifecycle
 from gpu_worker.publication import Publication
 from gpu_worker.runtimes.engine_records import EngineRecords
 from gpu_worker.runtimes.torch_module import make_input, summarize
 from gpu_worker.sleeping_engines import Sleeper, SleepingEngines
-from gpu_worker.slots import GpuSlot, Slot, StageJob, WorkerOptions
-from gpu_worker.staging import HostCache
+from gpu_worker.stage_book import StageBook
 from gpu_worker.worker_catalog import CatalogReload
 from prewarm import keys
 from prewarm.catalog import Catalog
 from prewarm.config import DeviceSpec
 from prewarm.domain import states as rs
 
-__all__ = ["EVICT_WAIT_SECONDS", "GpuSlot", "NodeWorker", "Slot", "StageJob", "WorkerOptions", "make_input",
-           "summarize"]
+__all__ = ["EVICT_WAIT_SECONDS", "LocalGpu", "LocalReplica", "NodeWorker", "StageJob", "WorkerOptions",
+           "make_input", "summarize"]
 
 log = logging.getLogger("prewarm.worker")
 
@@ -67,7 +68,7 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEn
     """Every GPU this process serves; the operations behind the Celery tasks. Its rooms: the catalog
     (worker_catalog.py), publication to Redis (publication.py), the replica lifecycle (lifecycle.py),
     the node's host cache (host_cache_ops.py) and vLLM's host tier (sleeping_engines.py); what it holds
-    per GPU is in slots.py."""
+    per GPU is in held.py."""
 
     def __init__(self, r: redis.Redis, catalog_path: Path, node: str, devices: list[DeviceSpec],
                  options: WorkerOptions | None = None, *, worker_id: str | None = None,
@@ -80,9 +81,9 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEn
         self.started_at = time.time()
         if not devices:
             raise ValueError("a worker needs at least one device")
-        self.gpus: dict[str, GpuSlot] = {}
+        self.gpus: dict[str, LocalGpu] = {}
         for spec in devices:
-            g = GpuSlot(node, spec, self.worker_id, self.started_at)
+            g = LocalGpu(node, spec, self.worker_id, self.started_at)
             if self.options.cpu_device_arena and g.device.kind == "cpu":
                 g.arena = DeviceArena(g.device.total_bytes())  # faulted in now, as a GPU's memory exists
             self.gpus[g.id] = g
@@ -97,18 +98,14 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEn
         # One host cache per node (this process serves the node's devices). Pin only for CUDA devices:
         # page-locking for CPU virtual GPUs would start a CUDA context for nothing.
         self.host_cache = HostCache(self.options.host_cache_bytes, pin=any(d.is_cuda for d in devices))
-        self._stage_lock = threading.Lock()  # guards _stages and _stage_reasons
-        self._stages: dict[str, StageJob] = {}  # "model@version" being staged now
-        self._stage_reasons: dict[str, str | None] = {}
-        # Size and mtime of each weight file as it was staged: a promotion checks them (metadata only).
-        self._stage_files: dict[str, dict[str, tuple[int, int]]] = {}
+        self.stages = StageBook()  # stages in progress, staged copies' reasons and file fingerprints
         self._node_publish_lock = threading.Lock()
         self._sleep_lock = threading.Lock()  # guards _sleepers
         self._sleepers: dict[str, Sleeper] = {}  # "model@version" -> its vLLM engine asleep (CUDA host tier)
         self._node_closed = False  # set by shutdown: a stage ending after it must not re-announce the node
 
     # --- which GPU ---------------------------------------------------------------------------------
-    def gpu_for(self, gpu: str | None = None, routing_key: str | None = None) -> GpuSlot:
+    def gpu_for(self, gpu: str | None = None, routing_key: str | None = None) -> LocalGpu:
         """The GPU a task is for: the `gpu` kwarg (id or device name), else the queue it arrived on."""
         if gpu:
             for g in self.gpus.values():
@@ -144,9 +141,7 @@ class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEn
                     log.warning("could not remove %s from the fleet: %s", g.id, exc)
         if self.claimed:
             # The host cache goes with the process: nothing staged here can be promoted any more.
-            with self._stage_lock:
-                for j in self._stages.values():
-                    j.cancel, j.cancel_reason = True, reason
+            self.stages.cancel(lambda _: True, reason)
             with self._node_publish_lock:
                 self._node_closed = True
                 try:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_worker.errors import LoadFailed
-from gpu_worker.slots import GpuSlot, Slot
+from gpu_worker.held import LocalGpu, LocalReplica
 from prewarm import state
 from prewarm.catalog import ModelEntry
 from prewarm.config import format_bytes
@@ -55,7 +55,7 @@ class SleepingEngines:
     """stage / promote / unstage of sleeping vLLM engines; see the module docstring."""
 
     node: str
-    gpus: dict[str, GpuSlot]
+    gpus: dict[str, LocalGpu]
     _sleep_lock: threading.Lock
     _sleepers: dict[str, Sleeper]
 
@@ -85,7 +85,7 @@ class SleepingEngines:
                           "gpu": sl.gpu, "kind": kind, "reason": reason, "tier": "engine sleep"})
         return self._sleep_result(sl, noop=False)
 
-    def _ready_replica(self, entry: ModelEntry) -> tuple[GpuSlot, str, Slot]:
+    def _ready_replica(self, entry: ModelEntry) -> tuple[LocalGpu, str, LocalReplica]:
         found, why = None, NO_STAGE_FROM_STORAGE
         for g in self.gpus.values():
             with g.lock:
@@ -106,7 +106,7 @@ class SleepingEngines:
             raise LoadFailed(f"staging {entry.key} on node {self.node}: {why}")
         return found
 
-    def _put_to_sleep(self, g: GpuSlot, k: str, s: Slot, entry: ModelEntry, reason: str, value: float) -> Sleeper:
+    def _put_to_sleep(self, g: LocalGpu, k: str, s: LocalReplica, entry: ModelEntry, reason: str, value: float) -> Sleeper:
         with g.lock:
             if g.replicas.get(k) is not s or s.record.state != rs.READY:
                 raise LoadFailed(f"staging {k} on node {self.node}: its replica on {g.id} changed meanwhile")
@@ -151,7 +151,7 @@ class SleepingEngines:
                 "stage_seconds": r.stage_seconds, "value": r.value, "pinned": False, "noop": noop, "evicted": [],
                 "gpu": sl.gpu, "tier": "engine sleep", "host_cache": self._cache_figures()}
 
-    def take_sleeper(self, key: str, g: GpuSlot) -> Any | None:
+    def take_sleeper(self, key: str, g: LocalGpu) -> Any | None:
         """The sleeping engine of `key` on `g`, handed over to a preload (its load() wakes it), or None."""
         with self._sleep_lock:
             sl = self._sleepers.get(key)

@@ -42,7 +42,7 @@ from celery import Celery, Task
 
 from gpu_worker import intents
 from gpu_worker.errors import Busy, WorkerError
-from gpu_worker.residency import GpuSlot, NodeWorker
+from gpu_worker.residency import LocalGpu, NodeWorker
 from prewarm import priority as priorities
 from prewarm import state
 from prewarm.celery_app import EVICT, INFER, PRELOAD, STAGE, UNSTAGE
@@ -50,13 +50,13 @@ from prewarm.celery_app import EVICT, INFER, PRELOAD, STAGE, UNSTAGE
 RETRY_BUSY_SECONDS = 0.5
 
 
-def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> GpuSlot:
+def _gpu(worker: NodeWorker, task: Task, gpu: str | None) -> LocalGpu:
     info = task.request.delivery_info or {}
     return worker.gpu_for(gpu, info.get("routing_key"))
 
 
 def _check(worker: NodeWorker, action: str, model: str, version: str | None, target: str, intent_id: str,
-           deadline: float | None, g: GpuSlot | None = None) -> None:
+           deadline: float | None, g: LocalGpu | None = None) -> None:
     """Raise errors.Stale (after recording it) when the task's intent expired or was superseded."""
     why = intents.stale_reason(worker.r, model, target, intent_id, deadline)
     # Read after Redis: an evict that took this preload over marks it cancelled before it releases its own

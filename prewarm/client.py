@@ -40,6 +40,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from prewarm.domain import states as rs
+
 log = logging.getLogger(__name__)
 
 MAX_EVENT_AGE_S = 8 * 24 * 3600 - 600  # prewarm refuses events older than its coarse buckets keep (8 days)
@@ -156,7 +158,7 @@ class TrafficReporter:
         try:
             status, body = self._http.request("GET", "/hooks/route?" + urllib.parse.urlencode(params))
             if status == 200 and isinstance(body, dict):
-                if body.get("state") == "ready":
+                if body.get("state") == rs.ROUTE_READY:
                     self._routes[key] = (time.monotonic(), body)
                 else:
                     self._routes.pop(key, None)

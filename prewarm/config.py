@@ -306,7 +306,7 @@ class Settings:
     scheduler_metrics_port: int = 0  # PREWARM_SCHEDULER_METRICS_PORT: the scheduler's /metrics (0: off)
     scheduler_metrics_host: str = DEFAULT_WEB_HOST  # PREWARM_SCHEDULER_METRICS_HOST: the address it binds
     worker_threads: int | None = None  # PREWARM_WORKER_THREADS: task threads (None: 4 per GPU, at least 8)
-    # -- the GPU worker's (gpu_worker.slots.WorkerOptions) --
+    # -- the GPU worker's (gpu_worker.held.WorkerOptions) --
     warmup_max_passes: int = 10  # PREWARM_WARMUP_MAX_PASSES
     warmup_max_seconds: float = 5.0  # PREWARM_WARMUP_MAX_SECONDS
     failed_retention_seconds: float = 600.0  # PREWARM_FAILED_RETENTION_SECONDS: a failed replica's record

@@ -13,7 +13,7 @@ from prewarm.domain.policy import PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import GIB, Trace, first_hours, load_azure_minute, load_requests, parse_bytes
+from .trace import FORMATS, GIB, parse_bytes, read_trace
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file (CSV)")
-    p.add_argument("--format", choices=["azure-minute", "requests"], default="azure-minute")
+    p.add_argument("--format", choices=FORMATS, default="azure-minute")
     p.add_argument("--profile", help="CSV model,size_bytes,load_seconds (default: seeded sizes)")
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB")
@@ -73,13 +73,9 @@ def parse_rate(s: str) -> float:
     return float(parse_bytes(s))
 
 
-def load_trace(path: str, fmt: str, seed: int) -> Trace:
-    return load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
-
-
 def table(out: dict) -> str:
     hdr = (f"{'policy':<17} {'requests':>9} {'cold':>8} {'share':>7} {'p75/mdl':>7} {'wait p50':>8} "
-           f"{'p95':>7} {'p99':>7} {'loads':>7} {'TiB ld':>7} {'idle GiBh':>9} {'tot GiBh':>9} {'/oracle':>7}")
+           f"{'p95':>7} {'p99':>7} {'wait tot s':>11} {'loads':>7} {'TiB ld':>7} {'idle GiBh':>9} {'tot GiBh':>9} {'/oracle':>7}")
     lines = [hdr, "-" * len(hdr)]
     for name, r in out["policies"].items():
         w = r["wait_seconds"]
@@ -87,6 +83,7 @@ def table(out: dict) -> str:
         lines.append(
             f"{name:<17} {r['requests']:>9} {r['cold_starts']:>8} {r['cold_start_share'] * 100:>6.2f}% "
             f"{r['p75_model_cold_start_share'] * 100:>6.1f}% {w['p50']:>8.2f} {w['p95']:>7.2f} {w['p99']:>7.2f} "
+            f"{r['cold_wait_seconds']['total']:>11.0f} "
             f"{r['loads']:>7} {r['bytes_loaded'] / GIB / 1024:>7.2f} {r['memory_gib_hours']['idle']:>9.0f} "
             f"{r['memory_gib_hours']['total']:>9.0f} {ratio:>7}"
         )
@@ -154,11 +151,7 @@ def run_cli(args: argparse.Namespace) -> int:
         slo = parse_slo(args.slo) if args.slo else None
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
         max_wait = parse_max_demand_wait(args.max_demand_wait, "--max-demand-wait")
-        trace = load_trace(args.trace, args.format, args.seed)
-        if args.hours is not None:
-            if args.hours <= 0:
-                raise ValueError("--hours must be positive")
-            trace = first_hours(trace, args.hours)
+        trace = read_trace(args.trace, args.format, args.seed, args.hours)
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2

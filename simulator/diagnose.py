@@ -1,6 +1,9 @@
 """A diagnostic replay: one policy on one trace and fleet, its cold starts split by what caused them.
 
-    python -m simulator.diagnose TRACE --profile FILE [--gpus N] [--seed S] [--policy NAME] [--json OUT]
+    python -m simulator.diagnose TRACE [--format azure-minute|requests] --profile FILE [--gpus N]
+        [--hours H] [--seed S] [--policy NAME] [--json OUT]
+
+The trace is read as `prewarm simulate` and the sweep read it (`simulator.trace.read_trace`).
 
 Each cold request belongs to an *episode*: the stretch from a request that found the model with no
 replica until a replica of it is ready. An episode's cause is what left the model without one:
@@ -32,7 +35,7 @@ from prewarm.domain.policy import PolicyConfig
 
 from .engine import Replica, Simulation
 from .policies import POLICIES, Prewarm
-from .trace import GIB, load_azure_minute, load_profile, parse_bytes
+from .trace import FORMATS, GIB, load_profile, parse_bytes, read_trace
 
 AHEAD = frozenset(("speculative", "fill", "prefetch", "new_gpu", "prewarm", "scale"))
 
@@ -216,7 +219,8 @@ def diagnose(sim: DiagnosticSimulation, policy: Any) -> dict[str, Any]:
     costly = [e for e in ev if e["cold"]]
     by_for = Counter(e["for"] for e in ev)
     return {
-        "cold_starts": res["cold_starts"], "loads": res["loads"], "queued_loads": res["queued_loads"],
+        "cold_starts": res["cold_starts"], "cold_wait_seconds": res["cold_wait_seconds"],
+        "loads": res["loads"], "queued_loads": res["queued_loads"],
         "load_kinds": dict(sim.load_kinds), "ahead_loads_used": dict(sim.ahead_used),
         "classes": dict(sorted(sim.classes.items())),
         "returns_by_timeline": dict(sim.forecast),
@@ -237,7 +241,9 @@ def diagnose(sim: DiagnosticSimulation, policy: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator.diagnose", description=__doc__.splitlines()[0])
     p.add_argument("trace")
+    p.add_argument("--format", choices=FORMATS, default="azure-minute")
     p.add_argument("--profile")
+    p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
     p.add_argument("--gpus", type=int, default=16)
     p.add_argument("--gpu-memory", default="80GiB")
     p.add_argument("--seed", type=int, default=0)
@@ -255,8 +261,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--set {item}: no PolicyConfig field {k!r}")
         overrides[k] = None if v.lower() == "none" else (
             v.lower() == "true" if v.lower() in ("true", "false") else float(v) if "." in v or "e" in v else int(v))
-    trace = load_azure_minute(a.trace, a.seed)
-    sizes, loads = load_profile(a.profile, trace.models)
+    try:
+        trace = read_trace(a.trace, a.format, a.seed, a.hours)
+        sizes, loads = load_profile(a.profile, trace.models)
+    except (OSError, ValueError) as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
     sim = DiagnosticSimulation(trace, sizes, loads, a.gpus, parse_bytes(a.gpu_memory), load_slots=a.load_slots)
     pol = Prewarm(PolicyConfig(**overrides)) if a.policy == "prewarm" else POLICIES[a.policy]()
     out = diagnose(sim, pol)

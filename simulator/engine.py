@@ -500,9 +500,9 @@ class Simulation:
     # ---- the baselines' Fleet (prewarm.domain.baselines.base.Fleet) ---------------------
     def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
         """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
-        with room, a free load slot first, then the most free memory; else the GPU whose victims in
-        ascending `key(replica)` order reach least far), evicting its victims first.
-        `only_if(replica)` limits who may be evicted."""
+        with room, as `policy.placement.rank` orders them; else the GPU whose victims in ascending
+        `key(replica)` order reach least far), evicting its victims first. `only_if(replica)` limits
+        who may be evicted (always False: free memory only)."""
         best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
         if best is None:
             return None
@@ -522,6 +522,7 @@ class Simulation:
         w = np.array(self.waits, dtype=float)
         unserved = int(np.sum(~np.isfinite(w)))  # models larger than any GPU
         w = w[np.isfinite(w)]
+        served, served_total = int(len(w)), float(w.sum())
         if not len(w):
             w = np.zeros(1)
         return {
@@ -534,6 +535,10 @@ class Simulation:
                 "p95": float(np.percentile(w, 95)),
                 "p99": float(np.percentile(w, 99)),
             },
+            # what a router sees beside the count (issue 26): the seconds the cold requests waited, in
+            # all and per cold request served; warm requests wait 0 and are not in it, unserved ones
+            # (no finite wait) are counted in `unserved` instead
+            "cold_wait_seconds": {"total": served_total, "mean": served_total / served if served else 0.0},
             "unserved": unserved,
             "loads": self.loads,
             "queued_loads": self.queued_loads,

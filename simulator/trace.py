@@ -1,6 +1,6 @@
 """Trace and profile loading.
 
-Formats:
+`read_trace` is the one reader dispatch (`prewarm simulate`, `simulator.diagnose` and the sweep). Formats:
 - azure-minute: Azure Functions 2019 per-minute counts. Header `HashOwner,HashApp,HashFunction[,Trigger]`
   (any order) then one column per minute, headed by the minute number or `minute_N`. A row is a
   model, named by its HashFunction. The requests of each minute are placed at uniformly random
@@ -123,6 +123,21 @@ def load_requests(path: str | Path) -> Trace:
         times = times - times[0]
     span = float(times[-1]) if len(times) else 0.0
     return Trace(list(names), times, mids, span, str(path), "requests")
+
+
+FORMATS = ("azure-minute", "requests")  # what --format accepts in simulate, diagnose and the sweep
+
+
+def read_trace(path: str | Path, fmt: str = "azure-minute", seed: int = 0, hours: float | None = None) -> Trace:
+    """The one reader dispatch (`simulate`, `diagnose` and the sweep): the trace at `path` in format
+    `fmt` (one of FORMATS; `seed` spreads azure-minute counts), cut to its first `hours` when given.
+    Bad input is a ValueError (OSError when the file cannot be read)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
+    if hours is not None and not hours > 0:
+        raise ValueError(f"--hours must be positive, got {hours:g}")
+    trace = load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
+    return trace if hours is None else first_hours(trace, hours)
 
 
 def default_size(model: str) -> int:

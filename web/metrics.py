@@ -42,7 +42,7 @@ for _part in metrics_defs.TICK_PARTS:
     metrics_defs.in_process(metrics_defs.SCHEDULER_TICK_PART).labels(_part)
 SCHEDULER_PLAN_FAILURES = metrics_defs.in_process_counter(metrics_defs.SCHEDULER_PLAN_FAILURES)
 SCHEDULER_PLAN_FAILURES.labels("")  # zero: no failed plan yet
-for _result in ("ready", "loading", "cold"):
+for _result in rs.ROUTE_STATES:
     ROUTE_LOOKUPS.labels(_result)  # export zeros so the hit-rate ratio exists before the first lookup
 
 

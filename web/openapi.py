@@ -12,6 +12,7 @@ from flask import Blueprint, jsonify
 from flask.typing import ResponseReturnValue
 from pydantic.json_schema import models_json_schema
 
+from prewarm.domain import states as rs
 from prewarm.store.eta_promises import KEPT as ETA_KEPT
 from web.schemas import MAX_BATCH, EvictBody, PreloadBody, RequestBatch, RequestEvent, Rollout
 
@@ -91,7 +92,7 @@ def spec() -> dict[str, Any]:
             "responses": {"200": _resp("the model's state and replicas", {
                 "type": "object", "required": ["model", "version", "state", "replicas"],
                 "properties": {"model": {"type": "string"}, "version": {"type": "string"},
-                               "state": {"enum": ["ready", "loading", "cold"]},
+                               "state": {"enum": list(rs.ROUTE_STATES)},
                                "replicas": {"type": "array", "items": {"type": "object"}},
                                "preload": {"type": "object"},
                                "eta_seconds": {"type": "number", "minimum": 0,

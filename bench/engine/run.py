@@ -163,7 +163,7 @@ def _engine_promotion(rt: Any, entry: ModelEntry, log: Callable[[str], None]) ->
 
 def _promotion(entry: ModelEntry, device: str, log: Callable[[str], None]) -> dict[str, float]:
     """Stage the model in a host cache of its own (as `prewarm stage` does), then time a promoted replica."""
-    from gpu_worker.staging import HostCache
+    from gpu_worker.host_cache import HostCache
 
     cache = HostCache(entry.size_bytes * 2 + (64 << 20), pin=device.startswith("cuda"))
     log(f"{entry.key}: staging in host memory, then a promotion ...")

@@ -17,6 +17,7 @@ import requests
 from prewarm import keys, state
 from prewarm.config import Settings, repo_root
 from prewarm.context import Context
+from prewarm.domain import states as rs
 from prewarm.redis_server import EmbeddedRedis, free_port
 
 
@@ -100,7 +101,7 @@ class Fleet:
         t0 = time.monotonic()
         retry: dict[str, str] = {}
         while s.get(f"{self.url}/hooks/route", params={"model": m, **retry}, timeout=30).json().get(
-                "state") != "ready":
+                "state") != rs.ROUTE_READY:
             retry = {"retry": "1"}
             if time.monotonic() - t0 > 120:
                 raise RuntimeError(f"bench live: {m} not ready 120 s after a cold lookup; worker log:\n"

@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import requests
 
+from prewarm.domain import states as rs
+
 POLL_S = 0.05  # how often a waiting request asks again
 COLD_TIMEOUT_S = 120.0
 
@@ -35,7 +37,7 @@ def replay(url: str, models: list[str], times: np.ndarray, mids: np.ndarray) -> 
             while True:
                 answer = s.get(f"{url}/hooks/route", params={"model": model, **({"retry": "1"} if cold else {})},
                                timeout=30).json()
-                if answer.get("state") == "ready":
+                if answer.get("state") == rs.ROUTE_READY:
                     break
                 cold = True
                 if time.monotonic() - due > COLD_TIMEOUT_S:

@@ -23,7 +23,7 @@ One run measures, on the same generated safetensors file (seeded, written to a t
   numbers say so);
 - peak resident memory of a fresh process that loads the file once (loader, and load_file for
   comparison), against the model's bytes plus the staging pool bound;
-- staged -> device promotion throughput through :class:`gpu_worker.staging.HostCache`;
+- staged -> device promotion throughput through :class:`gpu_worker.host_cache.HostCache`;
 - on CUDA: pinned host-to-device bandwidth and the loader's share of it.
 
 It reports; it asserts nothing. Nothing here imports torch at import time (the CLI must start fast).

@@ -208,7 +208,7 @@ def promotion(s: Setup, result: dict) -> None:
     """Staged -> device promotion through the worker's HostCache (the host-memory tier)."""
     import torch
 
-    from gpu_worker.staging import HostCache
+    from gpu_worker.host_cache import HostCache
 
     s.log("host cache: stage and promote runs ...")
     warm_page_cache(s.path)

@@ -12,6 +12,7 @@ import numpy as np
 import redis
 
 from prewarm import state, traffic
+from prewarm.domain import states as rs
 from prewarm.store.ready import replica_ready
 
 GIB = 1024**3
@@ -85,7 +86,7 @@ class BenchFleet:
                 load_s = size / (LOAD_GIB_S * GIB) * float(w.rng.uniform(0.8, 1.25))
                 since = now - float(w.rng.uniform(60, 3600))
                 fleet.replicas[g.id].append(state.Replica(
-                    model=w.ids[m], version="v1", gpu=g.id, state="ready", bytes=size, total_bytes=size,
+                    model=w.ids[m], version="v1", gpu=g.id, state=rs.READY, bytes=size, total_bytes=size,
                     progress=1.0, load_seconds=round(load_s, 3), warmup_seconds=0.2, since=since,
                     created_at=since - load_s, last_used=now - float(w.rng.uniform(0, 30)), source="storage"))
                 free[i] -= size
@@ -107,7 +108,7 @@ class BenchFleet:
     def loads_elsewhere(self, r: redis.Redis, w: Workload, n: int, k: int) -> None:
         """`n` loads measured again (their lists, and the medians the scheduler plans with, change)."""
         for reps in list(self.replicas.values())[:n]:
-            ready = [x for x in reps if x.state == "ready"]
+            ready = [x for x in reps if x.state == rs.READY]
             if ready:
                 x = ready[k % len(ready)]
                 x.load_seconds = round((x.load_seconds or 1.0) * float(w.rng.uniform(0.9, 1.1)), 3)
@@ -160,7 +161,7 @@ class BenchWorker:
         for x in [x for x in self.loading if x.ready_at <= now]:
             self.loading.remove(x)
             rep = x.replica
-            rep.state, rep.progress, rep.bytes, rep.since = "ready", 1.0, rep.total_bytes, x.ready_at
+            rep.state, rep.progress, rep.bytes, rep.since = rs.READY, 1.0, rep.total_bytes, x.ready_at
             replica_ready(r, rep)
             state.release_intent(r, rep.model, rep.gpu, x.intent_id)
         self.tasks += taken
@@ -181,7 +182,7 @@ class BenchWorker:
             size = self.sizes[model]
             if g.free_bytes >= size and all(x.model != model for x in reps):
                 load_s = size / (LOAD_GIB_S * GIB)
-                rep = state.Replica(model=model, version=str(args[1]), gpu=g.id, state="loading", bytes=0,
+                rep = state.Replica(model=model, version=str(args[1]), gpu=g.id, state=rs.LOADING, bytes=0,
                                     total_bytes=size, load_seconds=round(load_s, 3), warmup_seconds=0.2, since=now,
                                     created_at=now, reason=str(kwargs.get("reason", "")), source="storage")
                 reps.append(rep)

@@ -24,11 +24,11 @@ import torch
 from gpu_worker.device import Device, module_bytes
 from gpu_worker.devmem import DeviceArena
 from gpu_worker.errors import BadRequest, Cancelled, LoadFailed, NotResident, WarmupDoesNotFit, WarmupFailed
+from gpu_worker.host_cache import HostCache
 from gpu_worker.runtimes import CheckCancel, Progress
 from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
 from gpu_worker.runtimes.warmup import WarmupPolicy, run_until_stable
 from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes, not_warmed
-from gpu_worker.staging import HostCache
 from prewarm.catalog import MAX_INPUT_ELEMENTS, ModelEntry, WarmupInput, check_input_shape
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 

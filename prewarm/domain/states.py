@@ -24,3 +24,9 @@ ROUTABLE: tuple[str, ...] = (READY, WARMING, LOADING, PENDING)
 StagedStateName = Literal["staging", "staged"]
 STAGED_STATES: tuple[str, ...] = get_args(StagedStateName)
 STAGING, STAGED = STAGED_STATES
+
+# A route answer's state (GET /hooks/route): `ready` serves now, `loading` will (with an ETA), `cold`
+# has no replica on the way. Not a replica state: a `loading` answer may stand for a pending replica.
+RouteStateName = Literal["ready", "loading", "cold"]
+ROUTE_STATES: tuple[str, ...] = get_args(RouteStateName)
+ROUTE_READY, ROUTE_LOADING, ROUTE_COLD = ROUTE_STATES

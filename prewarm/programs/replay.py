@@ -29,6 +29,8 @@ from pathlib import Path
 
 import requests
 
+from prewarm.domain import states as rs
+
 BUNDLED_TRACE = Path(__file__).parents[1] / "data" / "traces" / "azure2019-500" / "invocations.csv"  # prewarm/data
 
 
@@ -160,7 +162,7 @@ class Player:
         try:
             while True:
                 answer = self.router.route(req.model, retry=cold)
-                ready = [x for x in answer.get("replicas", []) if x.get("state") == "ready"]
+                ready = [x for x in answer.get("replicas", []) if x.get("state") == rs.READY]
                 if ready:
                     break
                 cold = True

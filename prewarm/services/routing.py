@@ -86,18 +86,18 @@ def lookup(ctx: Any, entry: ModelEntry, *, priority: str, counted: bool,
     body: dict[str, Any] = {"model": entry.id, "version": entry.version,
                             "replicas": [replica_view(rep, g) for rep, g in found]}
     if found and found[0][0].state == rs.READY:
-        body["state"] = "ready"
+        body["state"] = rs.ROUTE_READY
         cold_starts.close_ready(r, fleet, [entry.id])
     elif found or _preload_in_flight(r, entry, fleet):
-        body["state"] = "loading"
+        body["state"] = rs.ROUTE_LOADING
         _open_cold_start(r, entry, counters)
     else:
-        body["state"] = "cold"
+        body["state"] = rs.ROUTE_COLD
         new_episode = _open_cold_start(r, entry, counters)
         body["preload"] = _on_demand_preload(ctx, entry, fleet, priority)
         if new_episode:  # once per cold episode (its HSETNX claim), not on every router retry
             _wake_scheduler(r, entry)
-    headers = {} if body["state"] == "ready" else _cold_fields(ctx, body, entry, fleet, counted, counters)
+    headers = {} if body["state"] == rs.ROUTE_READY else _cold_fields(ctx, body, entry, fleet, counted, counters)
     if counted:
         counters.lookup(body["state"])
         _count_lookup(r, body)
@@ -213,6 +213,6 @@ def fallback_answer(catalog: Any, entry: ModelEntry, fleet: state.Fleet) -> dict
 
 def _count_lookup(r: redis.Redis, body: dict[str, Any]) -> None:
     """Count a lookup that is a request in its minute: ready on the replica named first, or not ready."""
-    first = body["replicas"][0] if body["state"] == "ready" else None
+    first = body["replicas"][0] if body["state"] == rs.ROUTE_READY else None
     ready_on = (body["model"], first["version"], first["gpu"]) if first else None
     lookup_counts.count_lookup(r, body["model"], ready_on, time.time())

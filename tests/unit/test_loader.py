@@ -335,14 +335,14 @@ def test_never_unpickles(model, monkeypatch):
 def test_staged_pool_is_bounded(model, monkeypatch):
     path, tensors = model
     sizes: list[int] = []
-    real = loader.StagingRing
+    real = loader.ReadRing
 
     class Spy(real):
         def __init__(self, chunk_bytes, depth, device, **kw):
             sizes.append(chunk_bytes * depth)
             super().__init__(chunk_bytes, depth, device, **kw)
 
-    monkeypatch.setattr(loader, "StagingRing", Spy)
+    monkeypatch.setattr(loader, "ReadRing", Spy)
     got = load_weights(path, CPU, staged=True, threads=2, chunk_bytes=1 << 20, pool_bytes=64 * 1024)
     assert_same(got, tensors)
     assert sizes and sum(sizes) <= 64 * 1024

@@ -66,6 +66,19 @@ def test_lru_counts_a_use_at_the_requests_arrival_not_at_its_loads_end() -> None
     assert sorted(sim.gpus[0].residents) == [1, 2]  # B and C
 
 
+def test_lru_never_evicts_a_replica_still_loading_and_a_request_during_its_load_waits_for_it() -> None:
+    # 2 GiB holds two of A, B, C (1 GiB each); no link sharing. A@0 loads 100 s (ready 100), B@1 loads 1 s
+    # (ready 2). C@10 needs a victim: A's last use (0) is older than B's (1), but A is still loading, so
+    # the ready B goes (at 10); C loads 10 -> 11. A@50 arrives while A loads: it waits for that load (a
+    # cold start, no second load). 4 cold starts, 3 loads, 1 eviction; A's two requests wait 100 and 50 s.
+    events = [(0, "A"), (1, "B"), (10, "C"), (50, "A")]
+    sim = run("on-demand-lru", events, ONE, {"A": 100.0, "B": 1.0, "C": 1.0})
+    assert sim.cold == 4 and sim.loads == 3
+    assert sim.last_evicted == {1: 10.0}
+    assert sorted(sim.waits) == [1.0, 1.0, 50.0, 100.0]
+    assert sorted(sim.gpus[0].residents) == [0, 2]  # A and C
+
+
 def test_keepalive_10m_by_hand() -> None:
     # A@0 cold (ready at 1); A@500 warm (idle 499 s); A@1200: idle since 500 is 700 s > 600 s,
     # so A was unloaded at 1100 → cold. 2 cold, 1 eviction (the keep-alive), 2 loads.
@@ -159,6 +172,35 @@ def test_hybrid_histogram_decides_a_cold_call_when_its_load_ends() -> None:
     assert sim.cold == 11
     assert sim.loads == 11 and sim.evictions == 10
     assert sorted(sim.gpus[0].residents) == [0]  # A, ready since 1650
+
+
+def test_hybrid_histogram_pre_warm_reload_never_evicts_what_was_used_after_its_call() -> None:
+    # One 2 GiB GPU; A, B, C 1 GiB, 1 s loads, no link sharing. A every 300 s from 0 to 2100: from its call
+    # at 1500 the windows are pre-warm 270 s, keep-alive 126 s (as above), so A is unloaded at 1500 and its
+    # reload is due at 1500 + 270 - 1 = 1769. B@1600 and C@1700 (first calls: 4-hour keep-alive) fill the
+    # GPU, both used after A's call at 1500: the reload may evict neither, it is not sent, and B@1790 is warm.
+    # A@1800 is cold: a load on demand evicts the least recently used, C (1700 < B's 1790), A ready at
+    # 1801 and unloaded again (its reload due at 2069 > 1801); at 2069 there is room (B alone), the
+    # reload goes, and A@2100 is warm (then unloaded, its next reload past the trace). Cold: A@0, B, C,
+    # A@1800 = 4; loads: A, B, C, A, A's reload = 5; evictions: A@1500, C@1800, A@1801, A@2100.
+    # (A reload that evicted by plain LRU would have unloaded B at 1769, and B@1790 been cold.)
+    events = [(300.0 * k, "A") for k in range(8)] + [(1600.0, "B"), (1700.0, "C"), (1790.0, "B")]
+    sim = run("hybrid-histogram", events, ONE, FAST, span=2200)
+    assert sim.cold == 4 and sim.loads == 5 and sim.evictions == 4
+    assert sim.last_evicted == {0: 2100.0, 2: 1800.0}  # B (1) never evicted
+    assert sorted(sim.gpus[0].residents) == [1]
+
+
+def test_hybrid_histogram_pre_warm_reload_evicts_what_was_last_used_before_its_call() -> None:
+    # As above, but C@1400 (before A's call at 1500) and B@1600 fill the GPU. At 1769 A's reload evicts
+    # C (last used 1400 < 1500: as LRU would have, had A stayed loaded), A ready at 1770, A@1800 warm;
+    # unloaded after it (reload due 2069, room: B alone), reloaded, A@2100 warm. Cold: A@0, C, B = 3;
+    # loads: A, C, B, A@1769, A@2069 = 5; evictions: A@1500, C@1769, A@1800, A@2100.
+    events = [(300.0 * k, "A") for k in range(8)] + [(1400.0, "C"), (1600.0, "B")]
+    sim = run("hybrid-histogram", events, ONE, FAST, span=2200)
+    a, c = sim.trace.models.index("A"), sim.trace.models.index("C")
+    assert sim.cold == 3 and sim.loads == 5 and sim.evictions == 4
+    assert sim.last_evicted == {a: 2100.0, c: 1769.0}
 
 
 def test_hybrid_histogram_out_of_bounds_uses_the_idle_time_forecaster() -> None:

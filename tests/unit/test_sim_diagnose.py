@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pytest
 
 from simulator.diagnose import DiagnosticSimulation, diagnose
 from simulator.policies import POLICIES
@@ -51,3 +54,62 @@ def test_prewarm_returns_are_split_by_its_timeline() -> None:
         assert q == {"p10": 20.0, "p25": 20.0, "p50": 20.0, "p75": 20.0, "p90": 20.0}
     assert set(out["returns_requests_per_day_by_timeline"]) == {
         k.split("+")[0] for k in out["returns_by_timeline"]}
+
+
+# ---- every trace format (issue 26): the reader `simulate` and the sweep use --------------------
+
+SERVEGEN_PROFILE = ("model,size_bytes,load_seconds\n"
+                    "m-large.c001,65000000000,37.8\nm-mid.c002,29400000000,17.9\n")
+
+
+def test_diagnose_reads_a_servegen_requests_slice_by_hand(tmp_path) -> None:
+    # ServeGen's per-request layout (servegen-lang-96h: timestamp,model, millisecond seconds), one
+    # 80 GiB GPU: m-large (60.5 GiB, 37.8 s) and m-mid (27.4 GiB, 17.9 s) never fit together. LRU:
+    # large@0 first/none, its load 0–37.8 s; large@1.5 first/loading; both wait for 37.8 s.
+    # mid@100.25 first/none: large is evicted for it (load 100.25–118.15 s, wait 17.9 s).
+    # large@200.125 eviction/none (back 99.875 s after its eviction): mid evicted, wait 37.8 s.
+    # Waits 37.8 + 36.3 + 17.9 + 37.8 = 129.8 s over 4 cold requests: mean 32.45 s.
+    from simulator.diagnose import main
+
+    tr = tmp_path / "requests.csv"
+    tr.write_text("timestamp,model\n0.000,m-large.c001\n1.500,m-large.c001\n100.250,m-mid.c002\n"
+                  "200.125,m-large.c001\n")
+    prof = tmp_path / "profile.csv"
+    prof.write_text(SERVEGEN_PROFILE)
+    out = tmp_path / "d.json"
+    assert main([str(tr), "--format", "requests", "--profile", str(prof), "--gpus", "1",
+                 "--policy", "on-demand-lru", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["cold_starts"] == 4
+    assert d["classes"] == {"first/none": 2, "first/loading": 1, "eviction/none": 1}
+    assert d["evictions"] == 2 and d["cold_after_eviction"] == 1
+    assert d["costly_return_s"]["p50"] == 99.9  # 99.875, rounded to 0.1 s
+    assert d["cold_wait_seconds"]["total"] == pytest.approx(129.8)
+    assert d["cold_wait_seconds"]["mean"] == pytest.approx(32.45)
+
+
+def test_diagnose_reads_the_servegen_minute_layout_as_simulate_does(tmp_path, capsys) -> None:
+    # the 14-day file's layout (HashOwner,HashApp,HashFunction,Trigger,minute_1..): the first hour of a
+    # two-hour slice; diagnose and simulate read it through the same reader, so they count the same
+    from simulator.cli import main as simulate_main
+    from simulator.diagnose import main
+
+    counts = {"m-large.c001": [2, 0, 1] + [0] * 57 + [5] * 60, "m-mid.c002": [0, 1] + [0] * 58 + [3] * 60}
+    inv = tmp_path / "invocations.csv"
+    inv.write_text("HashOwner,HashApp,HashFunction,Trigger," + ",".join(f"minute_{i + 1}" for i in range(120))
+                   + "\n" + "".join(f"{m},{m},{m},llm," + ",".join(map(str, c)) + "\n" for m, c in counts.items()))
+    prof = tmp_path / "profile.csv"
+    prof.write_text(SERVEGEN_PROFILE)
+    args = [str(inv), "--profile", str(prof), "--gpus", "1", "--hours", "1"]
+    assert main([*args, "--policy", "faascache", "--json", str(tmp_path / "d.json")]) == 0
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert simulate_main(["simulate", *args, "--policies", "faascache", "--json", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())["policies"]["faascache"]
+    assert s["requests"] == 4  # 2 + 1 + 1 in the first hour; the second hour's 480 cut
+    assert d["cold_starts"] == s["cold_starts"] and d["cold_wait_seconds"] == s["cold_wait_seconds"]
+    assert sum(d["classes"].values()) == d["cold_starts"] >= 2  # each model's first request is cold
+    capsys.readouterr()
+    assert main([*args[:-1], "0"]) == 2  # --hours 0
+    assert "--hours must be positive" in capsys.readouterr().err
+    assert main([str(tmp_path / "nope.csv")]) == 2
+    assert "nope.csv" in capsys.readouterr().err

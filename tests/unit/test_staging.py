@@ -1,4 +1,4 @@
-"""gpu_worker.staging: the loader's staging ring and the node's host-memory cache."""
+"""gpu_worker.host_cache: the loader's staging ring and the node's host-memory cache."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import save_file
 
 import gpu_worker.loader as loader
-from gpu_worker.staging import (
+from gpu_worker.host_cache import (
     HostCache,
     HostCacheFull,
-    StagingRing,
     copy_tensors,
     default_host_cache_bytes,
 )
+from gpu_worker.read_ring import ReadRing
 
 CPU = torch.device("cpu")
 
@@ -40,11 +40,11 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# StagingRing (the CPU run of the logic the CUDA path uses)
+# ReadRing (the CPU run of the logic the CUDA path uses)
 
 
 def test_ring_copies_segments_and_cycles_buffers():
-    ring = StagingRing(64, 2, CPU)
+    ring = ReadRing(64, 2, CPU)
     assert ring.nbytes == 128
     dest = torch.zeros(100, dtype=torch.uint8)
     seen = []
@@ -65,7 +65,7 @@ def test_ring_copies_segments_and_cycles_buffers():
 
 def test_ring_rejects_bad_sizes():
     with pytest.raises(ValueError):
-        StagingRing(0, 2, CPU)
+        ReadRing(0, 2, CPU)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_evict_during_promotion_keeps_the_promotion_whole(tmp_path, monkeypatch)
     cache = HostCache(4 << 20, pin=False)
     cache.stage("a", a)
     started, release = threading.Event(), threading.Event()
-    import gpu_worker.staging as staging
+    import gpu_worker.host_cache as staging
 
     real = staging.copy_tensors
 
@@ -270,7 +270,7 @@ def test_stage_reads_only_inside_the_model_roots(tmp_path):
 def test_budget_from_the_setting() -> None:
     import psutil
 
-    from gpu_worker.slots import WorkerOptions
+    from gpu_worker.held import WorkerOptions
     from prewarm.config import Settings
 
     total = psutil.virtual_memory().total
@@ -305,7 +305,7 @@ def test_pinned_stage_and_promote_to_cuda(tmp_path):
 
 
 def test_arena_views_are_aligned_and_share_one_buffer():
-    from gpu_worker.staging import HostArena
+    from gpu_worker.host_cache import HostArena
 
     sizes = {"a": 12, "b": 0, "c": 4 * 5, "d": 8}
     arena = HostArena(sizes, pin=False)
@@ -333,7 +333,7 @@ def test_pinned_arena_registers_once_and_unregisters_on_evict_failure_and_gc(tmp
     """The CUDA pinning calls, recorded on a machine without CUDA."""
     import gc
 
-    import gpu_worker.staging as staging
+    import gpu_worker.host_cache as staging
 
     calls: list[tuple] = []
     monkeypatch.setattr(staging, "_host_register", lambda ptr, n: calls.append(("reg", ptr, n)) or True)
@@ -363,7 +363,7 @@ def test_pinned_arena_registers_once_and_unregisters_on_evict_failure_and_gc(tmp
 
 
 def test_arena_stays_unpinned_when_registration_fails(monkeypatch):
-    import gpu_worker.staging as staging
+    import gpu_worker.host_cache as staging
 
     monkeypatch.setattr(staging, "_host_register", lambda ptr, n: False)
     arena = staging.HostArena({"x": 128}, pin=True)
@@ -373,7 +373,7 @@ def test_arena_stays_unpinned_when_registration_fails(monkeypatch):
 def test_copy_tensors_cancelled_by_progress_stops_its_threads_first(monkeypatch):
     import ctypes as ct
 
-    import gpu_worker.staging as staging
+    import gpu_worker.host_cache as staging
 
     real = ct.memmove
     active = {"n": 0, "calls": 0}

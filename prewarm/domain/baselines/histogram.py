@@ -25,7 +25,11 @@ class HybridHistogram(Rule):
     invocation's arrival). If that start is not after the moment the invocation is served (t for a warm
     one, the end of its load for a cold one) unloading gains nothing and the replica is kept. Either way
     the keep-alive runs from the end of the pre-warm window, to t + pre-warm + keep-alive.
-    Loads and reloads evict least recently used functions when memory runs out (`base.recency`)."""
+    Memory (the paper's pool never runs out): a load on demand evicts least recently used functions
+    when it must (`base.recency`); a pre-warm reload evicts only functions used less recently than the
+    call it pre-warms for (the reloaded function is as recent as that call, as it would be had it stayed
+    loaded), so it never unloads a function that is in use now to make room for a guess. A reload with
+    no such room is not sent; the next call loads on demand."""
 
     name = "hybrid-histogram"
     bins = 240
@@ -139,7 +143,10 @@ class HybridHistogram(Rule):
         if payload[0] == "load":
             _tag, m, g = payload
             if g == self.gen[m] and not self.fleet.replicas[m]:
-                self.fleet.place_evicting(m, self._key, kind="prewarm")  # kept until unload_at (_served)
+                # LRU with the reloaded model as recent as the call it is for; kept until unload_at (_served)
+                call = self.last[m]
+                self.fleet.place_evicting(m, self._key, kind="prewarm",
+                                          only_if=lambda r: call is not None and self._key(r) < call)
         else:
             _tag, m = payload
             self.unload_pending[m] = False

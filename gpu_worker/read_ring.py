@@ -1,4 +1,4 @@
-"""The loader's per-thread ring of host buffers (:class:`StagingRing`).
+"""The loader's per-thread ring of host buffers (:class:`ReadRing`).
 
 What the loader (gpu_worker/loader.py) uses when it cannot read straight into the destination (a CUDA
 device): each reader thread owns ``depth`` host buffers (pinned when CUDA is present); it reads a chunk
@@ -7,8 +7,8 @@ copies on the thread's side stream. A buffer is reused only once its copy has co
 so the pool stays bounded at ``threads x depth x chunk_bytes``. On a CPU target the same ring runs with
 a synchronous ``copy_`` (tests use it to exercise the logic the CUDA path shares).
 
-It lives beside the loader, not in gpu_worker/staging.py (the node's host cache), because the host cache
-reads through the loader: the ring there made an import circle loader <-> staging.
+It lives beside the loader, not in gpu_worker/host_cache.py (the node's host cache), because the host cache
+reads through the loader: the ring there made an import circle loader <-> host cache.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 
-class StagingRing:
+class ReadRing:
     """``depth`` host buffers of ``chunk_bytes`` owned by one reader thread.
 
     ``acquire()`` returns the index of a free buffer (waiting for its previous device copy);

@@ -1,6 +1,7 @@
-"""What a worker process holds per GPU: its options, the replica slots and the stage jobs.
+"""What a worker process holds per GPU: its options, its replicas and the stage jobs (what it holds, as
+opposed to a GPU's load slots, which are how many loads it runs at once).
 
-`GpuSlot` is one device this process serves, with its replicas (`Slot`: the published record plus the
+`LocalGpu` is one device this process serves, with its replicas (`LocalReplica`: the published record plus the
 module and cancel flags only this process holds); `StageJob` is a stage into the node's host cache in
 progress. The operations on them are NodeWorker's (gpu_worker/residency.py).
 """
@@ -49,7 +50,7 @@ class WorkerOptions:
 
     @classmethod
     def from_settings(cls, s: Settings) -> WorkerOptions:
-        from gpu_worker.staging import default_host_cache_bytes
+        from gpu_worker.host_cache import default_host_cache_bytes
 
         return cls(heartbeat_seconds=s.heartbeat_seconds, heartbeat_ttl=s.heartbeat_ttl,
                    event_log_max=s.event_log_max,
@@ -75,7 +76,7 @@ class StageJob:
 
 
 @dataclass
-class Slot:
+class LocalReplica:
     """One replica on one GPU: its published record plus what only this process holds."""
 
     record: state.Replica
@@ -100,7 +101,7 @@ class Slot:
         """A torch-hosted replica's module (None for another runtime, or before ready)."""
         return getattr(self.runtime, "module", None)
 
-class GpuSlot:
+class LocalGpu:
     """One device this worker serves, its replicas and its publication to Redis."""
 
     def __init__(self, node: str, spec: DeviceSpec, worker_id: str, started_at: float) -> None:
@@ -113,7 +114,7 @@ class GpuSlot:
         self.started_at = started_at
         self.lock = threading.Lock()  # guards `replicas` and the records in it; never held during I/O-heavy work
         self.publish_lock = threading.Lock()  # one writer at a time: a snapshot is never overtaken by an older one
-        self.replicas: dict[str, Slot] = {}  # "model@version" -> Slot
+        self.replicas: dict[str, LocalReplica] = {}  # "model@version" -> LocalReplica
         self.cancelled_tasks: dict[str, float] = {}  # preload task id -> when an evict cancelled it
         # A CPU virtual GPU's pre-faulted memory, when WorkerOptions.cpu_device_arena (see NodeWorker).
         self.arena: DeviceArena | None = None

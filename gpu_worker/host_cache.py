@@ -1,6 +1,7 @@
 """The node's host-memory cache (the staging tier): whole models' tensors in host memory.
 
-The loader's per-thread buffer ring is in gpu_worker/staging_ring.py (imported here for old callers).
+The loader's per-thread ring of read buffers is another thing (gpu_worker/read_ring.py): "staging" here
+means only this tier.
 
 :class:`HostCache` — the node-level *staging tier* of issue 4: a budgeted cache of whole models'
    tensors in host memory (pinned where CUDA exists). Each staged model lives in one
@@ -50,14 +51,12 @@ from pathlib import Path
 import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
-from gpu_worker.staging_ring import StagingRing
 
 __all__ = [
     "HostArena",
     "HostCache",
     "HostCacheFull",
     "StagedModel",
-    "StagingRing",
     "copy_tensors",
     "default_host_cache_bytes",
 ]
