@@ -96,6 +96,9 @@ def test_the_console_and_the_fleet_api_show_a_draining_node(r: redis.Redis, redi
     section = html[html.index('data-node="node-a"'):html.index('data-node="node-b"')]
     assert 'data-drain="draining"' in section and "draining · no new loads" in section and "kernel upgrade" in section
     assert 'data-drain="draining"' not in html[html.index('data-node="node-b"'):]
+    # the route hook's on-demand placement passes node-a over, though it is the tightest fit (alpha is there)
+    cold = client.get("/hooks/route", query_string={"model": "gamma"}).get_json()
+    assert cold["state"] == "cold" and cold["preload"]["queued"] and cold["preload"]["gpu"] == B, cold
     view = client.get("/api/fleet").get_json()
     assert [g["draining"] for g in view["gpus"]] == [True, False]
     assert [n["drain"] and n["drain"]["state"] for n in view["by_node"]] == ["draining", None]
