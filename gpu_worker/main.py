@@ -16,12 +16,15 @@ import time
 import redis
 
 from gpu_worker import health
+from gpu_worker.drain import NodeDrain
 from gpu_worker.heartbeat import ClaimTaken, Heartbeat, claim_gpus, release_claims
 from gpu_worker.residency import NodeWorker, WorkerOptions
 from gpu_worker.runtimes.engine_records import EngineLeftRunning
 from prewarm import runtime
 from prewarm.celery_app import make_celery
 from prewarm.config import Settings
+from prewarm.dispatch import Dispatcher
+from prewarm.store import drains
 
 log = logging.getLogger("prewarm.worker")
 
@@ -81,9 +84,14 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
     signal.signal(signal.SIGTERM, early_stop)
     signal.signal(signal.SIGINT, early_stop)
     heartbeat: Heartbeat | None = None
+    node_drain: NodeDrain | None = None
     exitcode = 0
     try:
         claim_gpus(worker)
+        # A drain record left by an earlier worker of this node (its drain ended with its exit, or a kill cut
+        # it short) is over: this worker is a fresh start and the node takes loads again.
+        if drains.clear_for_new_worker(worker.r, worker.node, worker.worker_id, time.time(), settings.event_log_max):
+            log.info("node %s was drained by its last worker; it takes loads again", worker.node)
         # Claims are refreshed from now on; the GPUs join the fleet once their queues are consumed.
         heartbeat = Heartbeat(worker, announce=False,
                               health_file=health.path_for(settings.data_dir, settings.node)).start()
@@ -100,8 +108,20 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
 
         hb = heartbeat
 
+        def drained() -> None:  # the drain thread, once the node is empty: Celery's own warm shutdown
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        node_drain = NodeDrain(worker, grace_s=settings.drain_grace, poll_s=settings.heartbeat_seconds,
+                               dispatcher=lambda: Dispatcher(r, make_celery(url, name="prewarm-worker-drain"),
+                                                             intent_ttl=settings.intent_ttl,
+                                                             event_log_max=settings.event_log_max),
+                               done=drained)
+        nd = node_drain
+
         def on_ready(**_kw: object) -> None:
             hb.announce()
+            _drain_on_sigterm(nd)
+            nd.watch()  # from now on a drain can end in Celery's own shutdown
             log.info("worker %s ready: %s", worker.worker_id, ", ".join(worker.gpus))
 
         def on_shutting_down(**_kw: object) -> None:
@@ -146,6 +166,8 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
         log.error("%s", exc)
         exitcode = 1
     finally:
+        if node_drain is not None:
+            node_drain.stop_watching()
         if heartbeat is not None:
             heartbeat.stop()
         worker.shutdown()
@@ -153,3 +175,27 @@ def run_worker(settings: Settings | None = None, *, threads: int | None = None, 
         runtime.stop_owned()
         log.info("worker %s on %s stopped", worker.worker_id, socket.gethostname())
     return exitcode
+
+
+def _drain_on_sigterm(node_drain: NodeDrain) -> None:
+    """Put the drain in front of Celery's SIGTERM handler (installed by the time the worker is ready): the
+    first SIGTERM begins the drain and the consumer serves on; once the node is drained (NodeDrain.finished)
+    a SIGTERM — the drain's own — is Celery's warm shutdown, exit 0. SIGINT stays Celery's: a stop at once."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        log.warning("cannot hook SIGTERM from %s: a SIGTERM stops the worker without a drain",
+                    threading.current_thread().name)
+        return
+    celery_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        if node_drain.finished.is_set():
+            if callable(celery_term):
+                celery_term(signum, frame)
+            else:
+                raise SystemExit(0)
+            return
+        node_drain.on_signal()
+
+    signal.signal(signal.SIGTERM, on_term)

@@ -316,6 +316,9 @@ class Settings:
     advertise_host: str | None = None  # PREWARM_ADVERTISE_HOST: where routers reach this node's engines
     # PREWARM_REDIS_WAIT_REPLICAS: replicas that must confirm a hook's write before its 202 (prewarm.replicated)
     redis_wait_replicas: int = 0
+    # PREWARM_DRAIN_GRACE: how long a draining worker waits for its replicas' replacements before it evicts
+    # them anyway and exits (keep it under the pod's terminationGracePeriodSeconds)
+    drain_grace: float = 300.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -360,6 +363,7 @@ class Settings:
             host_cache=(e.get("PREWARM_HOST_CACHE") or "").strip() or None,
             advertise_host=(e.get("PREWARM_ADVERTISE_HOST") or "").strip() or None,
             redis_wait_replicas=env_int(e, "PREWARM_REDIS_WAIT_REPLICAS", 0, low=0, example=1),
+            drain_grace=env_seconds(e, "PREWARM_DRAIN_GRACE", 300.0),
         )
 
     _SECRETS = ("hook_token", "admin_token", "secret_key")

@@ -31,6 +31,12 @@ def worker_lock(gpu_id: str) -> str:
     return f"{PREFIX}claim:{gpu_id}"
 
 
+# Hash node -> JSON drain record (prewarm.store.drains): a node taking no new preloads while its replicas
+# that still have demand get a home elsewhere (state "draining"), then evicted ("drained"). Written by
+# `prewarm drain`, the API and a worker on SIGTERM; removed by `prewarm undrain` or the node's next worker.
+DRAINING = PREFIX + "draining"
+
+
 # --- node host-memory cache: the staging tier (written by workers) ------------------------------------
 # Set of every node whose worker announced a host cache; a node whose host_cache key expired is gone.
 NODES = PREFIX + "nodes"

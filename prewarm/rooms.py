@@ -2,7 +2,7 @@
 take, its loads in flight or queued, and the nodes holding the model staged, read from the fleet and
 the intents in Redis. These are the inputs of the one placement rule (prewarm.domain.policy.placement.rank);
 the route hook's on-demand preload, the operator CLI and the API all choose through `ranked`, among the
-GPUs that take loads (state.Fleet.placeable: alive, heartbeat fresh)."""
+GPUs that take loads (state.Fleet.placeable: alive, heartbeat fresh, node not draining)."""
 
 from __future__ import annotations
 
@@ -61,14 +61,17 @@ def late_note(fleet: state.Fleet, now: float | None = None) -> str:
     """Why live GPUs were passed over, for a placement's message: "" when none was (see Fleet.placeable)."""
     now = time.time() if now is None else now
     late = [state.late_reason(g, now) for g in fleet.alive() if not g.fresh]
-    return f" (passed over, heartbeat late: {'; '.join(late)})" if late else ""
+    draining = [g.id for g in fleet.alive() if g.draining]
+    notes = ([f"heartbeat late: {'; '.join(late)}"] if late else []) + \
+        ([f"node draining: {', '.join(draining)}"] if draining else [])
+    return f" (passed over, {'; '.join(notes)})" if notes else ""
 
 
 def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry, gpu: str | None,
              max_loads: int) -> state.Gpu:
     """The operator's target: the GPU named (id or device), else the placement rule's first; when no
     GPU has room, placement.roomiest's (the worker makes room there or refuses, saying why). A GPU whose
-    heartbeat is late is never the target, named or not (Fleet.placeable).
+    heartbeat is late, or whose node is draining, is never the target, named or not (Fleet.placeable).
     LookupError says what is wrong."""
     alive = fleet.alive()
     if gpu:
@@ -76,6 +79,9 @@ def pick_gpu(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelE
         if found is None:
             names = ", ".join(g.id for g in alive) or "none"
             raise LookupError(f"GPU {gpu!r} is not in the fleet (alive: {names})")
+        if found.draining:
+            raise LookupError(f"GPU {found.id} takes no new loads: its node {found.node} is draining (`prewarm "
+                              f"undrain {found.node}` takes it back); name another GPU or leave the choice to prewarm")
         if not found.fresh:
             raise LookupError(f"GPU {found.id} takes no new loads while its heartbeat is late "
                               f"({state.late_reason(found, time.time())}: stopped or stalled?); name another "

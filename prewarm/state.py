@@ -11,6 +11,7 @@ replicas: they hold host memory, not device memory, so GPU accounting is unchang
 A GPU takes new loads only while its heartbeat is fresh (`Gpu.fresh`, `Fleet.placeable`): the record lives a
 TTL of several beats, and a worker that stopped (SIGSTOP, swap, a partition) keeps its GPUs alive that long,
 so a load sent there would run only once it resumes, long after the scheduler placed the model elsewhere.
+Nor does a GPU of a draining node (`Gpu.draining`, prewarm.store.drains): its replicas are being moved off.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import redis
 
 from prewarm import keys
 from prewarm.domain import states as rs
+from prewarm.store import drains
 
 # The state names are spelled in prewarm.domain.states; these are the fleet records' names for them.
 REPLICA_STATES = rs.REPLICA_STATES
@@ -113,6 +115,7 @@ class Gpu:
     alive: bool = True  # False: heartbeat expired (kept for display as stale, never routed to)
     heartbeat_seconds: float = 0.0  # its worker's beat period, from the record (0: not given, freshness unjudged)
     fresh: bool = True  # alive and its heartbeat younger than FRESH_BEATS beats (heartbeat_fresh): takes loads
+    draining: bool = False  # its node is draining or drained (prewarm.store.drains): takes no new loads
     replicas: list[Replica] = field(default_factory=list)
 
     def public(self) -> dict[str, Any]:
@@ -184,14 +187,16 @@ class Node:
 class Fleet:
     gpus: list[Gpu]
     nodes: list[Node] = field(default_factory=list)  # live nodes' host caches (nodes whose worker is alive)
+    drain_records: dict[str, drains.Drain] = field(default_factory=dict)  # node -> its drain (draining/drained)
 
     def alive(self) -> list[Gpu]:
         return [g for g in self.gpus if g.alive]
 
     def placeable(self) -> list[Gpu]:
-        """The GPUs a new load may go to: alive with a fresh heartbeat (module docstring). Every placement
-        (the route hook, the operator's preload, the scheduler's snapshot) chooses among these."""
-        return [g for g in self.gpus if g.alive and g.fresh]
+        """The GPUs a new load may go to: alive with a fresh heartbeat, on a node that is not draining (module
+        docstring). Every placement (the route hook, the operator's preload, the scheduler's snapshot and the
+        drain's replacements) chooses among these."""
+        return [g for g in self.gpus if g.alive and g.fresh and not g.draining]
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.node == name), None)
@@ -246,7 +251,9 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes
     pipe = r.pipeline(transaction=False)
     pipe.smembers(keys.GPUS)
     pipe.smembers(keys.NODES)
-    gpu_ids, node_names = pipe.execute()
+    pipe.hgetall(keys.DRAINING)
+    gpu_ids, node_names, drain_records = pipe.execute()
+    drained = drains.parse_all(drain_records)
     ids = sorted(x.decode() for x in gpu_ids)
     names = sorted(x.decode() for x in node_names)
     pipe = r.pipeline(transaction=False)
@@ -277,7 +284,7 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes
                 free_bytes=int(info.get("free_bytes", 0)), last_heartbeat=beat,
                 worker=info.get("worker", ""), started_at=float(info.get("started_at", 0)),
                 kind=info.get("kind", "cpu"), heartbeat_seconds=period,
-                fresh=heartbeat_fresh(beat, period, now))
+                fresh=heartbeat_fresh(beat, period, now), draining=info.get("node", "") in drained)
         if parsed is None:
             g.replicas = sorted((Replica.from_json(v) for v in reps.values()), key=_replica_order)
         else:
@@ -288,7 +295,7 @@ def read_fleet(r: redis.Redis, *, include_stale: bool = True, parsed: dict[bytes
     if parsed is not None:
         parsed.clear()
         parsed.update(seen)
-    return Fleet(gpus, nodes)
+    return Fleet(gpus, nodes, drained)
 
 
 def _replica_order(x: Replica) -> tuple[str, str]:

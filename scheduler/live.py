@@ -47,6 +47,7 @@ from prewarm.domain.choice import Policy, make_policy
 from prewarm.domain.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
 from prewarm.domain.policy import native as policy_native
 from prewarm.redis_round_trips import count_round_trips
+from prewarm.services import drain
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
 from scheduler.failover import FailoverGuard
@@ -199,7 +200,14 @@ class Scheduler:
         memory_time.account(self.ctx.r, fleet, self._accounted_at, now)
         self._accounted_at = now
         t_plan, c_plan = time.perf_counter(), time.process_time()
-        actions = self.failover.filter(self._plan(snap, now), fleet, now)  # the hold after a failover
+        # No drain replacements while a failover's hold lasts: the fleet view may still be missing GPUs.
+        replaced = [] if self.failover.holding(now) else self._drain_round(fleet, now)
+        actions = self._plan(snap, now)
+        if replaced:  # the plan does not see the draining GPUs: it must not load what the round just placed
+            homes = {(x.model, x.version) for x in replaced}
+            actions = [a for a in actions if not (isinstance(a, Preload) and (ref := self.reader.refs.get(a.model))
+                                                  and (ref.id, ref.version) in homes)]
+        actions = self.failover.filter(actions, fleet, now)  # the hold after a failover
         t_dispatch, c_dispatch = time.perf_counter(), time.process_time()
         result = TickResult(True, actions=len(actions), woken_by=list(woken_by),
                             left_out={m: x.reason for m, x in self.isolation.left_out.items()})
@@ -236,15 +244,30 @@ class Scheduler:
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
 
+    def _drain_round(self, fleet: state.Fleet, now: float) -> list[drain.Replacement]:
+        """services.drain's round: replacements for the draining nodes' replicas that need a home."""
+        try:
+            return drain.drain_round(self.ctx, fleet, now)
+        except redis.RedisError:
+            raise  # Redis went away: safe_tick rebuilds leadership and history
+        except Exception:  # e.g. no broker connection: tried again next tick; the plan goes on
+            log.exception("drain round failed")
+            return []
+
     def _record_wake(self, result: TickResult) -> None:
-        models = result.woken_by
+        nodes = [m.removeprefix(drain.WAKE_PREFIX) for m in result.woken_by if m.startswith(drain.WAKE_PREFIX)]
+        models = [m for m in result.woken_by if not m.startswith(drain.WAKE_PREFIX)]
         only = models[0].partition("@")[0] if len(models) == 1 else ""
+        why = " and ".join(
+            ([f"a cold route lookup for {', '.join(models)}"] if models else [])
+            + ([f"the drain of {', '.join(nodes)}"] if nodes else []))
         events.record(
             self.ctx.r, "wake", "scheduler", model=only,
-            reason=f"woken by a cold route lookup for {', '.join(models)}: planned at once instead of at the "
+            reason=f"woken by {why}: planned at once instead of at the "
                    f"next tick (every {self.ctx.settings.tick_seconds:g} s): {result.actions} action(s), "
                    f"{result.dispatched} dispatched",
-            numbers={"trigger": "cold_route", "models": models, "actions": result.actions,
+            numbers={"trigger": "cold_route" if models else "drain", "models": models, "nodes": nodes,
+                     "actions": result.actions,
                      "dispatched": result.dispatched, "scheduler": self.ident},
             maxlen=self.ctx.settings.event_log_max)
 

@@ -16,6 +16,8 @@
     POST /api/models/<id>/evict        {"gpu"?, "version"?, "reason"?}  -> 202 queued / 409 refused
                                        (an evict of a loading or pending replica cancels its load)
     POST /api/models/<id>/pin | unpin  -> 200
+    POST   /api/nodes/<node>/drain     {"reason"?} -> 202 draining (again: 200, unchanged) / 404 unknown node
+    DELETE /api/nodes/<node>/drain     -> 200 (the node takes loads again, or was not draining) / 404
 
 Actions go through the one dispatch path (`prewarm.dispatch.Dispatcher`, actor "operator") and land in
 the event log. They need the admin bearer token, or a console session plus its CSRF token.
@@ -34,7 +36,7 @@ from flask.typing import ResponseReturnValue
 from prewarm import eta, events, roi, state, traffic
 from prewarm.catalog import ModelEntry
 from prewarm.domain import states as rs
-from prewarm.services import operator
+from prewarm.services import drain, operator
 from prewarm.store import cold_starts, eta_promises, load_times, overlays, slo_state
 from prewarm.store import policy as running_policy
 from web.auth import require_admin
@@ -111,8 +113,10 @@ def fleet_view(now: float | None = None) -> dict[str, Any]:
                          "reason": i.reason} for i in intents if i.gpu == state.host_id(n.node)]
         nodes.append(d)
     # the console's grouping: each node's host cache beside its GPUs
+    # (and its drain, when it is draining or drained: prewarm.store.drains)
+    drain_of = {name: d.public() for name, d in fleet.drain_records.items()}
     by_node = [{"node": name, "host_cache": next((n for n in nodes if n["node"] == name), None),
-                "gpus": [g for g in gpus if g["node"] == name]}
+                "gpus": [g for g in gpus if g["node"] == name], "drain": drain_of.get(name)}
                for name in sorted({g["node"] for g in gpus} | {n["node"] for n in nodes})]
     return {"gpus": gpus, "nodes": nodes, "speculative_share": share, "now": now, "slo": slo, "by_node": by_node,
             "policy": policy_view()}
@@ -350,3 +354,38 @@ def api_pin(model: str) -> ResponseReturnValue:
 @require_admin
 def api_unpin(model: str) -> ResponseReturnValue:
     return jsonify(do_pin(model, False))
+
+
+def _drain_reason(default: str) -> str:
+    if not request.get_data(cache=True):
+        return default
+    body = json_body()
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+        raise ApiError(422, "reason: write a string of at most 500 characters", "reason")
+    return reason or default
+
+
+@bp.post("/api/nodes/<node>/drain")
+@require_admin
+def api_drain(node: str) -> ResponseReturnValue:
+    c = ctx()
+    try:
+        begun = drain.begin(c.r, node, actor="operator", reason=_drain_reason("operator drain from the console"),
+                            grace_s=c.settings.drain_grace, maxlen=c.settings.event_log_max)
+    except drain.UnknownNode as exc:
+        raise ApiError(404, exc.message, "node") from None
+    return jsonify(begun.public()), 202 if begun.new else 200
+
+
+@bp.delete("/api/nodes/<node>/drain")
+@require_admin
+def api_undrain(node: str) -> ResponseReturnValue:
+    c = ctx()
+    try:
+        done = drain.end(c.r, node, actor="operator", reason=_drain_reason("operator undrain from the console"),
+                         maxlen=c.settings.event_log_max)
+    except drain.UnknownNode as exc:
+        raise ApiError(404, exc.message, "node") from None
+    message = f"{node} takes loads again" if done is not None else f"{node} is not draining: nothing to undo"
+    return jsonify({"node": node, "draining": False, "undone": done is not None, "message": message})

@@ -96,6 +96,11 @@ class RedisCollector(Collector):
             split = memory_split(g)
             for kind, v in split.items():
                 memory.add_metric([g.id, kind], float(v))
+        draining = GaugeMetricFamily("prewarm_node_draining", "1 while the node is draining (no new preloads; its "
+                                     "replicas move elsewhere before its worker exits), else 0", labels=["node"])
+        for name in sorted({g.node for g in fleet.alive()} | set(fleet.drain_records)):
+            d = fleet.drain_records.get(name)
+            draining.add_metric([name], 1.0 if d is not None and d.draining else 0.0)
         for n in fleet.nodes:
             staged = sum(x.bytes for x in n.staged if x.state == "staged")
             for kind, v in (("staged", staged), ("staging", max(0, n.used_bytes - staged)), ("free", n.free_bytes)):
@@ -103,6 +108,7 @@ class RedisCollector(Collector):
         yield memory
         yield alive
         yield host
+        yield draining
 
 
 MEMORY_KINDS = ("ready", "loading", "evicting", "free")

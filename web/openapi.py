@@ -47,6 +47,18 @@ def _action(summary: str, body: type | None) -> dict[str, Any]:
     return op
 
 
+def _node_action(summary: str) -> dict[str, Any]:
+    return {
+        "summary": summary, "security": [{"adminToken": []}],
+        "parameters": [{"name": "node", "in": "path", "required": True,
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 253}}],
+        "requestBody": {"required": False, "content": {"application/json": {"schema": {
+            "type": "object", "properties": {"reason": {"type": "string", "maxLength": 500}}}}}},
+        "responses": {"200": _resp("done"), "202": _resp("draining"),
+                      **_errors(400, 401, 403, 404, 413, 415, 422, 429)},
+    }
+
+
 def spec() -> dict[str, Any]:
     _, defs = models_json_schema([(m, "validation") for m in (RequestEvent, RequestBatch, Rollout, PreloadBody,
                                                                EvictBody)],
@@ -150,6 +162,10 @@ def spec() -> dict[str, Any]:
                                                       EvictBody)},
         "/api/models/{model}/pin": {"post": _action("Pin the model: never evicted", None)},
         "/api/models/{model}/unpin": {"post": _action("Unpin the model", None)},
+        "/api/nodes/{node}/drain": {
+            "post": _node_action("Drain the node: no new preloads; its replicas with demand are loaded elsewhere "
+                                 "first, then evicted, and its worker exits (202; 200: draining already)"),
+            "delete": _node_action("Undo the node's drain: it takes new preloads again")},
     }
     return {
         "openapi": "3.1.0",

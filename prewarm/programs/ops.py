@@ -1,4 +1,4 @@
-"""Operator commands: models list, fleet, preload, evict, stage, unstage, pin, unpin, events.
+"""Operator commands: models list, fleet, preload, evict, stage, unstage, pin, unpin, drain, undrain, events.
 
 The JSON forms (`models list --json`, `fleet --json`) are stable interfaces operators script against.
 """
@@ -16,8 +16,8 @@ from prewarm import events, keys, state
 from prewarm.catalog import CatalogError
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
-from prewarm.services import operator
-from prewarm.store import overlays
+from prewarm.services import drain, operator
+from prewarm.store import drains, overlays
 
 T = TypeVar("T")
 POLL_S = 0.2  # how often a --wait looks again
@@ -91,6 +91,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         print("no GPUs: start a worker with `prewarm worker`")
     for g in fleet.gpus:
         flag = "  [STALE: no heartbeat]" if not g.alive else "" if g.fresh else "  [LATE heartbeat: no new loads]"
+        if g.alive and g.draining:
+            flag += "  [DRAINING: no new loads]"
         print(f"{g.id}  used {format_bytes(g.used_bytes)} / {format_bytes(g.total_bytes)}, "
               f"free {format_bytes(g.free_bytes)}{flag}")
         for rep in g.replicas:
@@ -290,6 +292,36 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    ctx = _ctx()
+    s = ctx.settings
+    try:
+        if args.command == "undrain":
+            done = drain.end(ctx.r, args.node, actor="operator", reason=args.reason or "operator undrain from the CLI",
+                             maxlen=s.event_log_max)
+            print(f"{args.node} takes loads again" if done is not None else f"{args.node} is not draining: nothing to undo")
+            return 0
+        begun = drain.begin(ctx.r, args.node, actor="operator", reason=args.reason or "operator drain from the CLI",
+                            grace_s=s.drain_grace, maxlen=s.event_log_max)
+    except drain.UnknownNode as exc:
+        return _err(exc.message)
+    print(begun.message)
+    if not args.wait:
+        return 0
+
+    def drained() -> int | None:
+        if drains.get(ctx.r, args.node) is None:
+            return _err(f"the drain of {args.node} was undone (`prewarm undrain`) while waiting")
+        fleet = state.read_fleet(ctx.r, include_stale=False)
+        if not any(g.node == args.node for g in fleet.alive()):
+            print(f"{args.node} drained: its worker has left the fleet")
+            return 0
+        return None
+
+    rc = _poll(drained, args.timeout)
+    return rc if rc is not None else _err(f"timed out after {args.timeout:.0f} s waiting for {args.node} to drain")
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     ctx = _ctx()
     evs = events.read(ctx.r, limit=args.limit, model=args.model, gpu=args.gpu)
@@ -341,6 +373,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(name, help=f"{name} a model (pinned models are kept resident, never evicted)")
         p.add_argument("model")
         p.set_defaults(func=cmd_pin)
+
+    p = sub.add_parser("drain", help="drain a node: no new preloads; its replicas with demand are loaded elsewhere "
+                                     "first, then evicted, and its worker exits 0 (PREWARM_DRAIN_GRACE)")
+    p.add_argument("node", help="the node's name (PREWARM_NODE of its worker, as `prewarm fleet` shows it)")
+    p.add_argument("--wait", action="store_true", help="wait until the node's worker has left the fleet")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--reason", help="recorded in the event log")
+    p.set_defaults(func=cmd_drain)
+    p = sub.add_parser("undrain", help="undo a drain: the node takes new preloads again")
+    p.add_argument("node")
+    p.add_argument("--reason", help="recorded in the event log")
+    p.set_defaults(func=cmd_drain)
 
     p = sub.add_parser("events", help="print the decision log")
     p.add_argument("--model")

@@ -15,6 +15,7 @@ One module per record family:
     lookup_counts    per-minute route lookup outcomes per model (the SLO controller's window, /api/roi)
     memory_time      GPU memory-time held per model (accounted by the leader scheduler each tick)
     slo_state        the cold-start SLO controller's level, carried from one leader to the next
+    drains           the nodes being drained (no new preloads) or drained, with who began it and when
 
 The fleet's records (GPUs, replicas, host caches, intents) have their store in prewarm/state.py.
 """

@@ -58,3 +58,10 @@ def test_a_bad_process_knob_is_refused_naming_its_variable(name: str, raw: str, 
     with pytest.raises(ValueError) as info:
         Settings.from_env({name: raw})
     assert str(info.value).startswith(words), str(info.value)
+
+
+def test_the_drain_grace_is_a_duration() -> None:
+    assert Settings.from_env({}).drain_grace == 300.0
+    assert Settings.from_env({"PREWARM_DRAIN_GRACE": "10m"}).drain_grace == 600.0
+    with pytest.raises(ValueError, match="PREWARM_DRAIN_GRACE='-1'"):
+        Settings.from_env({"PREWARM_DRAIN_GRACE": "-1"})
