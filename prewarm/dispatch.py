@@ -58,6 +58,11 @@ class Dispatched:
         return self.sent and self.held is not None
 
 
+# One order's outcome in a batch: what was dispatched (sent, or refused by the action in flight), or the
+# exception its publish raised (nothing was sent for it and its intent was released).
+Answer = Dispatched | Exception
+
+
 def _describe(it: state.Intent) -> str:
     return f"{it.action} of {it.model}@{it.version} ({it.actor}: {it.reason})"
 
@@ -145,7 +150,7 @@ class Dispatcher:
         self.intent_ttl = intent_ttl
         self.event_log_max = event_log_max
 
-    def send_many(self, orders: Sequence[Order]) -> list[Dispatched | Exception]:
+    def send_many(self, orders: Sequence[Order]) -> list[Answer]:
         """Dispatch `orders` in order, as one batch (see the module docstring): one answer per order, a
         Dispatched (sent, or refused by the action in flight there) or the exception its publish raised
         (nothing was sent for it and its intent was released). An error of Redis itself raises."""
@@ -161,7 +166,7 @@ class Dispatcher:
                                     actor=o.actor, reason=o.reason, created_at=now, expires_at=now + self.intent_ttl,
                                     kind=o.kind, id=uuid.uuid4().hex, task_id=str(uuid.uuid4()))
         claims = state.claim_intents(self.r, [(p.intent, p.supersedes) for p in prepared])
-        answers: list[Dispatched | Exception | None] = [None] * len(prepared)
+        answers: list[Answer | None] = [None] * len(prepared)  # None until its order is answered
         sent: list[tuple[int, state.Intent | None]] = []
         try:
             with self.celery.producer_or_acquire() as producer:  # one broker connection for the whole batch

@@ -42,7 +42,7 @@ import redis
 
 from prewarm import events, failover, keys, metrics_defs, state
 from prewarm.context import Context
-from prewarm.dispatch import Dispatched, Order, order_preload
+from prewarm.dispatch import Answer, Dispatched, Order, order_preload
 from prewarm.domain.choice import Policy, make_policy
 from prewarm.domain.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
 from prewarm.domain.policy import native as policy_native
@@ -282,11 +282,11 @@ class Scheduler:
         return d
 
     def dispatch_all(self, actions: Sequence[Action], gpus: dict[str, state.Gpu],
-                     now: float | None = None) -> list[Dispatched | Exception | None]:
+                     now: float | None = None) -> list[Answer | None]:
         """`dispatch` for a whole plan as one batch of the dispatcher (a few round trips whatever its size):
-        one answer per action, as `dispatch` gives, or the exception that action's publish raised."""
+        one answer per action (dispatch.Answer), None for an action skipped (its model left the catalog)."""
         assert self.reader is not None, "dispatch runs after a snapshot (a tick as leader)"
-        answers: list[Dispatched | Exception | None] = [None] * len(actions)
+        answers: list[Answer | None] = [None] * len(actions)
         orders: list[Order] = []
         at: list[int] = []  # the action each order is for
         for i, action in enumerate(actions):
