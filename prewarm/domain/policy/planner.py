@@ -63,8 +63,8 @@ from .steps import (
 )
 from .tick import Tick
 from .timeline import advance
-from .types import Action, Snapshot
-from .value import load_seconds, promote_seconds
+from .types import GIB, Action, Snapshot
+from .value import Values, load_seconds, promote_seconds
 
 __all__ = ["PolicyState", "load_seconds", "plan", "promote_seconds"]
 
@@ -75,6 +75,9 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl = Tick(snapshot, now, st)
     pl.expect = expectations(pl)
     advance(pl)
+    cfg = snapshot.config
+    if cfg.no_regret:
+        feed_experts(pl)
     # Only resident models can be released. A model not resident stays in the due set (until its cold
     # segment ends or its timeline moves): a replica of it that appears with no request of its own (a
     # floor, an operator's preload) is quiet at once, as a fresh state would see it.
@@ -89,7 +92,9 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     step_new_gpu(pl)
     step_refresh(pl)
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
-    if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
+    # ... and not while another expert's order beats prewarm's by more than the margin (experts.py)
+    ahead = not cfg.no_regret or not cfg.expert_gate_ahead or st.experts.ahead_ok(cfg)
+    if ahead and any(n < cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         if pl.expect:
             step_partners(pl)
         step_speculative(pl, st.awake)
@@ -99,3 +104,17 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
         likely = [m for m, (end, _a) in st.awake.items() if end > now]
         step_stage(pl, [*pl.evicted_now, *likely])
     return pl.actions
+
+
+def feed_experts(pl: Values) -> None:
+    """plan()'s hook: feed the call's new requests to the ghosts, the fleet's memory as their pool."""
+    cap = 0
+    for g in pl.fleet.gpus.values():
+        cap += g.total_bytes
+    models = pl.s.models
+
+    def value(m: str) -> float:
+        spec = models.get(m)
+        return pl.loss(m) / max(spec.size_bytes / GIB, 1e-3) if spec is not None else 0.0
+
+    pl.st.experts.feed(pl.tr, models, cap, pl.now, pl.cfg, value)

@@ -82,6 +82,14 @@ class PolicyConfig:
     partner_precision: float = 0.75
     partner_max_group: int = 128
     partner_table: int = 128
+    # The no-regret layer (experts.py, issue 26): ghost fleets of prewarm's value order, greedy-dual, LRU
+    # and the forecast rule, fed the same requests; the expert with the fewest recent misses (decayed with
+    # this half-life) orders real evictions, and loads ahead stop while another leads by more than the
+    # margin. PREWARM_NO_REGRET=0: off (prewarm's own order always).
+    no_regret: bool = True
+    expert_halflife_s: float = 3600.0
+    expert_margin: float = 0.05
+    expert_gate_ahead: bool = True  # loads ahead only while prewarm's order is within the margin
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
     # so every request waiting on them waits longer; the worker runs this many at once
@@ -205,6 +213,8 @@ class TrafficView(Protocol):
     def rate_long(self, model: str, now: float) -> float: ...
 
     def lag(self, model: str, now: float, tau: float) -> float: ...
+
+    def total(self, model: str) -> float: ...
 
     def requests_per_active_minute(self, model: str) -> float: ...
 
