@@ -91,7 +91,8 @@ class Scheduler:
                                              speculative_share=ctx.settings.speculative_share,
                                              max_loads_per_gpu=ctx.settings.max_loads_per_gpu,
                                              idle_memory_budget=ctx.settings.idle_memory_budget,
-                                             overdue_wait_s=ctx.settings.max_demand_wait)
+                                             overdue_wait_s=ctx.settings.max_demand_wait,
+                                             no_regret=ctx.settings.no_regret)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.reader: SnapshotReader | None = None

@@ -58,3 +58,12 @@ def test_a_bad_process_knob_is_refused_naming_its_variable(name: str, raw: str, 
     with pytest.raises(ValueError) as info:
         Settings.from_env({name: raw})
     assert str(info.value).startswith(words), str(info.value)
+
+
+def test_the_no_regret_layer_is_on_unless_set_off() -> None:
+    """PREWARM_NO_REGRET (issue 26): on by default (unset or blank), 0/off turns it off, junk is refused."""
+    assert Settings.from_env({}).no_regret and Settings.from_env({"PREWARM_NO_REGRET": " "}).no_regret
+    assert not Settings.from_env({"PREWARM_NO_REGRET": "0"}).no_regret
+    assert not Settings.from_env({"PREWARM_NO_REGRET": "off"}).no_regret
+    with pytest.raises(ValueError, match="PREWARM_NO_REGRET='sometimes': write 1"):
+        Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
