@@ -144,7 +144,7 @@ DISPATCH_COUNTS = PREFIX + "dispatch_counts"  # Hash "<action>:<kind>" -> action
 # --- decisions and leadership ---------------------------------------------------------------------
 EVENTS = PREFIX + "events"  # Stream of decisions and actions (bounded with MAXLEN).
 LEADER_LOCK = PREFIX + "scheduler:leader"  # redis-py Lock held by the planning scheduler.
-SCHEDULER_STATUS = PREFIX + "scheduler:status"  # Hash: leader id, last tick, tick seconds, trigger.
+SCHEDULER_STATUS = PREFIX + "scheduler:status"  # Hash: leader id, last tick, tick seconds, trigger, expert.
 SCHEDULER_POLICY = PREFIX + "scheduler:policy"  # Hash: the policy the leader runs (name, since, scheduler).
 WAKE = PREFIX + "wake"  # Pub/sub channel: the route hook publishes "<model>@<version>" when a lookup opens a
 #                        cold episode; the leader scheduler plans at once instead of at its next tick.

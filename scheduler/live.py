@@ -220,9 +220,16 @@ class Scheduler:
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
-            "left_out": ",".join(sorted(result.left_out))})
+            "left_out": ",".join(sorted(result.left_out)), "expert": self._expert()})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
+
+    def _expert(self) -> str:
+        """Which expert of the no-regret layer leads and why (prewarm's policy with the layer on), else ""."""
+        st = getattr(self.policy, "state", None)
+        if st is None or not self.config.no_regret:
+            return ""
+        return str(st.experts.why())
 
     def _record_wake(self, result: TickResult) -> None:
         models = result.woken_by

@@ -86,7 +86,13 @@ class Ghost:
         self.seq += 1
         self.ver[m] = self.seq
         self.key[m] = key
-        heapq.heappush(self.heap, (key, self.seq, m))
+        heap = self.heap
+        heapq.heappush(heap, (key, self.seq, m))
+        if len(heap) > 4 * len(self.ver) + 1024:
+            # every hit leaves a stale entry behind: rebuild from the live ones (amortised O(1) a push)
+            ver, keys = self.ver, self.key
+            self.heap = [(keys[x], v, x) for x, v in ver.items()]
+            heapq.heapify(self.heap)
 
     def drop(self, m: str) -> None:
         self.used -= self.size.pop(m)
