@@ -31,7 +31,7 @@ def simulate(
     slo: ColdStartSlo | None = None,
     idle_memory_budget: float | None = None,
     max_demand_wait: float | None = None,
-    no_regret: bool = True,
+    no_regret: bool = False,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
     `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py)."""

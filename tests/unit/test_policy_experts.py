@@ -10,7 +10,7 @@ from prewarm.domain.policy import GIB, Evict, ModelSpec, PolicyConfig, PolicySta
 from prewarm.domain.policy.experts import EXPERTS, Experts
 from tests.unit.test_policy import World, gpu  # the policy tests' minimal fleet
 
-CFG = PolicyConfig()
+CFG = PolicyConfig(no_regret=True)  # the layer is off by default (PolicyConfig.no_regret says why)
 
 
 def replay(stream: list[tuple[float, str]], cap_gib: int, names: tuple[str, ...],
@@ -81,6 +81,7 @@ def test_equal_records_never_move_the_lead_and_unknown_experts_are_refused() -> 
     with pytest.raises(ValueError, match="unknown"):
         Experts(("prewarm", "belady"))
     assert Experts().names == EXPERTS and Experts().leader == "prewarm"
+    assert not PolicyConfig().no_regret  # off by default
 
 
 def test_misses_decay_with_the_half_life() -> None:
@@ -115,6 +116,8 @@ def test_plan_feeds_the_ghosts_and_its_evictions_name_the_leading_expert() -> No
     assert ex.ghosts[0].requests > 0 and ex.misses("lru") < ex.misses("greedy-dual")
     assert evicts and all("expert " in e.reason and " leads (ghost misses" in e.reason for e in evicts)
     assert all("expert_leader_misses" in e.numbers for e in evicts)
+    # once LRU leads, the victims are LRU's, and the reason says so
+    assert ex.leader == "lru" and any("first in lru's eviction order" in e.reason for e in evicts)
     off, state_off = _plan_world(PolicyConfig(no_regret=False))
     assert off and not any("expert" in e.reason for e in off)
     assert state_off.experts.ghosts[0].requests == 0  # off: nothing fed

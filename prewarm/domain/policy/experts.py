@@ -32,16 +32,19 @@ The experts (their eviction order; the ghost loads on a miss as every policy doe
   load time + one tick) >= 0.3 are kept, the others go least recently used first (the rate here is the
   traffic's 60 s EWMA, not the baseline's fitted exponential smoothing: same threshold, cheaper input).
 
+Off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1, `simulate --no-regret on`): measured on
+both trace families, the ghosts' lead does not carry over to the real fleet (ServeGen 72 h on 16 × 80 GiB:
+greedy-dual leads the ghosts by 18 % and following its order costs +15 % cold starts; docs/simulation.md).
+
 How the record is used (`leader`): the incumbent is prewarm's own order; another expert takes the lead
 only when its decayed misses are below the incumbent's by `expert_margin` (hysteresis, so that two
 nearly equal experts do not swap victim orders every tick) and the record holds at least
 EXPERT_MIN_MISSES misses (a fresh record decides nothing). The leader's order ranks the victims of
 real evictions (`Values.victim_list`), after the replicas that are first victims whatever the order
 (never requested since their load: fills and unused loads ahead; quiet ones). Loads ahead
-(speculative, partners) are prewarm's own guesses: they go ahead while prewarm's order leads or
-its ghost misses are within `expert_margin` of the leader's (its value model describes this
-traffic), and stop while another expert leads by more (the traffic is one the value model does not
-predict, and a load ahead would take link time from demand loads for a guess that is not paying).
+(speculative, partners) are prewarm's own guesses: with `expert_gate_ahead` they go ahead only while
+prewarm's order leads or its ghost misses are within `expert_margin` of the leader's. That gate is off
+by default: the ghosts do not load ahead, so their record says nothing of what loads ahead are worth.
 
 Cost: O(models with new requests) per call, each an O(log n) heap update per expert; evictions pop
 lazily-invalidated heap entries. Pure: no I/O, no clock; deterministic for the stream fed in.

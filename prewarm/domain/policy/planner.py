@@ -1,10 +1,10 @@
 """plan(): the warming policy. Pure: reads a Snapshot and `now`, returns actions; no I/O, no clock.
 
 Order of work in one call (each step sees the tentative effect of the previous ones):
-0. the no-regret layer (experts.py; PolicyConfig.no_regret): the ghosts of prewarm's value order,
-   greedy-dual, LRU and the forecast rule take the requests since the last call; the expert with the
-   fewest recent misses orders every eviction below, and loads ahead (5b, 6) pause while another
-   expert beats prewarm's own order by more than expert_margin;
+0. the no-regret layer (experts.py; PolicyConfig.no_regret, off by default: measured, it does not pay
+   yet): the ghosts of prewarm's value order, greedy-dual, LRU and the forecast rule take the requests
+   since the last call; the expert with the fewest recent misses orders every eviction below (and with
+   expert_gate_ahead, loads ahead (5b, 6) pause while another beats prewarm's own order);
 1. idle-memory budget: a replica is never evicted for being quiet (the idle-time model says no
    request for a long while); it stays resident as the first victim of a load that needs its
    memory. Only over an explicit budget (PolicyConfig.idle_memory_budget: the share of a GPU that
