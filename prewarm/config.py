@@ -161,10 +161,13 @@ def env_int(env: Mapping[str, str], name: str, default: int, low: int = 1, examp
     return v
 
 
-def env_flag(env: Mapping[str, str], name: str) -> bool:
-    """An on/off variable: 1, true, yes, on (any case) is on; unset or blank is off."""
+def env_flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """An on/off variable: 1, true, yes, on (any case) is on; 0, false, no, off is off; unset or blank
+    is `default`."""
     raw = (env.get(name) or "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
+    if raw == "":
+        return default
+    if raw in ("0", "false", "no", "off"):
         return False
     if raw in ("1", "true", "yes", "on"):
         return True
@@ -287,6 +290,8 @@ class Settings:
     idle_memory_budget: float | None = None
     # PREWARM_MAX_DEMAND_WAIT: a request waiting this long is served next (PolicyConfig.overdue_wait_s)
     max_demand_wait: float | None = None
+    # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py): off unless set to 1
+    no_regret: bool = False
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
     secret_key: str | None = None
     # wrong tries of the admin token (console login or API bearer), and apart of the hook token, allowed
@@ -343,6 +348,7 @@ class Settings:
             max_loads_per_gpu=env_int(e, "PREWARM_MAX_LOADS_PER_GPU", 2),
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
+            no_regret=env_flag(e, "PREWARM_NO_REGRET"),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),
             login_max_failures_global=env_int(e, "PREWARM_LOGIN_MAX_FAILURES_GLOBAL", 100),

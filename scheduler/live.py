@@ -93,7 +93,8 @@ class Scheduler:
                                              speculative_share=ctx.settings.speculative_share,
                                              max_loads_per_gpu=ctx.settings.max_loads_per_gpu,
                                              idle_memory_budget=ctx.settings.idle_memory_budget,
-                                             overdue_wait_s=ctx.settings.max_demand_wait)
+                                             overdue_wait_s=ctx.settings.max_demand_wait,
+                                             no_regret=ctx.settings.no_regret)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.failover = FailoverGuard(ctx, self.ident)  # a Redis failover: hold, reconcile (scheduler.failover)
@@ -239,10 +240,17 @@ class Scheduler:
             "leader": self.ident, "last_tick": f"{now:.3f}", "tick_seconds": f"{result.seconds:.4f}",
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
-            "left_out": ",".join(sorted(result.left_out)),
+            "left_out": ",".join(sorted(result.left_out)), "expert": self._expert(),
             "failover_hold": "1" if self.failover.holding(now) else "0"})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
+
+    def _expert(self) -> str:
+        """Which expert of the no-regret layer leads and why (prewarm's policy with the layer on), else ""."""
+        st = getattr(self.policy, "state", None)
+        if st is None or not self.config.no_regret:
+            return ""
+        return str(st.experts.why())
 
     def _drain_round(self, fleet: state.Fleet, now: float) -> list[drain.Replacement]:
         """services.drain's round: replacements for the draining nodes' replicas that need a home."""

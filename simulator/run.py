@@ -31,9 +31,10 @@ def simulate(
     slo: ColdStartSlo | None = None,
     idle_memory_budget: float | None = None,
     max_demand_wait: float | None = None,
+    no_regret: bool = False,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
-    `max_demand_wait`: its overdue_wait_s (None: off)."""
+    `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py)."""
     sizes, loads = load_profile(profile, trace.models)
     priority, max_age = load_profile_fields(profile, trace.models)
     out: dict[str, Any] = {
@@ -48,6 +49,7 @@ def simulate(
                   "load_slots": load_slots},
         "idle_memory_budget": idle_memory_budget,  # prewarm's; None: unlimited
         "max_demand_wait": max_demand_wait,  # prewarm's; None: off
+        "no_regret": no_regret,  # prewarm's no-regret layer
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
@@ -60,7 +62,7 @@ def simulate(
         if name == "prewarm":
             pol = (SloPrewarm(slo) if slo is not None
                    else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,
-                                             overdue_wait_s=max_demand_wait)))
+                                             overdue_wait_s=max_demand_wait, no_regret=no_regret)))
         else:
             pol = POLICIES[name]()
         t0 = time.perf_counter()
@@ -69,9 +71,13 @@ def simulate(
         if isinstance(pol, SloPrewarm):
             res["slo"] = pol.report(sim.now)
         res["runtime_s"] = round(time.perf_counter() - t0, 2)
+        if isinstance(pol, Prewarm) and pol.cfg.no_regret:
+            res["experts"] = pol.state.experts.describe()  # who led at the end, how often the lead moved
         out["policies"][name] = res
         if progress:
             build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
+            if "experts" in res:
+                build += f"; expert {res['experts']['leader']} leads, {res['experts']['switches']} switch(es)"
             print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s{build}", file=sys.stderr)
     oracle = out["policies"].get("oracle")
     for res in out["policies"].values():

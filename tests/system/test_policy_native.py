@@ -36,13 +36,13 @@ def _trace(path: Path) -> None:
     path.write_text("\n".join(rows) + "\n")
 
 
-def _simulate(trace: Path, out: Path, pure: bool) -> dict:
+def _simulate(trace: Path, out: Path, pure: bool, extra: tuple[str, ...] = ()) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PREWARM_PURE_POLICY"}
     if pure:
         env["PREWARM_PURE_POLICY"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "simulator", str(trace), "--gpus", "2", "--gpu-memory", "24GiB",
-         "--host-memory", "48GiB", "--policies", "prewarm", "--json", str(out)],
+         "--host-memory", "48GiB", "--policies", "prewarm", "--json", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
@@ -62,6 +62,23 @@ def test_native_build_decides_exactly_like_the_source(tmp_path) -> None:
     # the trace exercises the policy's paths: demand, speculative loads, evictions, staging
     assert a["cold_starts"] > 0 and a["loads"] > a["cold_starts"] // 2
     assert a["evictions"] > 0 and a["stages"] > 0
+    assert a == b
+
+
+def test_native_build_decides_exactly_like_the_source_with_the_no_regret_layer_on(tmp_path) -> None:
+    """The layer (experts.py, off by default) is compiled with the rest: the same ghosts, the same leader,
+    the same victims."""
+    if native.active() is None:
+        pytest.skip("no native policy build for these sources (python -m prewarm.domain.policy build)")
+    trace = tmp_path / "inv.csv"
+    _trace(trace)
+    on = ("--no-regret", "on")
+    pure = _simulate(trace, tmp_path / "pure.json", pure=True, extra=on)
+    compiled = _simulate(trace, tmp_path / "native.json", pure=False, extra=on)
+    a, b = pure["policies"]["prewarm"], compiled["policies"]["prewarm"]
+    a.pop("runtime_s")
+    b.pop("runtime_s")
+    assert a["experts"]["switches"] > 0 and a["evictions"] > 0  # the lead moved: the layer ordered victims
     assert a == b
 
 

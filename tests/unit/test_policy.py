@@ -338,14 +338,37 @@ def test_ample_free_memory_takes_unrequested_models_shortest_load_first_one_per_
     assert w.tick(6.0) == []
 
 
-def test_no_fill_where_memory_could_not_hold_every_unrequested_model() -> None:
-    """10 GiB: room 6 GiB < the 8 GiB of unrequested models, so memory is not ample: nothing is
-    loaded (a fill would take memory that demand loads will want). On 20 GiB an idle-memory budget
-    of 35 % (7 GiB) does the same."""
+def test_where_memory_holds_some_unrequested_models_the_fill_takes_what_fits_shortest_load_first() -> None:
+    """Issue 26, item 3. 10 GiB: room 6 GiB (60 %) < the 8 GiB of unrequested models: c (5 GiB, the
+    shortest load) at 0 s; 1 GiB left: b (2 GiB) does not fit, a (1 GiB) does, at 1 s; then nothing.
+    On 20 GiB an idle-memory budget of 35 % (7 GiB) bounds it the same way: c, then b (2 GiB)."""
     w = fill_world(10)
-    assert w.tick(0.0) == [] and w.tick(2.0) == []
+    assert [(a.model, a.kind) for a in w.tick(0.0)] == [("c", "fill")]
+    assert [(a.model, a.kind) for a in w.tick(1.0)] == [("a", "fill")]
+    assert w.tick(4.0) == [] and w.tick(6.0) == []
     w = fill_world(20, PolicyConfig(idle_memory_budget=0.35))
-    assert w.tick(0.0) == [] and w.tick(2.0) == []
+    assert [a.model for a in w.tick(0.0)] == ["c"]
+    assert [a.model for a in w.tick(1.0)] == ["b"]
+    assert w.tick(3.0) == [] and w.tick(5.0) == []
+
+
+def test_fill_replicas_are_the_first_victims_and_are_not_filled_again() -> None:
+    """The fills c (5 GiB) and e (1 GiB) on a 10 GiB GPU; e is then requested. A first request for d
+    (5 GiB, 4 GiB free) evicts c (never requested: the first victim), not e. A model evicted unrequested
+    is not filled again: on a fresh 20 GiB GPU with c's eviction on record the fill skips it."""
+    w = World([spec("a", 1, load_s=3.0), spec("b", 2, load_s=2.0), spec("c", 5, load_s=1.0),
+               spec("d", 5, load_s=1.0), spec("e", 1, load_s=1.0)], [gpu("n1/cuda:0", 10)])
+    assert [a.model for a in w.tick(0.0)] == ["c"]
+    assert [a.model for a in w.tick(1.0)] == ["e"]
+    w.traffic.add("e", 10.0)
+    w.tick(10.0)
+    w.traffic.add("d", 20.0)
+    acts = w.tick(20.0)
+    assert [(type(a).__name__, a.model, a.kind) for a in acts] == [
+        ("Evict", "c", "make_room"), ("Preload", "d", "demand")]
+    w = fill_world(20)
+    w.evicted_at["c"] = 0.0
+    assert [a.model for a in w.tick(500.0)] == ["b"]
 
 
 def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:
@@ -502,8 +525,11 @@ def test_plan_is_deterministic_and_state_is_only_a_cache() -> None:
                             recent_evictions=s.recent_evictions, config=s.config)
 
     logs = []
+    # the no-regret layer's record is the one part of the state that is not a cache (a fresh state has no
+    # record): off here, so that everything else is shown to be one
+    cfg = PolicyConfig(no_regret=False)
     for cls, keep in ((World, True), (World, True), (World, False), (LiveStyle, True)):
-        w = cls(models, [gpu("a/cuda:0", 6), gpu("b/cuda:0", 6)], keep_state=keep)
+        w = cls(models, [gpu("a/cuda:0", 6), gpu("b/cuda:0", 6)], cfg=cfg, keep_state=keep)
         w.run(0.0, 4 * 3600.0, arrivals)
         logs.append([(t, type(a).__name__, a.model, a.gpu, a.kind) for t, a in w.log])
     assert logs[0] == logs[1]  # deterministic

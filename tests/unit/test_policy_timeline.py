@@ -11,7 +11,8 @@ import pytest
 from prewarm.domain.policy import GIB, PolicyConfig, PolicyState, plan
 from tests.unit.test_policy import World, gpu, spec
 
-CFG = PolicyConfig(tick_s=6.0)
+# the no-regret layer off: its record is the one part of the state that is not a cache (a fresh state has none)
+CFG = PolicyConfig(tick_s=6.0, no_regret=False)
 
 
 def _traffic(rnd: random.Random, models: list[str], seconds: int) -> dict[int, list[tuple[str, int]]]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .arrivals import ArrivalModel
+from .experts import Experts
 from .types import ModelSpec, PolicyConfig
 
 
@@ -63,3 +64,7 @@ class PolicyState:
     # the catalog's models with a max_replica_age (refresh.py), and the models mapping they were read from
     aged: tuple[str, ...] = ()
     aged_of: Mapping[str, ModelSpec] | None = None
+    # The no-regret layer's record (experts.py): the one part of the state that is not a cache. It is the
+    # experts' ghost residency and decayed misses over the request stream fed so far, so a kept state
+    # orders evictions by the leading expert where a fresh one (no record yet) uses prewarm's own order.
+    experts: Experts = field(default_factory=Experts)

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 # compiled: plan() and every module it calls (one mypyc group, so the classes that cross modules,
 # e.g. Tick extending Values, stay native)
 MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "tick", "steps", "staging", "refresh", "words",
+           "experts",
            "partners",
            "traffic", "arrivals")
 # the compiled modules are typed against types.py: a change there needs a new build too

@@ -1,6 +1,10 @@
 """plan(): the warming policy. Pure: reads a Snapshot and `now`, returns actions; no I/O, no clock.
 
 Order of work in one call (each step sees the tentative effect of the previous ones):
+0. the no-regret layer (experts.py; PolicyConfig.no_regret, off by default: measured, it does not pay
+   yet): the ghosts of prewarm's value order, greedy-dual, LRU and the forecast rule take the requests
+   since the last call; the expert with the fewest recent misses orders every eviction below (and with
+   expert_gate_ahead, loads ahead (5b, 6) pause while another beats prewarm's own order);
 1. idle-memory budget: a replica is never evicted for being quiet (the idle-time model says no
    request for a long while); it stays resident as the first victim of a load that needs its
    memory. Only over an explicit budget (PolicyConfig.idle_memory_budget: the share of a GPU that
@@ -22,9 +26,9 @@ Order of work in one call (each step sees the tentative effect of the previous o
    evicting only residents worth `prefetch_margin` times less;
 6b. refresh (refresh.py): a replica older than its model's max_replica_age is replaced
    make-before-break: a fresh replica loads where room and a link are free, then the old one goes;
-7. fill: where memory is ample (the room up to speculative_share of each GPU could hold every
-   catalog model not requested yet), one such model per idle link, shortest load first, while no
-   request waits: a first request need not be cold (steps.step_fill);
+7. fill: free memory up to speculative_share of each GPU takes catalog models not requested yet,
+   what fits, one per idle link, shortest load first, while no request waits: a first request need not
+   be cold; they are the first victims, and one evicted unrequested is not filled again (steps.step_fill);
 8. staging tier (only when the snapshot has host caches): models this call evicted and hot models
    that got no GPU are staged in a node's host memory, best value per byte first, replacing staged
    models worth `stage_margin` times less; a load of a staged model goes to its node (a promotion,
@@ -40,7 +44,7 @@ per byte when choosing victims. A GPU for a load is chosen by the fewest expecte
 its victims' (capped at one reload each, over EVICTION_HORIZON_S) plus link contention.
 A request that arrived before the model's last eviction is not demand (it was served).
 
-Where each part lives: memo (PolicyState, kept between calls), timeline (hot/cold segments),
+Where each part lives: memo (PolicyState, kept between calls), experts (the no-regret layer), timeline (hot/cold segments),
 fleet (the tentative fleet), value (load times, loss(), victim order), partners (5b), placement (a GPU for a
 load; a speculative load never evicts a higher-priority model's replica), tick (one call's working
 state and actions), steps (1-7), refresh (6b), staging (8), words (reason text).
@@ -63,8 +67,8 @@ from .steps import (
 )
 from .tick import Tick
 from .timeline import advance
-from .types import Action, Snapshot
-from .value import load_seconds, promote_seconds
+from .types import GIB, Action, Snapshot
+from .value import Values, load_seconds, promote_seconds
 
 __all__ = ["PolicyState", "load_seconds", "plan", "promote_seconds"]
 
@@ -75,6 +79,9 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     pl = Tick(snapshot, now, st)
     pl.expect = expectations(pl)
     advance(pl)
+    cfg = snapshot.config
+    if cfg.no_regret:
+        feed_experts(pl)
     # Only resident models can be released. A model not resident stays in the due set (until its cold
     # segment ends or its timeline moves): a replica of it that appears with no request of its own (a
     # floor, an operator's preload) is quiet at once, as a fresh state would see it.
@@ -89,7 +96,9 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     step_new_gpu(pl)
     step_refresh(pl)
     # Speculative loads only go to GPUs with a free load link: skip the step when there is none.
-    if any(n < snapshot.config.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
+    # ... and not while another expert's order beats prewarm's by more than the margin (experts.py)
+    ahead = not cfg.no_regret or not cfg.expert_gate_ahead or st.experts.ahead_ok(cfg)
+    if ahead and any(n < cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
         if pl.expect:
             step_partners(pl)
         step_speculative(pl, st.awake)
@@ -99,3 +108,17 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
         likely = [m for m, (end, _a) in st.awake.items() if end > now]
         step_stage(pl, [*pl.evicted_now, *likely])
     return pl.actions
+
+
+def feed_experts(pl: Values) -> None:
+    """plan()'s hook: feed the call's new requests to the ghosts, the fleet's memory as their pool."""
+    cap = 0
+    for g in pl.fleet.gpus.values():
+        cap += g.total_bytes
+    models = pl.s.models
+
+    def value(m: str) -> float:
+        spec = models.get(m)
+        return pl.loss(m) / max(spec.size_bytes / GIB, 1e-3) if spec is not None else 0.0
+
+    pl.st.experts.feed(pl.tr, models, cap, pl.now, pl.cfg, value)

@@ -270,56 +270,50 @@ def load_ahead(pl: Tick, cands: list[tuple[float, str]],
 
 def step_fill(pl: Tick, unrequested: list[tuple[float, str]]) -> None:
     """Free memory takes catalog models never requested (issue 12: with memory to spare, a first
-    request need not be cold). `unrequested`: (load time, model) of the catalog's models with no
-    request yet, shortest first (with no traffic one is as likely as another, so the most models
-    per link-second; the timeline keeps it). Only into memory no load needs
-    (no eviction; a GPU at most speculative_share full after the load, within the idle-memory
-    budget), only while that room could hold every unrequested model (memory is ample: a fill
-    never takes memory a demand load will want), one load per GPU whose link is idle, and only
-    while no request waits for a replica: a fill load must not take bandwidth from a demand load."""
+    request need not be cold; issue 26, item 3: where the room holds some but not all of them, it
+    takes what fits). `unrequested`: (load time, model) of the catalog's models with no request yet,
+    shortest first: with no traffic one is as likely to be asked for as another, so the shortest load
+    buys the most first requests per second of link time (and frees its link soonest for a demand
+    load that may come while it runs). Only into memory no load needs (no eviction; a GPU at most
+    speculative_share full after the load, within the idle-memory budget), one load per GPU whose
+    link is idle, and only while no request waits for a replica: a fill load must not take bandwidth
+    from a demand load. A fill replica is the first victim of every eviction order (never requested:
+    value 0; and first whatever the no-regret layer's leader), so it costs a later load nothing but
+    its link time; a model filled once and evicted unrequested is not filled again (its eviction is
+    in `recent_evictions`: the room it had is one loads need)."""
     cfg = pl.cfg
     f = pl.fleet
     idle = [g for g in sorted(f.gpus) if f.loading[g] == 0]
     if not idle or pl.s.waiting:
         return
     budget = cfg.idle_memory_budget
-    rooms: dict[str, float] = {}
-    for gid in sorted(f.gpus):
+    evicted = pl.s.recent_evictions
+    # the candidates, once for all GPUs: a few per idle link (the list may hold thousands)
+    cands: list[tuple[float, str]] = []
+    for c in unrequested:
+        m = c[1]
+        if not f.count(m) and m not in evicted:
+            cands.append(c)
+            if len(cands) >= 4 * len(idle):
+                break
+    for gid in idle:
+        if not cands:
+            break
         total = f.gpus[gid].total_bytes
         room: float = min(float(f.avail(gid)), cfg.speculative_share * total - f.used[gid])
         if budget is not None:
             held = sum(r.bytes for m, r in f.on_gpu[gid].items()
                        if (m, gid) not in f.evicting and not pl.expects_demand(m))
             room = min(room, budget * total - held)
-        rooms[gid] = max(0.0, room)
-    # only where memory is ample: the room could hold every unrequested model not yet resident, so
-    # a fill never takes memory a demand load will want
-    spare = 0.0
-    for x in rooms.values():
-        spare += x
-    cands: list[tuple[float, str]] = []
-    want = 0
-    for c in unrequested:
-        if not f.count(c[1]):
-            want += pl.s.models[c[1]].size_bytes
-            if want > spare:
-                return  # stop at the first proof (the usual case on a fleet short of memory)
-            cands.append(c)
-    now = pl.now
-    for gid in idle:
-        if not cands:
-            break
-        room = rooms[gid]
+        if room <= 0:
+            continue
         for i, (ld, m) in enumerate(cands):
             spec = pl.s.models[m]
             if spec.size_bytes > room or (m, gid) in f.evicting:
                 continue
-            ev = pl.s.recent_evictions.get(m)
-            if ev is not None and now - ev < cfg.eviction_cooldown_s:
-                continue
             pl.do_preload(spec, gid, "fill",
                           f"{gid} has {room / GIB:.1f} GiB no load needs and an idle link; {m} has no "
-                          f"request yet (the shortest load, {ld:.1f} s, of the catalog's unrequested models) "
-                          f"→ preload on {gid}", {"load_s": ld, "room_gib": room / GIB})
+                          f"request yet (the shortest load that fits, {ld:.1f} s, of the catalog's "
+                          f"unrequested models) → preload on {gid}", {"load_s": ld, "room_gib": room / GIB})
             del cands[i]
             break

@@ -43,17 +43,26 @@ class Tick(Values):
                numbers: dict[str, float]) -> None:
         """Record place()'s choice: its evictions, then the preload."""
         gid, victims, _loss = choice
+        lead = ""
+        order = "lowest value per byte here"
+        extra: dict[str, float] = {}
+        if victims and self.cfg.no_regret:
+            ex = self.st.experts
+            lead = f"; {ex.why()}, so its order ranks the victims"
+            if ex.leader != "prewarm":
+                order = f"first in {ex.leader}'s eviction order here"
+            extra = {"expert_leader_misses": ex.lead_misses(), "expert_prewarm_misses": ex.misses("prewarm")}
         for r in victims:
             d = self.idle(r.model)
             mrl = self.arrival(r.model).mrl_at(d) if d is not None and r.model in self.s.models else math.inf
             val = self.loss(r.model)
             self.do_evict(
                 r, "make_room",
-                f"make room on {gid} for {spec.id} ({kind}): lowest value per byte here — "
+                f"make room on {gid} for {spec.id} ({kind}): {order} — "
                 f"idle {fmt_s(d)}, next request expected in {fmt_s(mrl)}, "
-                f"{val:.3g} cold req/s if absent, {r.bytes / GIB:.1f} GiB",
+                f"{val:.3g} cold req/s if absent, {r.bytes / GIB:.1f} GiB{lead}",
                 {"idle_s": num(d), "expected_next_s": num(mrl), "loss_per_s": val,
-                 "gib": r.bytes / GIB},
+                 "gib": r.bytes / GIB, **extra},
             )
         node = self.fleet.gpus[gid].node
         if node in self.fleet.staged_nodes.get(spec.id, ()):

@@ -320,6 +320,11 @@ class TrafficHistory:
         e = math.exp(-span / tau)
         return tau - span * e / (1.0 - e)
 
+    def total(self, model: str) -> float:
+        """Requests fed for the model so far (the no-regret layer's ghosts count the new ones)."""
+        m = self._m.get(model)
+        return 0.0 if m is None else m.total
+
     def requests_per_active_minute(self, model: str) -> float:
         m = self._m.get(model)
         if m is None or m.active_minutes <= 0:

@@ -82,6 +82,19 @@ class PolicyConfig:
     partner_precision: float = 0.75
     partner_max_group: int = 128
     partner_table: int = 128
+    # The no-regret layer (experts.py, issue 26): ghost fleets of prewarm's value order, greedy-dual, LRU
+    # and the forecast rule, fed the same requests; the expert with the fewest recent misses (decayed with
+    # this half-life) orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): measured, its lead
+    # does not carry over to the real fleet: ServeGen 72 h on 16 × 80 GiB, seed 0, greedy-dual leads the
+    # ghosts by 18 % and following its order gives 180,403 cold starts against 156,294 without the layer
+    # (+15 %); Azure 1,350 × 32 +1.4 %; only Azure 500 × 16 gains (-11 %). See docs/simulation.md.
+    no_regret: bool = False
+    expert_halflife_s: float = 3600.0
+    expert_margin: float = 0.05
+    # with the layer on: loads ahead only while prewarm's ghost is within the margin of the leader's. Off:
+    # the ghosts do not load ahead, so their record says nothing of what loads ahead are worth (Azure
+    # 500 × 16: the same 705 cold starts with it on or off)
+    expert_gate_ahead: bool = False
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
     # so every request waiting on them waits longer; the worker runs this many at once
@@ -205,6 +218,8 @@ class TrafficView(Protocol):
     def rate_long(self, model: str, now: float) -> float: ...
 
     def lag(self, model: str, now: float, tau: float) -> float: ...
+
+    def total(self, model: str) -> float: ...
 
     def requests_per_active_minute(self, model: str) -> float: ...
 

@@ -209,7 +209,15 @@ class Values:
                 if m in quiet:
                     value *= QUIET_WEIGHT
                 v.append((value / max(1, n) / max(r.bytes / GIB, 1e-3), m, r))
-            v.sort()  # (value, model) is unique on a GPU: the replica is never compared
+            lead = self.st.experts.leader if self.cfg.no_regret else "prewarm"
+            if lead == "prewarm":
+                v.sort()  # (value, model) is unique on a GPU: the replica is never compared
+            else:
+                # another expert's recent record beats prewarm's order on this traffic: its order
+                # (experts.py), after the first victims of every order (quiet, never requested)
+                tr = self.tr
+                self.st.experts.order(lead, tr, self.now, self.cfg, v,  # type: ignore[arg-type]
+                                      lambda x: x in quiet or tr.last_arrival(x) is None)
             self.fleet.victims[gpu] = v
         return v
 
