@@ -265,7 +265,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         reqs = load_requests_csv(trace)
     else:
         light = [m for m in args.light if m in models]
-        models = [m for m in models if m not in light]  # light models get a steady stream, not a trace's
+        # light models get a steady stream, not a trace's; skipped ones get nothing
+        models = [m for m in models if m not in light and m not in args.skip]
         if args.models:
             models = models[: args.models]
         reqs = load_azure_minutes(trace, models, rng, target_rate=args.rate, speed=args.speed)
@@ -302,6 +303,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--light", action="append", default=[], metavar="MODEL",
                    help="azure-minute: give MODEL one request every --light-interval seconds instead of a "
                         "trace's bursts (a model slow to start, such as a vLLM engine; repeatable)")
+    p.add_argument("--skip", action="append", default=[], metavar="MODEL",
+                   help="azure-minute: send MODEL no traffic (repeatable)")
     p.add_argument("--light-interval", type=float, default=20.0,
                    help="real seconds between a --light model's requests (default 20)")
     p.add_argument("--concurrency", type=int, default=16)
