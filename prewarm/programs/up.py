@@ -145,7 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(`prewarm engines install vllm`; the next ./run adds it). With a vllm "
                                    f"model in the catalog and no --devices given, a third device {ENGINE_DEVICE} "
                                    "is added (a vLLM replica holds ~2 GB on CPU) and the traffic player gives "
-                                   "that model one request every 20 s instead of bursts.")
+                                   "that model one request every 20 s instead of bursts, and the same to its LoRA "
+                                   "adapters, as many as its engine's slots (max_adapters): they load into "
+                                   "the running engine on their first request.")
     p.add_argument("--port", type=int, help="web port (default PORT or 8000)")
     # Two CPU virtual GPUs that together hold a little less than the demo catalog (3.1 GB): the
     # scheduler has to choose, so the console shows evictions as well as preloads.
