@@ -90,6 +90,13 @@ def light_requests(models: list[str], span: float, every: float) -> list[Request
     return [Request(i * every, m) for m in models for i in range(n)]
 
 
+def split_models(models: list[str], light: list[str], skip: list[str]) -> tuple[list[str], list[str]]:
+    """The catalog's models split into those mapped onto the trace and the --light ones (in the catalog),
+    which get a steady stream instead; --skip ones get nothing."""
+    steady = [m for m in light if m in models and m not in skip]
+    return [m for m in models if m not in steady and m not in skip], steady
+
+
 def load_requests_csv(path: Path) -> list[Request]:
     from datetime import datetime
 
@@ -264,9 +271,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.format == "requests":
         reqs = load_requests_csv(trace)
     else:
-        light = [m for m in args.light if m in models]
-        # light models get a steady stream, not a trace's; skipped ones get nothing
-        models = [m for m in models if m not in light and m not in args.skip]
+        models, light = split_models(models, args.light, args.skip)
         if args.models:
             models = models[: args.models]
         reqs = load_azure_minutes(trace, models, rng, target_rate=args.rate, speed=args.speed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_worker import demo_models as dm
-from prewarm.programs.replay import Request, light_requests
+from prewarm.programs.replay import Request, light_requests, split_models
 from prewarm.programs.up import DEFAULT_DEVICES, ENGINE_DEVICE, adapter_traffic, choose_devices, engine_models
 
 
@@ -31,3 +31,9 @@ def test_the_demo_adapters_get_light_traffic_up_to_their_bases_slots(tmp_path: P
     demo = [a.id for a in dm.ADAPTERS]
     assert light == demo[:slots] and idle == demo[slots:]  # the demo's base has 2 slots for its 3 adapters
     assert adapter_traffic(dm.write_demo(tmp_path / "b", small=True, vllm=False)) == ([], [])
+
+
+def test_replay_maps_the_rest_onto_the_trace_and_skips_what_it_is_told() -> None:
+    models = ["lm", "engine", "lora-a", "lora-c"]
+    assert split_models(models, ["engine", "lora-a", "gone"], ["lora-c"]) == (["lm"], ["engine", "lora-a"])
+    assert split_models(models, [], []) == (models, [])
