@@ -13,6 +13,11 @@ its next load); a vllm cold start is always a fresh engine process, so it is not
 tier is measured too: the model staged in a node host cache, then a replica promoted from it. `vllm`
 has no host tier on CPU (its sleep mode is not supported there); `transformers` has none in prewarm.
 
+For a LoRA adapter (`vllm-adapter`) it starts the base's engine with LoRA enabled (timed start -> ready:
+base_cold_start_seconds), then loads the adapter into that running engine (absent -> ready:
+adapter_load_seconds), then warm requests through it; processes_started_by_adapter_load says whether the
+load started any process (0: no second engine). run.run_adapter_bench; docs/worker.md gives the figures.
+
 Its parts: run (the measurement), cli (`prewarm bench engine`). It reports; it asserts nothing.
 """
 

@@ -44,6 +44,25 @@ def fmt_report(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def fmt_adapter_report(r: dict[str, Any]) -> str:
+    c, b, w = r["cold_start"], r["base"]["cold_start"], r["warm_request"]
+    rows = [f"{r['model']} ({r['runtime']}: a LoRA adapter of {r['base']['model']}), "
+            f"{r['held_bytes'] / 1e6:.2f} MB held on {r['device']}",
+            "                          seconds",
+            f"base engine cold start    {_s(r['base_cold_start_seconds'])}   (start -> ready, LoRA enabled)",
+            f"  process start           {_s(b['process_start_seconds'])}",
+            f"  weight load             {_s(b['weight_load_seconds'])}",
+            f"  warmup                  {_s(b['warmup_seconds'])}",
+            f"adapter load (total)      {_s(r['adapter_load_seconds'])}   (absent -> ready in the running engine)",
+            f"  load_lora_adapter       {_s(c['weight_load_seconds'])}",
+            f"  warmup                  {_s(c['warmup_seconds'])}",
+            f"warm request (p50)        {_s(w['p50_seconds'])}   ({w['requests']} requests, served as "
+            f"{r['served_model']!r})",
+            f"processes started by the adapter load: {r['processes_started_by_adapter_load']}",
+            f"base cold start / adapter load: {r['base_cold_start_seconds'] / max(r['adapter_load_seconds'], 1e-9):,.0f}x"]
+    return "\n".join(rows)
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from prewarm.catalog import CatalogError, load_catalog
     from prewarm.config import Settings
@@ -52,25 +71,32 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
         catalog = load_catalog(args.catalog or Settings.from_env().catalog)
         model, _, version = args.model.partition("@")
         entry = catalog.get(model, version or None)
+        base = catalog.get(entry.base) if entry.is_adapter else None
     except (CatalogError, KeyError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"prewarm bench engine: {msg}", file=sys.stderr)
         return 2
-    from .run import BenchError, run_bench
+    from .run import BenchError, run_adapter_bench, run_bench
 
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
     try:
-        r = run_bench(entry, device=args.device, requests=args.requests, log=log)
+        if base is not None:
+            r = run_adapter_bench(entry, base, device=args.device, requests=args.requests, log=log)
+        else:
+            r = run_bench(entry, device=args.device, requests=args.requests, log=log)
     except BenchError as exc:
         print(f"prewarm bench engine: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(r, sort_keys=True) if args.json else fmt_report(r))
+    print(json.dumps(r, sort_keys=True) if args.json else fmt_adapter_report(r) if base is not None
+          else fmt_report(r))
     return 0
 
 
 def add_engine_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = group.add_parser("engine", help="a replica's cold start (process start, weight load, warmup) against "
-                                        "a warm request, and a host-tier promotion where there is one")
+                                        "a warm request, and a host-tier promotion where there is one; for a "
+                                        "LoRA adapter, its load into a running base engine beside the base "
+                                        "engine's cold start")
     p.add_argument("model", metavar="MODEL", help="catalog model id or id@version")
     p.add_argument("--catalog", help="catalog file (default PREWARM_CATALOG, else the demo catalog)")
     p.add_argument("--device", default="cpu", help="torch device the replica runs on (default cpu)")

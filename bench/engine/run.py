@@ -42,8 +42,19 @@ def _policy() -> Any:
     return WarmupPolicy()  # the worker's default: what a real preload runs
 
 
-def _make(entry: ModelEntry, device: str, host_cache: Any = None) -> Any:
-    """The runtime the worker would make for `entry` (gpu_worker/lifecycle.py), on `device`."""
+def _spec(entry: ModelEntry, device: str) -> Any:
+    """The ReplicaSpec the worker would give `entry` (gpu_worker/lifecycle.py), on `device`."""
+    from gpu_worker.runtimes import ReplicaSpec, TokenWarmup
+
+    warm = tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup if isinstance(w, TokenWarmupInput))
+    return ReplicaSpec(model=entry.id, version=entry.version, path=entry.weights, device=device,
+                       gpu=f"bench/{device}", warmup=warm or (TokenWarmup(16, 1),), policy=_policy(),
+                       kv_cache_bytes=entry.kv_cache_bytes or ReplicaSpec.kv_cache_bytes, roots=entry.roots)
+
+
+def _make(entry: ModelEntry, device: str, host_cache: Any = None, lora: Any = None) -> Any:
+    """The runtime the worker would make for `entry` (gpu_worker/lifecycle.py), on `device`; `lora` (vllm):
+    the engine's LoRA slots, as the worker gives a base whose catalog has adapters."""
     if entry.runtime == "torch":
         from gpu_worker.device import make_device
         from gpu_worker.runtimes.torch_module import TorchRuntime
@@ -57,19 +68,14 @@ def _make(entry: ModelEntry, device: str, host_cache: Any = None) -> Any:
                 return sum(t.nbytes for t in m.tensors.values()) if m is not None else None
         return TorchRuntime(entry, dev, f"bench/{device}", policy=_policy(), host_cache=host_cache,
                             staged_bytes=staged)
-    from gpu_worker.runtimes import ReplicaSpec, TokenWarmup
-
-    warm = tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup if isinstance(w, TokenWarmupInput))
-    spec = ReplicaSpec(model=entry.id, version=entry.version, path=entry.weights, device=device,
-                       gpu=f"bench/{device}", warmup=warm or (TokenWarmup(16, 1),), policy=_policy(),
-                       kv_cache_bytes=entry.kv_cache_bytes or ReplicaSpec.kv_cache_bytes, roots=entry.roots)
+    spec = _spec(entry, device)
     if entry.runtime == "transformers":
         from gpu_worker.runtimes.hf import HFRuntime
 
         return HFRuntime(spec)
     from gpu_worker.runtimes.vllm_engine import VllmRuntime
 
-    return VllmRuntime(spec)
+    return VllmRuntime(spec, lora=lora)
 
 
 def _request(entry: ModelEntry) -> dict[str, Any]:
@@ -179,3 +185,64 @@ def _promotion(entry: ModelEntry, device: str, log: Callable[[str], None]) -> di
         rt.release()
         cache.evict(entry.key)
     return {"tier": "node host cache", "stage_seconds": stage, **fig}
+
+
+def _engine_processes() -> set[int]:
+    """The pids of this process's descendants (a vLLM engine is a process tree under it)."""
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def run_adapter_bench(entry: ModelEntry, base: ModelEntry, *, device: str = "cpu", requests: int = 5,
+                      log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """A vllm-adapter: its base's engine started as the worker starts a base with adapters (LoRA enabled;
+    timed start -> ready: base_cold_start_seconds), then the adapter loaded into that running engine and
+    warmed through it (absent -> ready: adapter_load_seconds), then warm requests through the adapter.
+    The processes under this one before and after the adapter's load are compared (base.processes: the
+    engine's process tree then), so the report shows that loading it started no engine
+    (processes_started_by_adapter_load: 0)."""
+    from gpu_worker.errors import WorkerError
+    from gpu_worker.runtimes.vllm_adapter import VllmAdapterRuntime
+    from gpu_worker.runtimes.vllm_engine import LoraSlots
+
+    if requests < 1:
+        raise BenchError(f"--requests {requests} must be at least 1")
+    if base.runtime != "vllm":
+        raise BenchError(f"{entry.key}: its base {base.key} has runtime {base.runtime!r}, not vllm")
+    engine = _make(base, device, lora=LoraSlots(base.max_adapters, base.max_cpu_adapters, base.max_lora_rank))
+    try:
+        log(f"{base.key}: base engine cold start (vllm with LoRA enabled) ...")
+        base_cold = _cold(engine)
+        host, pid = base.key, engine.proc.pid if engine.proc is not None else None
+        rt = VllmAdapterRuntime(_spec(entry, device), engine, host)
+        before = _engine_processes()
+        log(f"{entry.key}: adapter load into the running {host} engine ...")
+        cold = _cold(rt)
+        started = _engine_processes() - before
+        lat = []
+        served_by = None
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            answer = rt.serve(_request(entry))
+            lat.append(time.perf_counter() - t0)
+            served_by = answer.get("served_model")
+        held = rt.measure()
+        endpoint, base_endpoint = rt.endpoint, engine.endpoint
+        rt.release()
+    except WorkerError as exc:
+        raise BenchError(str(exc)) from None
+    finally:
+        engine.release()
+    return {"model": entry.key, "runtime": entry.runtime, "mode": f"adapter loaded at run time into a running "
+            f"{base.key} engine (vLLM OpenAI server), driven in-process", "primed": False, "device": device,
+            "held_bytes": held, "size_bytes": entry.size_bytes, "cold_start": cold,
+            "adapter_load_seconds": cold["total_seconds"],
+            "endpoint": endpoint,
+            "base": {"model": base.key, "endpoint": base_endpoint, "pid": pid, "cold_start": base_cold,
+                     "processes": len(before)},
+            "base_cold_start_seconds": base_cold["total_seconds"],
+            "processes_started_by_adapter_load": len(started), "served_model": served_by,
+            "warm_request": {"p50_seconds": statistics.median(lat), "min_seconds": min(lat), "requests": requests},
+            "host_promotion": None,
+            "host_tier": f"none: an adapter lives in its base's engine ({base.key}), loaded at run time"}

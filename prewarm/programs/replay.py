@@ -90,6 +90,13 @@ def light_requests(models: list[str], span: float, every: float) -> list[Request
     return [Request(i * every, m) for m in models for i in range(n)]
 
 
+def split_models(models: list[str], light: list[str], skip: list[str]) -> tuple[list[str], list[str]]:
+    """The catalog's models split into those mapped onto the trace and the --light ones (in the catalog),
+    which get a steady stream instead; --skip ones get nothing."""
+    steady = [m for m in light if m in models and m not in skip]
+    return [m for m in models if m not in steady and m not in skip], steady
+
+
 def load_requests_csv(path: Path) -> list[Request]:
     from datetime import datetime
 
@@ -264,8 +271,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.format == "requests":
         reqs = load_requests_csv(trace)
     else:
-        light = [m for m in args.light if m in models]
-        models = [m for m in models if m not in light]  # light models get a steady stream, not a trace's
+        models, light = split_models(models, args.light, args.skip)
         if args.models:
             models = models[: args.models]
         reqs = load_azure_minutes(trace, models, rng, target_rate=args.rate, speed=args.speed)
@@ -302,6 +308,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--light", action="append", default=[], metavar="MODEL",
                    help="azure-minute: give MODEL one request every --light-interval seconds instead of a "
                         "trace's bursts (a model slow to start, such as a vLLM engine; repeatable)")
+    p.add_argument("--skip", action="append", default=[], metavar="MODEL",
+                   help="azure-minute: send MODEL no traffic (repeatable)")
     p.add_argument("--light-interval", type=float, default=20.0,
                    help="real seconds between a --light model's requests (default 20)")
     p.add_argument("--concurrency", type=int, default=16)

@@ -39,6 +39,25 @@ def engine_models(catalog: Path) -> list[str]:
     return [m.id for m in load_catalog(catalog, check_files=False).models if m.runtime == "vllm"]
 
 
+def adapter_traffic(catalog: Path) -> tuple[list[str], list[str]]:
+    """The catalog's LoRA adapters (runtime vllm-adapter) split into those the traffic player gives a steady
+    light stream (per base, as many as its engine's LoRA slots, max_adapters) and those it sends nothing:
+    nothing unloads an idle adapter to make room yet (the policy's adapter planning, issue 29 item 4), so
+    an adapter beyond its base's slots would only wait for one. The light ones load into the running base
+    replica on their first request (the route's on-demand adapter load), which the console shows."""
+    from prewarm.catalog import load_catalog
+
+    cat = load_catalog(catalog, check_files=False)
+    light: list[str] = []
+    left: list[str] = []
+    for base_id in dict.fromkeys(m.id for m in cat.models if m.runtime == "vllm"):
+        base = cat.get(base_id)
+        ids = [a.id for a in cat.adapters_of(base_id)]
+        light += ids[: base.max_adapters]
+        left += ids[base.max_adapters:]
+    return light, left
+
+
 def choose_devices(given: str | None, engines: list[str]) -> str:
     """The devices given (--devices or PREWARM_DEVICES), else the defaults plus ENGINE_DEVICE when an
     engine model is in the catalog."""
@@ -100,8 +119,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.no_traffic:
             replay = [sys.executable, "-m", "prewarm.programs.cli", "replay", "--url", f"http://127.0.0.1:{port}",
                       "--speed", str(args.speed), "--rate", str(args.rate), "--loop"]
-            for m in engines:  # an engine starts in 30-160 s here: steady light traffic, never thrashed
+            adapters, idle = adapter_traffic(Path(env["PREWARM_CATALOG"]))
+            for m in engines + adapters:  # an engine starts in 30-160 s here: steady light traffic, never thrashed
                 replay += ["--light", m]
+            for m in idle:
+                replay += ["--skip", m]
             if args.trace:
                 replay.insert(4, args.trace)
             manager.add_process("traffic", shlex.join(replay), env=env, cwd=str(repo_root()))
@@ -123,7 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(`prewarm engines install vllm`; the next ./run adds it). With a vllm "
                                    f"model in the catalog and no --devices given, a third device {ENGINE_DEVICE} "
                                    "is added (a vLLM replica holds ~2 GB on CPU) and the traffic player gives "
-                                   "that model one request every 20 s instead of bursts.")
+                                   "that model one request every 20 s instead of bursts, and the same to its LoRA "
+                                   "adapters, as many as its engine's slots (max_adapters): they load into "
+                                   "the running engine on their first request.")
     p.add_argument("--port", type=int, help="web port (default PORT or 8000)")
     # Two CPU virtual GPUs that together hold a little less than the demo catalog (3.1 GB): the
     # scheduler has to choose, so the console shows evictions as well as preloads.

@@ -286,6 +286,14 @@ def test_a_gpu_whose_heartbeat_is_late_is_marked_in_the_fleet(client: FlaskClien
     assert fleet.count("late · no new loads") == 1 and "STALE" not in fleet
 
 
+def test_the_fleet_names_the_base_replica_an_adapter_lives_in(client: FlaskClient, r: redis.Redis) -> None:
+    adapter = replica("alpha-lora", GPU_A, "ready")
+    adapter.host = "alpha@v1"  # a LoRA adapter's replica, loaded into the engine of alpha@v1 (issue 29)
+    publish_gpu(r, GPU_A, replicas=[replica("alpha", GPU_A, "ready"), adapter])
+    fleet = client.get("/fleet").get_data(as_text=True)
+    assert fleet.count('data-host="alpha@v1"') == 1 and "in alpha@v1</span>" in fleet  # the base itself has no host
+
+
 def test_login_wrong_token_and_csrf(client: FlaskClient) -> None:
     assert client.post("/login", data={"token": ADMIN}).status_code == 403  # no CSRF token
     resp = client.post("/login", data={"token": "wrong", "csrf_token": _csrf(client)})

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_worker import demo_models as dm
-from prewarm.programs.replay import Request, light_requests
-from prewarm.programs.up import DEFAULT_DEVICES, ENGINE_DEVICE, choose_devices, engine_models
+from prewarm.programs.replay import Request, light_requests, split_models
+from prewarm.programs.up import DEFAULT_DEVICES, ENGINE_DEVICE, adapter_traffic, choose_devices, engine_models
 
 
 def test_a_vllm_model_in_the_catalog_adds_the_engine_device(tmp_path: Path) -> None:
@@ -22,3 +22,18 @@ def test_light_traffic_is_one_request_per_interval() -> None:
     reqs = light_requests(["engine"], span=600.0, every=120.0)
     assert reqs == [Request(t, "engine") for t in (0.0, 120.0, 240.0, 360.0, 480.0)]
     assert light_requests(["engine"], span=10.0, every=120.0) == [Request(0.0, "engine")]
+
+
+def test_the_demo_adapters_get_light_traffic_up_to_their_bases_slots(tmp_path: Path) -> None:
+    with_engine = dm.write_demo(tmp_path / "a", small=True, vllm=True)
+    light, idle = adapter_traffic(with_engine)
+    slots = dm.VLLM_LORA_FIELDS["max_adapters"]
+    demo = [a.id for a in dm.ADAPTERS]
+    assert light == demo[:slots] and idle == demo[slots:]  # the demo's base has 2 slots for its 3 adapters
+    assert adapter_traffic(dm.write_demo(tmp_path / "b", small=True, vllm=False)) == ([], [])
+
+
+def test_replay_maps_the_rest_onto_the_trace_and_skips_what_it_is_told() -> None:
+    models = ["lm", "engine", "lora-a", "lora-c"]
+    assert split_models(models, ["engine", "lora-a", "gone"], ["lora-c"]) == (["lm"], ["engine", "lora-a"])
+    assert split_models(models, [], []) == (models, [])
