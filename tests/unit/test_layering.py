@@ -86,7 +86,7 @@ def test_the_rules_catch_what_the_design_forbids(tmp_path: Path) -> None:
                                                      "scheduler.live imports web.metrics",
                                                      "scheduler.live imports web.metrics.memory_split"]
     assert _violations("prewarm.state", {"prewarm.programs.ops"}) == ["prewarm.state imports prewarm.programs.ops"]
-    assert _violations("prewarm.domain.policy.tick", {"redis"}) == ["prewarm.domain.policy.tick imports redis"]
+    assert _violations("prewarm.domain.policy.plan_call", {"redis"}) == ["prewarm.domain.policy.plan_call imports redis"]
     assert _violations("prewarm.domain.slo", {"prewarm.config"}) == ["prewarm.domain.slo imports prewarm.config"]
     assert _violations("prewarm.domain.choice", {"prewarm.domain.policy.planner", "numpy"}) == []
     assert _violations("prewarm.rooms", {"prewarm.domain.policy.placement"}) == []  # the domain is below

@@ -87,7 +87,7 @@ class World:
         return actions
 
     def run(self, start: float, end: float, arrivals: dict[int, list[tuple[str, int]]] | None = None) -> None:
-        """Tick every tick_s; `arrivals` maps a second to (model, count) pairs fed before the tick."""
+        """Plan every tick_s; `arrivals` maps a second to (model, count) pairs fed before the tick."""
         t = start
         sec = int(start)
         while t <= end:

@@ -22,7 +22,7 @@ from prewarm.domain.policy import (
     plan,
 )
 from prewarm.domain.policy.memo import PolicyState as Memo
-from prewarm.domain.policy.tick import Tick
+from prewarm.domain.policy.plan_call import PlanCall
 
 LOW, NORMAL, HIGH = 0, 1, 2
 CFG = PolicyConfig()
@@ -45,9 +45,9 @@ def _make_room(resident: int, incoming: int, kind: str) -> list[str] | None:
     models = [ModelSpec("old", 6 * GIB, load_seconds=5.0, priority=resident),
               ModelSpec("new", 5 * GIB, load_seconds=5.0, priority=incoming)]
     reps = [ReplicaState("old", "g0", "ready", 6 * GIB, since=0.0, ready_at=5.0)]
-    pl = Tick(_snap(models, [_gpu("g0", 10 * GIB, reps)], reps), 1000.0, Memo())
+    pl = PlanCall(_snap(models, [_gpu("g0", 10 * GIB, reps)], reps), 1000.0, Memo())
     choice = pl.place(models[1], kind, math.inf)
-    return None if choice is None else [r.model for r in choice[1]]
+    return None if choice is None else [r.model for r in choice.victims]
 
 
 def test_a_speculative_load_does_not_evict_a_higher_priority_replica() -> None:

@@ -44,8 +44,8 @@ from . import native
 # a native (mypyc) build of the hot modules, when one matches these sources; see native.py
 native.activate(__path__)
 
+from .history import TrafficHistory  # noqa: E402
 from .planner import PolicyState, load_seconds, plan  # noqa: E402
-from .traffic import TrafficHistory  # noqa: E402
 from .types import (  # noqa: E402
     GIB,
     Action,

@@ -9,14 +9,14 @@ step_partners loads ahead."""
 
 from __future__ import annotations
 
+from .plan_call import PlanCall
 from .steps import cooling, load_ahead
-from .tick import Tick
 from .types import GIB
 from .value import load_seconds
 from .words import fmt_s
 
 
-def expectations(pl: Tick) -> dict[str, tuple[float, str, int]]:
+def expectations(pl: PlanCall) -> dict[str, tuple[float, str, int]]:
     """Model -> (P(a request within partner_window_s of its leader's start), leader, the second of that
     start), for partners of models that started in the last partner_window_s and have not been asked for
     since."""
@@ -50,7 +50,7 @@ def expectations(pl: Tick) -> dict[str, tuple[float, str, int]]:
     return out
 
 
-def step_partners(pl: Tick) -> None:
+def step_partners(pl: PlanCall) -> None:
     """Load ahead the expected partners that have no replica, most valuable first, as speculative
     loads (steps.load_ahead: the speculative rules)."""
     cfg = pl.cfg

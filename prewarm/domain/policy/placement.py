@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from .types import GIB, ModelSpec, ReplicaState
+from .types import GIB, ModelSpec, Placement, ReplicaState
 from .value import Values, load_seconds, promote_seconds
 
 EVICTION_HORIZON_S = 60.0  # how far ahead an eviction's cost is counted when choosing a GPU
@@ -57,8 +57,8 @@ def outranks(v: Values, model: str, spec: ModelSpec) -> bool:
     return other is not None and other.priority > spec.priority
 
 
-def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
-    """Choose a GPU (and victims) for one more replica of spec. Returns (gpu, victims, loss)."""
+def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> Placement | None:
+    """Choose a GPU (and victims) for one more replica of spec; None: no GPU will do."""
     f = v.fleet
     cfg = v.cfg
     size = spec.size_bytes
@@ -81,7 +81,7 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> t
                 and v.held.get(gid, spec.id) == spec.id]
         easy = rank(idle, size, staged_on, {gid for gid in order if (spec.id, gid) in f.evicting})
         if easy:
-            return easy[0].gpu, [], 0.0
+            return Placement(easy[0].gpu, [], 0.0)
     # Cost = victims (>= 0) + link contention, so (node spread, contention) is a lower bound on
     # a GPU's key: visit GPUs in that order and stop once the bound passes the best found.
     bounded = []
@@ -147,5 +147,5 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> t
         return None
     if speculative and best[3] * cfg.prefetch_margin > benefit:
         return None
-    return best[1], best[2], best[3]
+    return Placement(best[1], best[2], best[3])
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from .memo import PolicyState
 from .partners import expectations, step_partners
+from .plan_call import PlanCall
 from .refresh import step_refresh
 from .staging import step_stage
 from .steps import (
@@ -65,7 +66,6 @@ from .steps import (
     step_scale,
     step_speculative,
 )
-from .tick import Tick
 from .timeline import advance
 from .types import GIB, Action, Snapshot
 from .value import Values, load_seconds, promote_seconds
@@ -76,7 +76,7 @@ __all__ = ["PolicyState", "load_seconds", "plan", "promote_seconds"]
 def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> list[Action]:
     """Decide the preloads and evictions for this tick. See the package docstring."""
     st = state if state is not None else PolicyState()
-    pl = Tick(snapshot, now, st)
+    pl = PlanCall(snapshot, now, st)
     pl.expect = expectations(pl)
     advance(pl)
     cfg = snapshot.config

@@ -19,12 +19,12 @@ from __future__ import annotations
 from prewarm.domain.states import IN_FLIGHT, READY
 
 from .placement import Room, rank
-from .tick import Tick
+from .plan_call import PlanCall
 from .types import GIB, Evict, Keep, ReplicaState
 from .words import fmt_s
 
 
-def aged_models(pl: Tick) -> tuple[str, ...]:
+def aged_models(pl: PlanCall) -> tuple[str, ...]:
     """The catalog's models with a max_replica_age, re-read only when the models mapping changes."""
     st, models = pl.st, pl.s.models
     if st.aged_of is not models:
@@ -37,12 +37,12 @@ def age(r: ReplicaState, now: float) -> float:
     return now - (r.ready_at if r.ready_at is not None else r.since)
 
 
-def step_refresh(pl: Tick) -> None:
+def step_refresh(pl: PlanCall) -> None:
     for m in aged_models(pl):
         refresh_model(pl, m)
 
 
-def refresh_model(pl: Tick, m: str) -> None:
+def refresh_model(pl: PlanCall, m: str) -> None:
     spec = pl.s.models[m]
     limit = spec.max_replica_age_s
     f = pl.fleet
@@ -84,7 +84,7 @@ def refresh_model(pl: Tick, m: str) -> None:
         return
 
 
-def load_replacement(pl: Tick, old: ReplicaState, limit: float) -> None:
+def load_replacement(pl: PlanCall, old: ReplicaState, limit: float) -> None:
     f, cfg, m = pl.fleet, pl.cfg, old.model
     spec = pl.s.models[m]
     rooms = [Room(g, f.gpus[g].node, f.avail(g), f.loading[g]) for g in sorted(f.gpus)

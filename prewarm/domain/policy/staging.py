@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from prewarm.domain.states import IN_FLIGHT
 
-from .tick import Tick
+from .plan_call import PlanCall
 from .types import GIB, StagedState
 from .value import load_seconds, promote_seconds
 from .words import fmt_s, num
@@ -16,7 +16,7 @@ from .words import fmt_s, num
 MAX_STAGE_TRIES = 16  # per tick, best first
 
 
-def host_victim_list(pl: Tick, node: str) -> list[tuple[float, str, StagedState]]:
+def host_victim_list(pl: PlanCall, node: str) -> list[tuple[float, str, StagedState]]:
     """Staged models on a node that could make room, lowest value per byte first."""
     v = pl.fleet.host_victims.get(node)
     if v is None:
@@ -35,7 +35,7 @@ def host_victim_list(pl: Tick, node: str) -> list[tuple[float, str, StagedState]
     return v
 
 
-def step_stage(pl: Tick, candidates: Iterable[str]) -> None:
+def step_stage(pl: PlanCall, candidates: Iterable[str]) -> None:
     """Keep models whose demand is likely but not imminent in a node's host memory: a later load
     there is a promotion (host → device), not a storage read. Candidates are models just evicted
     from their GPUs and models in a hot segment that got no GPU this tick; the cache keeps the

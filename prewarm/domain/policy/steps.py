@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-from .tick import Tick
-from .types import GIB, ModelSpec
+from .plan_call import PlanCall
+from .types import GIB, ModelSpec, Placement
 from .value import load_seconds
 from .words import fmt_s, num
 
 MAX_SPECULATIVE_TRIES = 24  # per tick, best first: bounds the work of one plan() call
 
 
-def step_release(pl: Tick) -> None:
+def step_release(pl: PlanCall) -> None:
     """Evict without a load only over the idle-memory budget: on each GPU, while the replicas with
     no expected demand (pl.quiet, or never requested) hold more than the budget's share of it,
     the least valuable of them goes. No budget (the default): nothing is evicted here; a quiet
@@ -50,7 +50,7 @@ def step_release(pl: Tick) -> None:
             held -= r.bytes
 
 
-def step_demand(pl: Tick, recent: Iterable[str]) -> None:
+def step_demand(pl: PlanCall, recent: Iterable[str]) -> None:
     cands = []
     since = pl.s.waiting_since
     for m in recent:
@@ -103,7 +103,7 @@ def step_demand(pl: Tick, recent: Iterable[str]) -> None:
         )
 
 
-def hold_for(pl: Tick, spec: ModelSpec) -> tuple[str, list, float] | None:
+def hold_for(pl: PlanCall, spec: ModelSpec) -> Placement | None:
     """An overdue model that place() could not fit (its victims are too young to evict, or the
     slots are busy) is given the GPU with the most memory it could ever free — free plus every
     replica not held by a floor. If that GPU has a free slot and its ready replicas, young ones
@@ -140,10 +140,10 @@ def hold_for(pl: Tick, spec: ModelSpec) -> tuple[str, list, float] | None:
         victims.append(r)
         free += r.bytes
         loss += vpb * r.bytes / GIB
-    return (gid, victims, loss) if free >= spec.size_bytes else None
+    return Placement(gid, victims, loss) if free >= spec.size_bytes else None
 
 
-def step_floor(pl: Tick) -> None:
+def step_floor(pl: PlanCall) -> None:
     for m in pl.st.special:
         spec = pl.s.models.get(m)
         if spec is None:
@@ -156,7 +156,7 @@ def step_floor(pl: Tick) -> None:
                              {"min_replicas": floor, "replicas": have}):
                 break
 
-def step_scale(pl: Tick) -> None:
+def step_scale(pl: PlanCall) -> None:
     for m in pl.st.special:
         spec = pl.s.models.get(m)
         if spec is None or not spec.max_rate_per_replica or pl.fleet.count(m) == 0:
@@ -178,7 +178,7 @@ def step_scale(pl: Tick) -> None:
             ):
                 break
 
-def step_new_gpu(pl: Tick) -> None:
+def step_new_gpu(pl: PlanCall) -> None:
     cfg = pl.cfg
     fresh = [g for g in sorted(pl.fleet.gpus)
              if 0 <= pl.now - pl.fleet.gpus[g].joined_at < cfg.new_gpu_window_s]
@@ -210,7 +210,7 @@ def step_new_gpu(pl: Tick) -> None:
             )
             pl.fleet.spec[gid] += spec.size_bytes  # unrequested on this GPU: count as speculative
 
-def step_speculative(pl: Tick, awake: dict[str, tuple[float, float]]) -> None:
+def step_speculative(pl: PlanCall, awake: dict[str, tuple[float, float]]) -> None:
     """`awake`: the state's hot segments (model -> (end, anchor)); ended ones are dropped here."""
     cfg = pl.cfg
     cands = []
@@ -244,13 +244,13 @@ def step_speculative(pl: Tick, awake: dict[str, tuple[float, float]]) -> None:
     load_ahead(pl, cands, why)
 
 
-def cooling(pl: Tick, model: str) -> bool:
+def cooling(pl: PlanCall, model: str) -> bool:
     """Evicted less than eviction_cooldown_s ago: no load ahead of it yet (it would undo the eviction)."""
     ev = pl.s.recent_evictions.get(model)
     return ev is not None and pl.now - ev < pl.cfg.eviction_cooldown_s
 
 
-def load_ahead(pl: Tick, cands: list[tuple[float, str]],
+def load_ahead(pl: PlanCall, cands: list[tuple[float, str]],
                why: Callable[[str, float], tuple[str, dict[str, float]]]) -> None:
     """Speculative loads of `cands` ((-value, model), the most valuable first, at most
     MAX_SPECULATIVE_TRIES tried) under the speculative rules of placement.place: a GPU with a free
@@ -268,7 +268,7 @@ def load_ahead(pl: Tick, cands: list[tuple[float, str]],
         pl.commit(spec, "speculative", choice, reason, numbers)
 
 
-def step_fill(pl: Tick, unrequested: list[tuple[float, str]]) -> None:
+def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
     """Free memory takes catalog models never requested (issue 12: with memory to spare, a first
     request need not be cold; issue 26, item 3: where the room holds some but not all of them, it
     takes what fits). `unrequested`: (load time, model) of the catalog's models with no request yet,

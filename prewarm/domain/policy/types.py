@@ -8,18 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 # The state names are spelled once, in a dependency-free core module (the policy stays pure).
-from prewarm.domain.states import HOLDING, IN_FLIGHT
 from prewarm.domain.states import ReplicaStateName as ReplicaStateName
 
 GIB = 1 << 30
-
-LOADING_STATES: frozenset[str] = frozenset(IN_FLIGHT)
-# States that hold (or are about to hold) device memory.
-HOLDING_STATES: frozenset[str] = frozenset(HOLDING)
-
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
@@ -60,8 +54,8 @@ class PolicyConfig:
     p_prefetch: float = 0.3
     p_release: float = 0.02  # "quiet" when P(request within lead + window_s) stays below this ...
     release_min_gap_s: float = 600.0  # ... for at least this long
-    # Issue 12: a quiet replica is not evicted for being quiet; it stays resident as the first
-    # victim when a load needs memory. Only this budget evicts without a load: the share of each
+    # A quiet replica is not evicted for being quiet; it stays resident as the first victim when a
+    # load needs memory. Only this budget evicts without a load: the share of each
     # GPU that replicas with no expected demand (quiet, or never requested) may hold; over it,
     # the least valuable go first. None: unlimited (PREWARM_IDLE_MEMORY_BUDGET).
     idle_memory_budget: float | None = None
@@ -72,8 +66,7 @@ class PolicyConfig:
     # Partners (partners.py): a model that starts (its first request, or one after partner_gap_s idle)
     # is a sign for the models that started within partner_window_s of at least partner_min_count and
     # partner_precision of its earlier starts: they are expected within the window, valued so and loaded
-    # ahead (1,350 × 16, seed 0, without the bounds: precision 0.4 / 0.5 / 0.65 / 0.75 / 0.85 gave 5,571 / 5,382 / 5,175 /
-    # 5,102 / 5,069 cold starts; docs/simulation.md, "Partners"). partner_min_count 0: off. Bounds: a
+    # ahead (the precision's measured effect: docs/simulation.md, "Partners"). partner_min_count 0: off. Bounds: a
     # start that finds more than partner_max_group others started in its window (a timer every model
     # shares, a restart) pairs with none, and a model keeps at most partner_table partners (0: no bound).
     partner_gap_s: float = 300.0
@@ -185,6 +178,15 @@ class ReplicaState:
     last_request: float | None = None  # last request served by this replica
     in_flight: int = 0  # requests being served right now
     ready_at: float | None = None  # when it became ready (its age, for refresh); None: not ready / not known
+
+
+class Placement(NamedTuple):
+    """placement.place()'s choice for one more replica: the GPU, the replicas to evict there first, and the
+    loss (value per GiB times bytes) of those victims."""
+
+    gpu: str
+    victims: list[ReplicaState]
+    loss: float
 
 
 @dataclass(frozen=True, slots=True)

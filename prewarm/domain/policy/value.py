@@ -9,8 +9,8 @@ import math
 from . import arrivals
 from .arrivals import ArrivalModel
 from .fleet import Fleet
+from .history import ewma_rate
 from .memo import PolicyState, ValueInputs
-from .traffic import ewma_rate
 from .types import GIB, ModelSpec, PolicyConfig, ReplicaState, Snapshot
 
 

@@ -7,12 +7,24 @@ import math
 
 from .memo import PolicyState
 from .placement import place
-from .types import GIB, Action, Evict, ModelSpec, Preload, ReplicaState, Snapshot, Stage, StagedState, Unstage
+from .types import (
+    GIB,
+    Action,
+    Evict,
+    ModelSpec,
+    Placement,
+    Preload,
+    ReplicaState,
+    Snapshot,
+    Stage,
+    StagedState,
+    Unstage,
+)
 from .value import Values, promote_seconds
 from .words import fmt_s, num
 
 
-class Tick(Values):
+class PlanCall(Values):
     def __init__(self, snap: Snapshot, now: float, state: PolicyState) -> None:
         super().__init__(snap, now, state)
         self.actions: list[Action] = []
@@ -28,7 +40,7 @@ class Tick(Values):
         self._loading_rate[gpu] = self.loading_rate(gpu) + max(self.tr.rate_short(spec.id, self.now), 1e-3)
         self.actions.append(Preload(spec.id, gpu, kind, reason, numbers, spec.version, spec.size_bytes))
 
-    def place(self, spec: ModelSpec, kind: str, benefit: float = math.inf) -> tuple[str, list, float] | None:
+    def place(self, spec: ModelSpec, kind: str, benefit: float = math.inf) -> Placement | None:
         return place(self, spec, kind, benefit)
 
     def load(self, spec: ModelSpec, kind: str, reason: str, numbers: dict[str, float],
@@ -39,7 +51,7 @@ class Tick(Values):
         self.commit(spec, kind, choice, reason, numbers)
         return True
 
-    def commit(self, spec: ModelSpec, kind: str, choice: tuple[str, list, float], reason: str,
+    def commit(self, spec: ModelSpec, kind: str, choice: Placement, reason: str,
                numbers: dict[str, float]) -> None:
         """Record place()'s choice: its evictions, then the preload."""
         gid, victims, _loss = choice
