@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from prewarm.domain.states import READY
+
 from .plan_call import PlanCall
 from .types import GIB, ModelSpec, Placement
 from .value import load_seconds
@@ -27,7 +29,7 @@ def step_release(pl: PlanCall) -> None:
     for gid in sorted(f.gpus):
         cap = budget * f.gpus[gid].total_bytes
         held = sum(r.bytes for m, r in f.on_gpu[gid].items()
-                   if r.state == "ready" and (m, gid) not in f.evicting and not pl.expects_demand(m))
+                   if r.state == READY and (m, gid) not in f.evicting and not pl.expects_demand(m))
         if held <= cap:
             continue
         for _key, m, r in pl.victim_list(gid):  # least valuable first
@@ -131,7 +133,7 @@ def hold_for(pl: PlanCall, spec: ModelSpec) -> Placement | None:
     if pl.cfg.max_loads_per_gpu and f.loading[gid] >= pl.cfg.max_loads_per_gpu:
         return None
     ready = sorted((pl.loss(m) / max(r.bytes / GIB, 1e-3), m, r) for m, r in f.on_gpu[gid].items()
-                   if m not in pl.floors and r.state == "ready" and r.in_flight == 0
+                   if m not in pl.floors and r.state == READY and r.in_flight == 0
                    and (m, gid) not in f.evicting)
     free, victims, loss = f.avail(gid), [], 0.0
     for vpb, _m, r in ready:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from prewarm.domain.states import READY
+
 from . import arrivals
 from .arrivals import ArrivalModel
 from .fleet import Fleet
@@ -174,7 +176,7 @@ class Values:
     # ---- victims and links  -------------------------------------------------------------------
     def evictable(self, r: ReplicaState) -> bool:
         spec = self.s.models.get(r.model)
-        if r.state != "ready" or r.in_flight > 0 or (r.model, r.gpu) in self.fleet.evicting:
+        if r.state != READY or r.in_flight > 0 or (r.model, r.gpu) in self.fleet.evicting:
             return False
         if self.now - r.since < self.cfg.min_residency_s:
             return False
@@ -197,7 +199,7 @@ class Values:
             quiet = self.quiet
             for m, r in f.on_gpu[gpu].items():
                 # evictable(), inlined: this loop is the policy's hot path
-                if r.state != "ready" or r.in_flight > 0 or r.since > young or (evicting and (m, gpu) in evicting):
+                if r.state != READY or r.in_flight > 0 or r.since > young or (evicting and (m, gpu) in evicting):
                     continue
                 spec = models.get(m)
                 n = len(of_model.get(m, ()))
