@@ -145,7 +145,7 @@ def _history_state(h: object) -> list[tuple[str, int, tuple[object, ...]]]:
     import prewarm.domain.policy
 
     # The per-model slots, from the source (the native build's classes do not list them).
-    src = ast.parse((Path(prewarm.domain.policy.__file__).parent / "traffic.py").read_text())
+    src = ast.parse((Path(prewarm.domain.policy.__file__).parent / "history.py").read_text())
     cls = next(n for n in src.body if isinstance(n, ast.ClassDef) and n.name == "_ModelTraffic")
     slots = next(ast.literal_eval(a.value) for a in cls.body if isinstance(a, ast.Assign)
                  and getattr(a.targets[0], "id", "") == "__slots__")
