@@ -73,11 +73,16 @@ def simulate(
         res["runtime_s"] = round(time.perf_counter() - t0, 2)
         if isinstance(pol, Prewarm) and pol.cfg.no_regret:
             res["experts"] = pol.state.experts.describe()  # who led at the end, how often the lead moved
+        if isinstance(pol, Prewarm) and pol.cfg.ahead_gate:
+            res["ahead"] = pol.state.ahead.describe()  # what loads ahead won and lost, decayed, at the end
         out["policies"][name] = res
         if progress:
             build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
             if "experts" in res:
                 build += f"; expert {res['experts']['leader']} leads, {res['experts']['switches']} switch(es)"
+            if "ahead" in res:
+                a = res["ahead"]
+                build += f"; loads ahead {'on' if a['open'] else 'held back'} (won {a['won']}, lost {a['lost']})"
             print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s{build}", file=sys.stderr)
     oracle = out["policies"].get("oracle")
     for res in out["policies"].values():

@@ -12,7 +12,8 @@ from prewarm.domain.policy import GIB, PolicyConfig, PolicyState, plan
 from tests.unit.test_policy import World, gpu, spec
 
 # the no-regret layer off: its record is the one part of the state that is not a cache (a fresh state has none)
-CFG = PolicyConfig(tick_s=6.0, no_regret=False)
+# the no-regret layer and the loads-ahead record are records, not caches: a fresh state has neither
+CFG = PolicyConfig(tick_s=6.0, no_regret=False, ahead_gate=False)
 
 
 def _traffic(rnd: random.Random, models: list[str], seconds: int) -> dict[int, list[tuple[str, int]]]:

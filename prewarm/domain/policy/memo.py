@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .ahead import AheadRecord
 from .arrivals import ArrivalModel
 from .experts import Experts
 from .types import ModelSpec, PolicyConfig
@@ -68,3 +69,6 @@ class PolicyState:
     # experts' ghost residency and decayed misses over the request stream fed so far, so a kept state
     # orders evictions by the leading expert where a fresh one (no record yet) uses prewarm's own order.
     experts: Experts = field(default_factory=Experts)
+    # The loads-ahead record (ahead.py), the other part that is not a cache: the bets loads ahead made and
+    # what they won or lost on this traffic, which gates them (PolicyConfig.ahead_gate)
+    ahead: AheadRecord = field(default_factory=AheadRecord)

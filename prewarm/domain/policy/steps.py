@@ -73,10 +73,7 @@ def step_demand(pl: PlanCall, recent: Iterable[str]) -> None:
         if bound is not None and waited >= bound:
             cands.append((0, -waited, m))  # overdue: the longest waiting first
             continue
-        # Smith's rule: most requests per second of load time first, which keeps the requests
-        # arriving while loads wait for a slot and run to a minimum
-        rate = max(pl.request_rate(m), 1e-6)
-        cands.append((1, -rate / load_seconds(spec, pl.cfg), m))
+        cands.append((1, -demand_weight(pl, m, load_seconds(spec, pl.cfg)), m))
     # placement is monotone in size for demand (held GPUs only grow): skip what cannot fit
     failed_size = math.inf
     for overdue, _c, m in sorted(cands):
@@ -103,6 +100,24 @@ def step_demand(pl: PlanCall, recent: Iterable[str]) -> None:
             f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
             {"rate_short": rs, "rate_long": rl, "forecast": fc, "load_s": ld},
         )
+
+
+def demand_weight(pl: PlanCall, m: str, ld: float) -> float:
+    """What one more second without model m costs, per second of its load (Smith's rule: the most first),
+    in cold requests: its request rate (the requests that arrive meanwhile, each cold: the count), plus its
+    waiting requests' seconds (each second n of them wait), at one load time a cold request (what a cold
+    request costs in seconds), grown by the response ratio of Highest Response Ratio Next (Brinch Hansen,
+    1971: (waited + load) / load) so that a model waiting many of its load times rises without bound.
+    Rate alone (the count's order) starves a large, rarely asked model behind a stream of small busy ones:
+    ServeGen 24 h on 8 × 80 GiB, cold requests waited 12× FaasCache's seconds (p99 31,004 s); with the
+    waits counted, 0.79× (docs/simulation.md, issue 26)."""
+    rate = max(pl.request_rate(m), 1e-6)
+    n = pl.s.waiting.get(m, 0)
+    if n:
+        since = pl.s.waiting_since.get(m)
+        waited = pl.now - since if since is not None else 0.0
+        rate += n * (1.0 + max(waited, 0.0) / ld) / ld
+    return rate / ld
 
 
 def hold_for(pl: PlanCall, spec: ModelSpec) -> Placement | None:
@@ -259,14 +274,26 @@ def load_ahead(pl: PlanCall, cands: list[tuple[float, str]],
     speculative link, the speculative share, victims worth prefetch_margin times less than the value.
     `why(model, value)`: the load's reason and numbers."""
     cands.sort()
+    record = pl.st.ahead if pl.cfg.ahead_gate else None
+    # held back by their record (ahead.py): the loads the rules pick are still made as shadows (judged, not
+    # loaded), so the record sees whether they would pay again
+    shadow = record is not None and not record.open()
     for negl, m in cands[:MAX_SPECULATIVE_TRIES]:
         if all(n >= pl.cfg.max_speculative_loads_per_gpu for n in pl.fleet.loading.values()):
             break  # every GPU's load bandwidth is taken
+        if shadow and not record.wants(m):  # type: ignore[union-attr]
+            continue
         spec = pl.s.models[m]
         choice = pl.place(spec, "speculative", -negl)
         if choice is None:
             continue
+        if record is not None:
+            record.bet(m, tuple(r.model for r in choice.victims), pl.now, shadow)
+            if shadow:
+                continue
         reason, numbers = why(m, -negl)
+        if record is not None:
+            reason = f"{reason}; {record.why()}"
         pl.commit(spec, "speculative", choice, reason, numbers)
 
 

@@ -88,6 +88,9 @@ class PolicyConfig:
     # the ghosts do not load ahead, so their record says nothing of what loads ahead are worth (Azure
     # 500 × 16: the same 705 cold starts with it on or off)
     expert_gate_ahead: bool = False
+    # Loads ahead (speculative, partners) go on while their real record says they pay (ahead.py: each is a
+    # bet that its model is asked for before its victims; decayed with expert_halflife_s). Off: always on
+    ahead_gate: bool = True
     max_speculative_loads_per_gpu: int = 1  # speculative loads must not starve demand loads of bandwidth
     # Loads in flight per GPU, of any kind (0: no limit). Loads sharing a GPU's link each slow to 1/k,
     # so every request waiting on them waits longer; the worker runs this many at once

@@ -1,0 +1,164 @@
+"""Are loads ahead worth it on this traffic? A record of their real outcomes, which gates them
+(issue 26, item 2: "whether loads ahead are worth their bandwidth on this traffic").
+
+A load ahead (speculative, partner) bets that the model it loads, S, is asked for before the replicas
+it evicts, V. That is Belady's comparison (Belady, "A study of replacement algorithms for a virtual-storage
+computer", IBM Systems Journal 1966: the better of two residents to keep is the one requested sooner):
+- S requested before any of V: the bet won; it saved S's reload, `Values.cost(S)` cold requests;
+- one of V requested first: the bet lost; that victim comes back cold, `Values.cost(V)` cold requests
+  that staying put would not have had.
+As LeCaR (Vietri et al., HotStorage 2018) charges an expert the misses its own evictions cause, this
+record charges loads ahead with theirs, on the real fleet (its GPUs, sizes and links), not on ghosts:
+the pooled ghosts of experts.py were measured not to carry over to a fleet of several GPUs.
+
+Both outcomes are decayed with the no-regret layer's half-life (`PolicyConfig.expert_halflife_s`), so
+the record follows traffic that changes. Loads ahead go on while the decayed wins are at least the
+decayed losses (a bet that pays for itself; with no record yet they go on). While they are held back,
+the loads ahead the policy would have made are still recorded as *shadows* (their S and V, nothing
+loaded) and judged the same way, so the record can open the gate again when the traffic turns.
+A bet nobody settles within `expert_halflife_s` (neither S nor any V asked for) is dropped unscored.
+
+Cost: O(models with new requests) per plan() call, plus the bets made. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .types import TrafficView
+
+MIN_SCORED = 4.0  # decayed cold requests on record before the gate may close (a fresh record decides nothing)
+
+
+class Bet:
+    __slots__ = ("target", "victims", "since", "shadow")
+
+    def __init__(self, target: str, victims: tuple[str, ...], since: float, shadow: bool) -> None:
+        self.target = target
+        self.victims = victims
+        self.since = since
+        self.shadow = shadow
+
+
+class AheadRecord:
+    """Kept in PolicyState.ahead from call to call (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.reset(0)
+
+    def reset(self, traffic_id: int) -> None:
+        self.traffic_id = traffic_id
+        self.seq = -1
+        self.seen: dict[str, float] = {}  # model -> requests fed so far (TrafficView.total)
+        self.bets: dict[int, Bet] = {}
+        self.by_model: dict[str, set[int]] = {}  # model -> open bets naming it (as target or victim)
+        self.pending: dict[str, int] = {}  # target -> its open bet (one per target)
+        self.next_id = 0
+        self.won = 0.0  # decayed cold requests saved
+        self.lost = 0.0  # decayed cold requests caused
+        self.last_now = -math.inf
+        self.settled = 0  # bets scored, for the reason text
+        self.won_total = 0.0  # undecayed, for reports
+        self.lost_total = 0.0
+        self.shadow_total = 0  # bets made as shadows (the gate held loads ahead back)
+        self.calls = 0  # plan() calls fed, and of them those with loads ahead held back
+        self.held_calls = 0
+
+    # ---- the gate ------------------------------------------------------------------------
+    def open(self) -> bool:
+        """Loads ahead go on: no record yet, or they save at least what they cost."""
+        return self.won + self.lost < MIN_SCORED or self.won >= self.lost
+
+    def why(self) -> str:
+        state = "on" if self.open() else "held back"
+        return (f"loads ahead {state}: on this traffic they saved {self.won:.1f} and cost {self.lost:.1f} "
+                f"cold requests (decayed, {self.settled} bets settled)")
+
+    def describe(self) -> dict[str, object]:
+        return {"open": self.open(), "won": round(self.won, 2), "lost": round(self.lost, 2),
+                "settled": self.settled, "open_bets": len(self.bets), "won_total": round(self.won_total, 1),
+                "lost_total": round(self.lost_total, 1), "shadow_bets": self.shadow_total,
+                "held_calls": self.held_calls, "calls": self.calls}
+
+    # ---- bets ----------------------------------------------------------------------------
+    def wants(self, target: str) -> bool:
+        """No open bet on this target yet (a shadow repeated every tick would count one bet many times)."""
+        return target not in self.pending
+
+    def bet(self, target: str, victims: tuple[str, ...], now: float, shadow: bool) -> None:
+        old = self.pending.get(target)
+        if old is not None:
+            self._close(old)
+        i = self.next_id
+        self.next_id += 1
+        b = Bet(target, victims, now, shadow)
+        self.shadow_total += shadow
+        self.bets[i] = b
+        self.pending[target] = i
+        for m in (target, *victims):
+            self.by_model.setdefault(m, set()).add(i)
+
+    def _close(self, i: int) -> None:
+        b = self.bets.pop(i)
+        if self.pending.get(b.target) == i:
+            del self.pending[b.target]
+        for m in (b.target, *b.victims):
+            s = self.by_model.get(m)
+            if s is not None:
+                s.discard(i)
+                if not s:
+                    del self.by_model[m]
+
+    # ---- feeding -------------------------------------------------------------------------
+    def feed(self, tr: TrafficView, now: float, halflife_s: float, cost: Callable[[str], float]) -> None:
+        """Settle the open bets by the requests since the last call (each model's new requests at its
+        last arrival, in time order). `cost(model)`: cold requests one reload of it costs."""
+        if self.traffic_id != id(tr):
+            self.reset(id(tr))
+        if now > self.last_now > -math.inf:
+            d = 0.5 ** ((now - self.last_now) / halflife_s)
+            self.won *= d
+            self.lost *= d
+        self.last_now = max(self.last_now, now)
+        changed = tr.models() if self.seq < 0 else tr.changed_since(self.seq)
+        self.seq = tr.seq
+        by_model = self.by_model
+        if changed:
+            batch: list[tuple[float, str]] = []
+            seen = self.seen
+            for m in changed:
+                total = tr.total(m)
+                if total <= seen.get(m, 0.0):
+                    continue
+                seen[m] = total
+                if m not in by_model:
+                    continue
+                t = tr.last_arrival(m)
+                if t is not None:
+                    batch.append((t, m))
+            batch.sort()
+            for t, m in batch:
+                for i in sorted(by_model.get(m, ())):
+                    b = self.bets[i]
+                    if t < b.since:
+                        continue  # a request from before the bet says nothing of it
+                    c = cost(m)
+                    if m == b.target:
+                        self.won += c
+                        self.won_total += c
+                    else:
+                        self.lost += c
+                        self.lost_total += c
+                    self.settled += 1
+                    self._close(i)
+        horizon = now - halflife_s
+        old: list[int] = []
+        for i, b in self.bets.items():  # in the order they were made: the oldest first
+            if b.since >= horizon:
+                break
+            old.append(i)
+        for i in old:
+            self._close(i)
+        self.calls += 1
+        self.held_calls += not self.open()
