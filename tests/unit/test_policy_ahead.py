@@ -1,0 +1,111 @@
+"""Issue 26: the loads-ahead record (prewarm.domain.policy.ahead: each load ahead a bet that its model is
+asked for before its victims, settled on the real requests; loads ahead held back while they lose, shadows
+still judged) and the demand order that counts waiting seconds (steps.demand_weight: no model starves)."""
+
+from __future__ import annotations
+
+from prewarm.domain.policy import PolicyConfig, Preload, TrafficHistory, plan
+from prewarm.domain.policy.ahead import MIN_SCORED, AheadRecord
+from tests.unit.test_policy import hourly_world
+from tests.unit.test_policy_overdue import NOW, _snap
+
+CFG = PolicyConfig()
+HALF = CFG.expert_halflife_s
+
+
+def one(_m: str) -> float:
+    return 1.0  # every reload costs one cold request
+
+
+def settle(rec: AheadRecord, tr: TrafficHistory, bets: list[tuple[str, str]], first: str, t: float) -> float:
+    """Make bets (target, victim) at t, then a request for `first` of each pair at t + 5; feed at t + 10."""
+    for target, victim in bets:
+        rec.bet(target, (victim,), t, shadow=False)
+    for target, victim in bets:
+        tr.add(target if first == "target" else victim, t + 5.0)
+    rec.feed(tr, t + 10.0, HALF, one)
+    return t + 10.0
+
+
+def test_a_bet_is_won_when_its_model_comes_first_and_lost_when_a_victim_does() -> None:
+    tr = TrafficHistory.for_config(CFG)
+    rec = AheadRecord()
+    rec.feed(tr, 0.0, HALF, one)
+    settle(rec, tr, [("s1", "v1")], "target", 100.0)
+    assert (rec.won, rec.lost, rec.settled) == (1.0, 0.0, 1)
+    settle(rec, tr, [("s2", "v2")], "victim", 110.0)
+    assert rec.lost == 1.0 and rec.settled == 2 and not rec.bets  # settled bets are closed
+    # a request older than the bet says nothing of it
+    tr.add("s3", 200.0)
+    rec.bet("s3", ("v3",), 300.0, shadow=False)
+    rec.feed(tr, 301.0, HALF, one)
+    assert rec.settled == 2 and "s3" in rec.pending
+
+
+def test_loads_ahead_that_lose_are_held_back_and_shadows_open_the_gate_again() -> None:
+    tr = TrafficHistory.for_config(CFG)
+    rec = AheadRecord()
+    rec.feed(tr, 0.0, HALF, one)
+    assert rec.open()  # no record: loads ahead go on
+    t = settle(rec, tr, [(f"s{i}", f"v{i}") for i in range(int(MIN_SCORED) + 2)], "victim", 100.0)
+    assert not rec.open()
+    assert "held back" in rec.why()
+    # held back, the policy's picks are shadow bets, one open bet per target
+    for i in range(int(MIN_SCORED) * 3):
+        rec.bet(f"x{i}", (f"y{i}",), t, shadow=True)
+    assert not rec.wants("x0")
+    for i in range(int(MIN_SCORED) * 3):
+        tr.add(f"x{i}", t + 5.0)  # they would have paid: each came before its victim
+    rec.feed(tr, t + 10.0, HALF, one)
+    assert rec.open() and rec.shadow_total == int(MIN_SCORED) * 3
+
+
+def test_the_record_forgets_with_the_half_life_and_drops_bets_nobody_settled() -> None:
+    tr = TrafficHistory.for_config(CFG)
+    rec = AheadRecord()
+    rec.feed(tr, 0.0, HALF, one)
+    t = settle(rec, tr, [(f"s{i}", f"v{i}") for i in range(8)], "victim", 100.0)
+    lost = rec.lost
+    rec.bet("late", ("quiet",), t, shadow=False)
+    rec.feed(tr, t + HALF, HALF, one)
+    assert abs(rec.lost - lost / 2) < 1e-9
+    rec.feed(tr, t + HALF + 1.0, HALF, one)
+    assert "late" not in rec.pending and not rec.bets  # past the horizon, unscored
+    assert rec.settled == 8
+
+
+def test_plan_loads_ahead_while_they_pay_and_not_while_they_lose() -> None:
+    """The hourly model of the policy tests is warmed shortly before its hour (idle budget 0): a
+    speculative preload that says what loads ahead won. With a record that says they lose, plan() makes
+    the same pick as a shadow bet and no preload."""
+    for losing in (False, True):
+        w, _ = hourly_world(PolicyConfig(idle_memory_budget=0.0))
+        t0 = 7 * 3600 + 5.0
+        w.run(t0 + 1, t0 + 3600 - 200, None)
+        assert w.state is not None
+        if losing:
+            w.state.ahead.lost = 100.0
+        w.run(t0 + 3600 - 200 + CFG.tick_s, t0 + 3600 - 6, None)
+        pre = w.preloads("hourly", "speculative")
+        if losing:
+            assert pre == [] and "hourly" in w.state.ahead.pending and w.state.ahead.shadow_total >= 1
+        else:
+            assert len(pre) == 1 and "loads ahead on" in pre[0][1].reason
+            assert w.state.ahead.pending["hourly"] is not None
+
+
+def test_a_model_waiting_many_of_its_load_times_outranks_a_busy_one_for_the_last_slot() -> None:
+    """One GPU, one load in flight (two slots): one more load goes now. busy (1 GiB, 2 s, 1 request/s)
+    and rare (4 GiB, 20 s, no recent traffic) each have a request waiting. By rate alone busy always goes
+    first (rare could wait for ever behind a stream of such); with its waiting seconds counted, rare goes
+    first once it has waited long enough (here some 600 of its load times)."""
+    def first_load(rare_waited: float) -> str:
+        snap = _snap(PolicyConfig(), [("n1/cuda:0", 16)], [("x", "n1/cuda:0", 1, "loading", NOW - 1)],
+                     {"x": (1, 30.0), "busy": (1, 2.0), "rare": (4, 20.0)},
+                     {"busy": NOW - 3, "rare": NOW - rare_waited}, traffic={"busy": 1})
+        pre = [a for a in plan(snap, NOW) if isinstance(a, Preload)]
+        assert len(pre) == 1
+        return pre[0].model
+    assert first_load(30.0) == "busy"
+    assert first_load(1000.0) == "busy"
+    assert first_load(20_000.0) == "rare"
