@@ -20,7 +20,7 @@ def one(_m: str) -> float:
 def settle(rec: AheadRecord, tr: TrafficHistory, bets: list[tuple[str, str]], first: str, t: float) -> float:
     """Make bets (target, victim) at t, then a request for `first` of each pair at t + 5; feed at t + 10."""
     for target, victim in bets:
-        rec.bet(target, (victim,), t, shadow=False)
+        rec.bet(target, (victim,), t, shadow=False, ready=t)
     for target, victim in bets:
         tr.add(target if first == "target" else victim, t + 5.0)
     rec.feed(tr, t + 10.0, HALF, one)
@@ -37,7 +37,7 @@ def test_a_bet_is_won_when_its_model_comes_first_and_lost_when_a_victim_does() -
     assert rec.lost == 1.0 and rec.settled == 2 and not rec.bets  # settled bets are closed
     # a request older than the bet says nothing of it
     tr.add("s3", 200.0)
-    rec.bet("s3", ("v3",), 300.0, shadow=False)
+    rec.bet("s3", ("v3",), 300.0, shadow=False, ready=300.0)
     rec.feed(tr, 301.0, HALF, one)
     assert rec.settled == 2 and "s3" in rec.pending
 
@@ -52,7 +52,7 @@ def test_loads_ahead_that_lose_are_held_back_and_shadows_open_the_gate_again() -
     assert "held back" in rec.why()
     # held back, the policy's picks are shadow bets, one open bet per target
     for i in range(int(MIN_SCORED) * 3):
-        rec.bet(f"x{i}", (f"y{i}",), t, shadow=True)
+        rec.bet(f"x{i}", (f"y{i}",), t, shadow=True, ready=t)
     assert not rec.wants("x0")
     for i in range(int(MIN_SCORED) * 3):
         tr.add(f"x{i}", t + 5.0)  # they would have paid: each came before its victim
@@ -66,7 +66,7 @@ def test_the_record_forgets_with_the_half_life_and_drops_bets_nobody_settled() -
     rec.feed(tr, 0.0, HALF, one)
     t = settle(rec, tr, [(f"s{i}", f"v{i}") for i in range(8)], "victim", 100.0)
     lost = rec.lost
-    rec.bet("late", ("quiet",), t, shadow=False)
+    rec.bet("late", ("quiet",), t, shadow=False, ready=t)
     rec.feed(tr, t + HALF, HALF, one)
     assert abs(rec.lost - lost / 2) < 1e-9
     rec.feed(tr, t + HALF + 1.0, HALF, one)

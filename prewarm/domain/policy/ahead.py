@@ -32,13 +32,14 @@ MIN_SCORED = 4.0  # decayed cold requests on record before the gate may close (a
 
 
 class Bet:
-    __slots__ = ("target", "victims", "since", "shadow")
+    __slots__ = ("target", "victims", "since", "shadow", "ready")
 
-    def __init__(self, target: str, victims: tuple[str, ...], since: float, shadow: bool) -> None:
+    def __init__(self, target: str, victims: tuple[str, ...], since: float, shadow: bool, ready: float) -> None:
         self.target = target
         self.victims = victims
         self.since = since
         self.shadow = shadow
+        self.ready = ready  # when the load ahead would be ready: a request before it finds it loading
 
 
 class AheadRecord:
@@ -86,13 +87,16 @@ class AheadRecord:
         """No open bet on this target yet (a shadow repeated every tick would count one bet many times)."""
         return target not in self.pending
 
-    def bet(self, target: str, victims: tuple[str, ...], now: float, shadow: bool) -> None:
+    def bet(self, target: str, victims: tuple[str, ...], now: float, shadow: bool, ready: float,
+            link: float = 0.0) -> None:
         old = self.pending.get(target)
         if old is not None:
             self._close(old)
         i = self.next_id
         self.next_id += 1
-        b = Bet(target, victims, now, shadow)
+        b = Bet(target, victims, now, shadow, ready)
+        self.lost += link
+        self.lost_total += link
         self.shadow_total += shadow
         self.bets[i] = b
         self.pending[target] = i
@@ -145,6 +149,12 @@ class AheadRecord:
                         continue  # a request from before the bet says nothing of it
                     c = cost(m)
                     if m == b.target:
+                        if t < b.ready:
+                            # asked for while it loads: cold all the same (it waits less), so
+                            # the bet neither saved a cold request nor cost one
+                            self.settled += 1
+                            self._close(i)
+                            continue
                         self.won += c
                         self.won_total += c
                     else:

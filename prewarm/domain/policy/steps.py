@@ -288,7 +288,9 @@ def load_ahead(pl: PlanCall, cands: list[tuple[float, str]],
         if choice is None:
             continue
         if record is not None:
-            record.bet(m, tuple(r.model for r in choice.victims), pl.now, shadow)
+            ready = pl.now + pl.reload_s(spec) * pl.slowdown
+            record.bet(m, tuple(r.model for r in choice.victims), pl.now, shadow, ready,
+                       pl.link_rate() * (ready - pl.now))
             if shadow:
                 continue
         reason, numbers = why(m, -negl)
