@@ -104,6 +104,8 @@ def table(out: dict) -> str:
                 lines.append(f"{name} with the SLO ({s['line']}): {s['steps_up']} step(s) up, {s['steps_down']} "
                              f"down, highest level {s['max_level']}, mean speculative share "
                              f"{s['mean_speculative_share']:.0%}")
+    if any("adapters" in r for r in out["policies"].values()):
+        lines += ["", adapter_table(out)]
     if out["fleet"].get("host_bytes"):
         hdr = f"{'host tier':<17} {'stages':>8} {'TiB staged':>10} {'unstages':>8} {'promotions':>10} {'host GiBh':>9}"
         lines += ["", hdr, "-" * len(hdr)]
@@ -112,6 +114,24 @@ def table(out: dict) -> str:
                 f"{name:<17} {r['stages']:>8} {r['bytes_staged'] / GIB / 1024:>10.2f} {r['unstages']:>8} "
                 f"{r['promotions']:>10} {r['host_memory_gib_hours']:>9.0f}"
             )
+    return "\n".join(lines)
+
+
+def adapter_table(out: dict) -> str:
+    """The adapter view's split (issue 29): engine starts (base loads), cold requests that waited on a base
+    start or on an adapter load only, adapter loads (planned ahead of them), and the waits of each kind."""
+    hdr = (f"{'adapters':<17} {'engine st':>9} {'cold eng':>8} {'cold adp':>8} {'adp loads':>9} {'ahead':>7} "
+           f"{'adp evict':>9} {'eng wait s':>10} {'adp wait s':>10} {'adp max':>7} {'>load':>6}")
+    lines = [hdr, "-" * len(hdr)]
+    for name, r in out["policies"].items():
+        a = r.get("adapters")
+        if a is None:
+            continue
+        lines.append(
+            f"{name:<17} {a['engine_starts']:>9} {a['cold_engine']:>8} {a['cold_adapter']:>8} "
+            f"{a['adapter_loads']:>9} {a['adapter_loads_ahead']:>7} {a['adapter_evictions']:>9} "
+            f"{a['engine_wait_seconds']['total']:>10.0f} {a['adapter_wait_seconds']['total']:>10.0f} "
+            f"{a['adapter_wait_seconds']['max']:>7.2f} {a['adapter_wait_over_load_max']:>6.2f}")
     return "\n".join(lines)
 
 

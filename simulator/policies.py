@@ -116,11 +116,13 @@ class Prewarm(_Base):
         self.names = sim.trace.models
         self.index = {m: i for i, m in enumerate(self.names)}
         self.gpu_index = {g.id: g.index for g in sim.gpus}
+        hosted = sim.ad.host if sim.ad is not None else [-1] * sim.n_models
         self.specs = {
             m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i],
                          promote_seconds=sim.promote_s[i] if sim.host_on else None,
                          priority=sim.priority[i], max_replica_age_s=sim.max_replica_age[i])
             for i, m in enumerate(self.names)
+            if hosted[i] < 0  # an adapter is not a model of its own to plan: its base's traffic counts it
         }
         self.node_index = {n.id: n.index for n in sim.nodes}
         # (host_version, nodes, staged) of the last snapshot: empty while there is no host tier

@@ -10,6 +10,7 @@ from typing import Any
 from prewarm.domain.policy import PolicyConfig, native
 from prewarm.domain.slo import ColdStartSlo
 
+from .adapters import adapter_view
 from .engine import Simulation
 from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
@@ -37,6 +38,10 @@ def simulate(
     `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py)."""
     sizes, loads = load_profile(profile, trace.models)
     priority, max_age = load_profile_fields(profile, trace.models)
+    adapters = None
+    view = adapter_view(trace, profile, sizes, loads, priority, max_age)  # issue 29: None for whole models
+    if view is not None:
+        trace, sizes, loads, priority, max_age, adapters = view
     out: dict[str, Any] = {
         "trace": {
             "source": trace.source, "format": trace.fmt, "models": len(trace.models),
@@ -58,7 +63,7 @@ def simulate(
     for name in policies:
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
-                         load_slots=load_slots, priority=priority, max_replica_age=max_age)
+                         load_slots=load_slots, priority=priority, max_replica_age=max_age, adapters=adapters)
         if name == "prewarm":
             pol = (SloPrewarm(slo) if slo is not None
                    else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,
