@@ -25,8 +25,9 @@ The model (the same for every policy: vLLM's own mechanics, implemented once, he
 - evicting a base replica unloads its adapters; requests waiting on one of them wait again (on another
   ready replica of the base, or on the base).
 - the policies see the bases' traffic (`trace` is the bases' view: each adapter request is one for its
-  base) and plan bases as they plan any model; a policy with an `on_adapter_request(t, a, warm)` hook
-  also sees each adapter request (prewarm does; it plans adapters, `load_adapter` / `evict_adapter`).
+  base, `on_request(t, base, warm)`, warm when a base replica was ready) and plan bases as they plan any
+  model; a policy with an `on_adapter_request(t, a, warm)` hook gets that instead (prewarm: it counts the
+  request for the adapter and its base, and plans adapters through `load` / `unload`).
 
 Figures (Simulation.results()["adapters"]): engine starts (base loads), cold requests that waited on a
 base start (`cold_engine`) or on an adapter load only (`cold_adapter`), adapter loads and evictions, and
@@ -206,9 +207,10 @@ class AdapterSlots:
                 self.cold_engine += 1
                 sim.waiting[m].append(t)
                 self.base_waiters[m].append((t, a))
-                policy.on_request(t, m, False)
                 if self.hook is not None:
                     self.hook(t, a, False)
+                else:
+                    policy.on_request(t, m, False)
                 if not sim.replicas[m]:
                     sim.stalled[m] = None
                     policy.on_miss(t, m)
@@ -217,9 +219,10 @@ class AdapterSlots:
                 sim.cold += 1
                 sim.cold_per_model[a] += 1
                 self.cold_adapter += 1
-            policy.on_request(t, m, True)  # the base served it (or loads its adapter): warm for the base
             if self.hook is not None:
                 self.hook(t, a, served)
+            else:
+                policy.on_request(t, m, True)  # the base served it (or loads its adapter): warm for the base
 
     def _whole(self, t: float, m: int, policy: Any) -> None:
         """A whole model's request in an adapter trace: the engine's own loop body."""

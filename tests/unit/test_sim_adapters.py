@@ -158,3 +158,21 @@ def test_whole_model_traces_keep_the_engines_own_path(tmp_path) -> None:
     sim = Simulation(tr, np.array([GIB]), np.array([1.0]), 1, 2 * GIB, "none")
     sim.run(POLICIES["on-demand-lru"]())
     assert sim.ad is None and "adapters" not in sim.results() and sim.waits == [1.0]
+
+
+def test_prewarm_plans_adapters_and_more_slots_where_lru_thrashes(tmp_path) -> None:
+    # One slot per replica, a1 and a2 asked in turn every 5 s for 10 minutes, 2 GPUs with room for a second
+    # base replica. The shared LRU mechanics alone swap the one slot at nearly every request (every baseline:
+    # they hold one replica of B, as of any model); prewarm starts a second replica for the working set and
+    # holds both adapters, so only the first requests are cold.
+    events = [(float(t), "a1" if t % 10 == 0 else "a2") for t in range(0, 600, 5)]
+    lru = sim_of(tmp_path, events, slots=1, gpus=2)
+    lru.run(POLICIES["on-demand-lru"]())
+    pw = sim_of(tmp_path, events, slots=1, gpus=2)
+    pw.run(POLICIES["prewarm"]())
+    a_lru, a_pw = lru.results()["adapters"], pw.results()["adapters"]
+    assert a_lru["cold_adapter"] > 100
+    assert a_pw["engine_starts"] == 2 and a_pw["adapter_loads_ahead"] >= 1
+    assert a_pw["cold_engine"] + a_pw["cold_adapter"] <= 10
+    for rep in pw.ad.slots:  # every adapter it held sat in a replica of its own base
+        assert rep[0] == pw.trace.models.index("B")
