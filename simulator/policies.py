@@ -148,7 +148,8 @@ class Prewarm(_Base):
     def on_adapter_request(self, t: float, a: int, warm: bool) -> None:
         """A request for adapter a (the adapter view, simulator.adapters): counted for the adapter and its base
         (traffic_keys), the base's serving replica marked as the engine's own path does for a model."""
-        for key in traffic_keys(self.specs, self.names[a]):
+        name = self.names[a]
+        for key in traffic_keys(name, self.specs[name].base):
             self.history.add(key, t)
         b = self.sim.ad.host[a]  # type: ignore[union-attr]
         for gi, r in self.sim.replicas[b].items():

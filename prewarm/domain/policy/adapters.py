@@ -55,13 +55,11 @@ def is_adapter(spec: ModelSpec) -> bool:
     return spec.base is not None
 
 
-def traffic_keys(models: Mapping[str, ModelSpec], model: str) -> tuple[str, ...]:
-    """The traffic keys a request for `model` counts under: its own, and an adapter's base's too (the one
-    rule that makes a base's value count its adapters' traffic; callers feed the history through it)."""
-    spec = models.get(model)
-    if spec is None or spec.base is None:
-        return (model,)
-    return (model, spec.base)
+def traffic_keys(model: str, base: str | None) -> tuple[str, ...]:
+    """The traffic keys a request for `model` counts under: its own, and an adapter's base's too (`base`: the
+    catalog's base of the model, None for a whole model). The one rule that makes a base's value count its
+    adapters' traffic: the simulator and the live scheduler feed the history through it."""
+    return (model,) if base is None else (model, base)
 
 
 def split(models: Mapping[str, ModelSpec]) -> tuple[Mapping[str, ModelSpec], dict[str, ModelSpec]] | None:
@@ -80,6 +78,17 @@ def plan_with_adapters(snapshot: Snapshot, now: float, state: PolicyState | None
     parts = split(snapshot.models)
     if parts is None:
         return plan(snapshot, now, state)
+    actions = plan(bases_view(snapshot), now, state)
+    return actions + plan_adapters(snapshot, now, actions, parts[1])
+
+
+def bases_view(snapshot: Snapshot) -> Snapshot:
+    """The snapshot without its adapters (models, replicas, intents), where a request waiting on an adapter
+    whose base has no ready replica waits on the base: what plan() and the live baselines plan (the
+    bases, from their adapters' traffic, as any model). The same snapshot when the catalog has no adapter."""
+    parts = split(snapshot.models)
+    if parts is None:
+        return snapshot
     whole, adapters = parts
     ready_bases = {r.model for r in snapshot.replicas if r.state == READY and r.host is None}
     waiting = {m: n for m, n in snapshot.waiting.items() if m not in adapters}
@@ -92,13 +101,11 @@ def plan_with_adapters(snapshot: Snapshot, now: float, state: PolicyState | None
         t = snapshot.waiting_since.get(m)
         if t is not None:
             since[base] = min(t, since.get(base, t))
-    bases_only = dataclasses.replace(
+    return dataclasses.replace(
         snapshot, models=whole,
         replicas=tuple(r for r in snapshot.replicas if r.host is None and r.model not in adapters),
         intents=tuple(i for i in snapshot.intents if i.model not in adapters),
         waiting=waiting, waiting_since=since)
-    actions = plan(bases_only, now, state)
-    return actions + plan_adapters(snapshot, now, actions, adapters)
 
 
 def adapter_value(snapshot: Snapshot, a: str, spec: ModelSpec, now: float) -> tuple[float, float]:
