@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-regret", choices=["on", "off"], default="off",
                    help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert with the fewest "
                    "recent ghost misses orders evictions (default off: docs/simulation.md says why)")
+    p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
+                   help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
+                   "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")
     p.add_argument("--promote-bandwidth", default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
@@ -191,7 +194,8 @@ def run_cli(args: argparse.Namespace) -> int:
     out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
                    host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
                    load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
-                   max_demand_wait=max_wait, no_regret=args.no_regret == "on")
+                   max_demand_wait=max_wait, no_regret=args.no_regret == "on",
+                   adapter_slot_replicas=args.adapter_slot_replicas == "on")
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

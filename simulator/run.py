@@ -33,9 +33,11 @@ def simulate(
     idle_memory_budget: float | None = None,
     max_demand_wait: float | None = None,
     no_regret: bool = False,
+    adapter_slot_replicas: bool = True,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
-    `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py)."""
+    `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py);
+    `adapter_slot_replicas`: its base replicas for adapters' slots (adapters.py; an adapter trace only)."""
     sizes, loads = load_profile(profile, trace.models)
     priority, max_age = load_profile_fields(profile, trace.models)
     adapters = None
@@ -55,6 +57,7 @@ def simulate(
         "idle_memory_budget": idle_memory_budget,  # prewarm's; None: unlimited
         "max_demand_wait": max_demand_wait,  # prewarm's; None: off
         "no_regret": no_regret,  # prewarm's no-regret layer
+        **({"adapter_slot_replicas": adapter_slot_replicas} if adapters is not None else {}),
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
@@ -67,7 +70,8 @@ def simulate(
         if name == "prewarm":
             pol = (SloPrewarm(slo) if slo is not None
                    else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,
-                                             overdue_wait_s=max_demand_wait, no_regret=no_regret)))
+                                             overdue_wait_s=max_demand_wait, no_regret=no_regret,
+                                             adapter_slot_replicas=adapter_slot_replicas)))
         else:
             pol = POLICIES[name]()
         t0 = time.perf_counter()

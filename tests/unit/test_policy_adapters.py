@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from prewarm.domain.policy import (
     GIB,
     Evict,
@@ -154,6 +156,10 @@ def test_a_working_set_larger_than_the_slots_starts_one_more_base_replica_in_fre
         [("B", "n/g1", SLOTS_KIND)]
     acts = plan_with_adapters(snapshot(models, reps, tr, gpus=(("n/g0", 10.0), ("n/g1", 3.0))), 1000.0)
     assert not [a for a in acts if a.model == "B"]
+    # off (PolicyConfig.adapter_slot_replicas): the adapters share the replica the bases' plan keeps
+    off = dataclasses.replace(snapshot(models, reps, tr, gpus=(("n/g0", 10.0), ("n/g1", 10.0))),
+                              config=dataclasses.replace(CFG, adapter_slot_replicas=False))
+    assert not [a for a in plan_with_adapters(off, 1000.0) if a.model == "B"]
 
 
 def test_without_adapters_it_is_plan() -> None:

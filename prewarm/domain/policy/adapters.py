@@ -17,9 +17,10 @@ where the base's engine start takes tens of seconds, so the two are planned apar
    goes into a free slot, or replaces the least valuable ready adapter of a full replica when worth
    `prefetch_margin` times more. An adapter a router waits on (`snapshot.waiting`) goes first and may replace
    any ready one. A replica takes at most ADAPTER_LOADS_PER_REPLICA planned adapter loads at once;
-3. slots: when a base's working set (those adapters) is more than its replicas' slots hold, one more replica
-   of the base is started per call on a GPU with room and a free load slot (never by evicting: the memory
-   is free, and step 1's values decide evictions), `kind = "adapter_slots"`.
+3. slots (PolicyConfig.adapter_slot_replicas, on by default): when a base's working set (those adapters) is
+   more than its replicas' slots hold, one more replica of the base is started per call on a GPU with room
+   and a free load slot (never by evicting: the memory is free, and step 1's values decide evictions),
+   `kind = "adapter_slots"`. It costs engine starts no request waits on, for adapter cold starts avoided.
 An adapter is never planned onto a GPU without a ready replica of its base (one this call evicts does not
 count), and is never a model of its own to step 1 (no engine start for it, no fill, no eviction to make room).
 
@@ -177,7 +178,7 @@ def plan_adapters(snapshot: Snapshot, now: float, planned: list[Action],
         if gpus:
             _fill_slots(snapshot, now, base, bspec, gpus, [m for _v, m in work], value, held, out)
         need = math.ceil(len(work) / bspec.max_adapters)
-        if work and replicas_of.get(base, 0) < need:
+        if cfg.adapter_slot_replicas and work and replicas_of.get(base, 0) < need:
             _more_slots(snapshot, now, base, bspec, len(work), replicas_of.get(base, 0), planned + out, out)
     return out
 

@@ -103,6 +103,9 @@ class PolicyConfig:
     max_stages_per_node: int = 2  # stages in flight per node: they share its storage bandwidth
     stage_margin: float = 2.0  # a stage must be worth this many times the staged bytes it evicts
     stage_recent_s: float = 3600.0  # a model evicted from its GPUs this recently may be staged
+    # LoRA adapters (adapters.py, issue 29): one more base replica, in free memory only, when a base's adapters
+    # expected soon outnumber its replicas' slots (off: the adapters share the replicas the bases' plan keeps)
+    adapter_slot_replicas: bool = True
 
     def default_promote_seconds(self, size_bytes: int) -> float:
         return (
