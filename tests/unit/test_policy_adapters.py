@@ -141,7 +141,8 @@ def test_a_waiting_adapter_on_a_ready_base_takes_a_slot_from_any_ready_adapter()
     feed(tr, models, "a1", range(0, 1000, 2))
     snap = snapshot(models, [ready("B"), ready("a1", host="B")], tr, waiting={"a2": 1})
     acts = [a for a in plan_with_adapters(snap, 1000.0) if a.model.startswith("a")]
-    assert [(type(a).__name__, a.model) for a in acts] == [("Evict", "a1"), ("Preload", "a2")]
+    assert [(type(a).__name__, a.model, a.kind) for a in acts] == [("Evict", "a1", "make_room"),
+                                                                    ("Preload", "a2", "demand")]
 
 
 def test_a_working_set_larger_than_the_slots_starts_one_more_base_replica_in_free_memory() -> None:

@@ -43,7 +43,7 @@ from .types import Action, Evict, ModelSpec, Preload, ReplicaState, Snapshot
 from .value import load_seconds
 from .words import fmt_s
 
-ADAPTER_KIND = "adapter"  # a Preload / Evict of an adapter into / out of a base replica's slot
+ADAPTER_KIND = "adapter"  # a Preload of an adapter ahead of its requests (one a router waits on: "demand")
 SLOTS_KIND = "adapter_slots"  # a Preload of one more base replica for its adapters' working set
 ADAPTER_LOADS_PER_REPLICA = 2  # planned adapter loads in flight per base replica: the engine loads them one by one
 
@@ -225,14 +225,14 @@ def _fill_slots(snapshot: Snapshot, now: float, base: str, bspec: ModelSpec, gpu
         _full, _n, g, victim = best
         there = held[(base, g)]
         if victim is not None:
-            out.append(Evict(victim, g, ADAPTER_KIND,
+            out.append(Evict(victim, g, "make_room",
                              f"make a LoRA slot of {base} on {g} for {m}: {victim} expects "
                              f"{value.get(victim, (0.0, 0.0))[0] * 60:.2f} requests/min, {m} "
                              + ("has a request waiting" if demand else f"{rate * 60:.2f}"),
                              {"victim_rate": value.get(victim, (0.0, 0.0))[0], "rate": rate}))
             del there[victim]
         spec = snapshot.models[m]
-        out.append(Preload(m, g, ADAPTER_KIND,
+        out.append(Preload(m, g, "demand" if demand else ADAPTER_KIND,
                            (f"a request for adapter {m} is waiting; its base {base} is ready on {g}" if demand else
                             f"adapter {m}: a request within {fmt_s(load_seconds(spec, cfg) + cfg.tick_s + cfg.window_s)}"
                             f" is {p:.0%} likely ({rate * 60:.2f}/min): into a LoRA slot of {base} on {g}"),
