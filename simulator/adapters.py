@@ -270,13 +270,13 @@ class AdapterSlots:
         if loading is not None:
             loading.waiters.append(w)
             return
-        gi = self._lru_replica(b)
-        if gi is None:  # every slot of every ready replica is loading: the next load to end frees none, retry then
+        target = self._lru_replica(b)
+        if target is None:  # every slot of every ready replica is loading: retry when one of them ends
             self.pending[b].append((a, w))
             return
-        s = self.load(a, gi, "demand", lru=True)
-        assert s is not None
-        s.waiters.append(w)
+        started = self.load(a, target, "demand", lru=True)
+        assert started is not None
+        started.waiters.append(w)
 
     def _lru_replica(self, b: int) -> int | None:
         """The ready replica of b an on-demand load goes to: one with a free slot (the fewest taken), else the
