@@ -161,7 +161,7 @@ def plan_adapters(snapshot: Snapshot, now: float, planned: list[Action],
             continue
         gpus = sorted(hosts.get(base, ()))
         value: dict[str, tuple[float, float]] = {}
-        work: list[tuple[float, str]] = []  # (-priority, adapter): the working set, most valuable first
+        work: list[tuple[float, str]] = []  # (-requests/s, adapter): the working set, most valuable first
         for m in by_base[base]:
             if m in snapshot.waiting:
                 value[m] = (math.inf, 1.0)
