@@ -40,6 +40,7 @@ from prewarm.domain.policy import (
     Snapshot,
     StagedState,
     TrafficHistory,
+    traffic_keys,
 )
 from prewarm.store import cold_starts, load_times, overlays
 
@@ -71,7 +72,7 @@ def measured_seconds(r: redis.Redis, model_ids: list[str]) -> tuple[dict[str, fl
 
 
 # key -> (catalog entry, (load s, pinned, min replicas, promote s), its ModelSpec, its ModelRef): SnapshotReader._spec
-_SpecMemo = dict[str, tuple[ModelEntry, tuple[float | None, bool, int, float | None], ModelSpec, ModelRef]]
+_SpecMemo = dict[str, tuple[ModelEntry, tuple[float | None, bool, int, float | None, int], ModelSpec, ModelRef]]
 
 
 def _sparse_window(r: redis.Redis, resolution_s: int, start: float, end: float) -> dict[str, list[tuple[int, int]]]:
@@ -118,12 +119,13 @@ class SnapshotReader:
         self._models: dict[str, ModelSpec] | None = None
         # (model key, second, count) fed by the last feed_traffic: a baseline's per-request events
         self.arrivals: list[tuple[str, float, int]] = []
+        self.bases: dict[str, str] = {}  # LoRA adapter id -> its base's (issue 29): the base's traffic counts it
 
     # --- traffic -----------------------------------------------------------------------------
     def _warm_history(self, now: float) -> None:
         minute_edge = int(now // 60 * 60) - 60
-        for model, series in _sparse_window(self.r, traffic.MINUTE, minute_edge - HISTORY_WARMUP_S,
-                                            minute_edge).items():
+        for model, series in self._with_bases(_sparse_window(self.r, traffic.MINUTE, minute_edge - HISTORY_WARMUP_S,
+                                                             minute_edge)).items():
             self.history.add_series(model, series, 30)  # each minute's count at its middle
         for ev in events.read(self.r, limit=500, kind="evict"):
             self.recent_evictions.setdefault(ev.model, ev.ts)
@@ -153,37 +155,57 @@ class SnapshotReader:
         start = max(self.fed_until, end - traffic.SECOND_TTL_S + 60)
         if end <= start:
             return 0
-        fed = 0
-        for model, series in _sparse_window(self.r, traffic.SECOND, start, end).items():
+        window = _sparse_window(self.r, traffic.SECOND, start, end)
+        fed = sum(c for series in window.values() for _t, c in series)  # the requests, each once
+        for model, series in self._with_bases(window).items():
             for t, c in series:
                 for key, part in self._split(model, c, rollouts or {}):
                     if part:
                         self.history.add_bucket(key, t, part)
                         self.arrivals.append((key, t, part))
-                fed += c
         self.fed_until = end
         return fed
+
+    def _with_bases(self, window: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+        """The window with each LoRA adapter's requests counted for its base too (traffic_keys, issue 29), the
+        base's series merged in time order (the history takes a model's buckets oldest first)."""
+        extra: dict[str, dict[int, int]] = {}
+        for model, series in window.items():
+            for key in traffic_keys(model, self.bases.get(model))[1:]:
+                counts = extra.setdefault(key, {})
+                for t, c in series:
+                    counts[t] = counts.get(t, 0) + c
+        if not extra:
+            return window
+        out = dict(window)
+        for key, counts in extra.items():
+            for t, c in out.get(key, ()):
+                counts[t] = counts.get(t, 0) + c
+            out[key] = sorted(counts.items())
+        return out
 
     def note_eviction(self, model_key_: str, at: float) -> None:
         self.recent_evictions[model_key_] = at
 
     # --- everything else ---------------------------------------------------------------------
     def _spec(self, key: str, entry: ModelEntry, load_s: dict[str, float], pinned: set[str],
-              min_replicas: int | None = None, promote_s: dict[str, float] | None = None) -> ModelSpec:
+              min_replicas: int | None = None, promote_s: dict[str, float] | None = None, slots: int = 0) -> ModelSpec:
+        """`slots`: a base's LoRA slots per replica when the catalog has adapters for it (issue 29; else 0)."""
         ld, pr = load_s.get(entry.id), (promote_s or {}).get(entry.id)
         pin = entry.pinned or entry.id in pinned
         floor = entry.min_replicas if min_replicas is None else min_replicas
         hit = self._specs.get(key)
         # The same spec object as last tick when nothing of it changed (specs are frozen): see read().
-        if hit is not None and hit[0] is entry and hit[1] == (ld, pin, floor, pr):
+        if hit is not None and hit[0] is entry and hit[1] == (ld, pin, floor, pr, slots):
             spec, ref = hit[2], hit[3]
         else:
             ref = ModelRef(entry.id, entry.version)
             spec = ModelSpec(id=key, size_bytes=entry.size_bytes, version=entry.version, load_seconds=ld,
                              pinned=pin, min_replicas=floor, max_rate_per_replica=entry.max_rate_per_replica,
                              promote_seconds=pr, priority=priorities.rank(entry.priority),
-                             max_replica_age_s=entry.max_replica_age_s)
-        self._specs_now[key] = (entry, (ld, pin, floor, pr), spec, ref)
+                             max_replica_age_s=entry.max_replica_age_s,
+                             base=entry.base if entry.is_adapter else None, max_adapters=slots)
+        self._specs_now[key] = (entry, (ld, pin, floor, pr, slots), spec, ref)
         self.refs[key] = ref
         return spec
 
@@ -222,19 +244,22 @@ class SnapshotReader:
         for mid, ro in rollouts.items():
             if mid in catalog and ro.version != catalog.get(mid).version:
                 active[mid] = (f"{mid}@{ro.version}", ro.traffic_fraction)
+        # LoRA adapters (issue 29) are models with a host: the policy plans them into their bases' slots
+        # (prewarm.domain.policy.adapters; a baseline plans only the bases), and each adapter's traffic counts
+        # for its base too (traffic_keys), so a base whose adapters are busy keeps its memory.
+        ids = list(catalog.ids())
+        self.bases = {m: catalog.get(m).base or "" for m in ids if catalog.get(m).is_adapter}
+        slots = {b: catalog.get(b).max_adapters for b in set(self.bases.values()) if b in catalog}
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r, parsed=self._replicas, now=now)
-        # LoRA adapters (issue 29) are left out of the plan until the policy plans them (item 4): they are loaded
-        # into a ready base replica by the route's on-demand load, and the worker refuses one without its
-        # base, so "free memory takes never-requested models" must not send them anywhere, nor evict them.
-        ids = [m for m in catalog.ids() if not catalog.get(m).is_adapter]
         load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
         pinned = overlays.pinned(self.r)
         self.refs = {}
         self._specs_now = {}
         models: dict[str, ModelSpec] = {}
         for mid in ids:
-            models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s)
+            models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s,
+                                     slots=slots.get(mid, 0))
         replicas_now = {mid: 0 for mid in ids}
         for rep in fleet.replicas():
             if rep.model in replicas_now and rep.state in (*rs.IN_FLIGHT, rs.READY):
@@ -258,16 +283,18 @@ class SnapshotReader:
             for rep in g.replicas:
                 if rep.state == rs.FAILED:
                     continue  # holds no memory; the worker keeps it only to show the reason
-                if rep.host:
-                    continue  # an adapter, inside its base replica: not planned yet (above)
                 key = self._old_version(models, catalog, rep.model, rep.version, load_s, pinned, promote_s)
                 if key is None:
                     continue
+                host = None
+                if rep.host:  # an adapter, inside the base replica its record names ("model@version")
+                    base_id, _, base_version = rep.host.rpartition("@")
+                    host = model_key(catalog, base_id, base_version) if base_id in catalog else rep.host
                 held = max(rep.bytes, rep.total_bytes)
                 replicas.append(ReplicaState(model=key, gpu=g.id, state=rep.state, bytes=held,
                                              since=rep.created_at or rep.since, version=rep.version,
                                              last_request=rep.last_used, in_flight=rep.in_flight,
-                                             ready_at=rep.ready_at))
+                                             ready_at=rep.ready_at, host=host))
         nodes: list[NodeState] = []
         staged: list[StagedState] = []
         for n in fleet.nodes:  # live nodes only: read_fleet drops a node whose heartbeat expired
@@ -282,7 +309,7 @@ class SnapshotReader:
                                           since=x.staged_at, version=x.version))
         intents = []
         for it in state.read_intents(self.r):
-            if it.model not in catalog or catalog.get(it.model).is_adapter:
+            if it.model not in catalog:
                 continue
             target: str | None = it.gpu
             if it.action in ("stage", "unstage"):

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-regret", choices=["on", "off"], default="off",
                    help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert with the fewest "
                    "recent ghost misses orders evictions (default off: docs/simulation.md says why)")
+    p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
+                   help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
+                   "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")
     p.add_argument("--promote-bandwidth", default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
@@ -104,6 +107,8 @@ def table(out: dict) -> str:
                 lines.append(f"{name} with the SLO ({s['line']}): {s['steps_up']} step(s) up, {s['steps_down']} "
                              f"down, highest level {s['max_level']}, mean speculative share "
                              f"{s['mean_speculative_share']:.0%}")
+    if any("adapters" in r for r in out["policies"].values()):
+        lines += ["", adapter_table(out)]
     if out["fleet"].get("host_bytes"):
         hdr = f"{'host tier':<17} {'stages':>8} {'TiB staged':>10} {'unstages':>8} {'promotions':>10} {'host GiBh':>9}"
         lines += ["", hdr, "-" * len(hdr)]
@@ -112,6 +117,24 @@ def table(out: dict) -> str:
                 f"{name:<17} {r['stages']:>8} {r['bytes_staged'] / GIB / 1024:>10.2f} {r['unstages']:>8} "
                 f"{r['promotions']:>10} {r['host_memory_gib_hours']:>9.0f}"
             )
+    return "\n".join(lines)
+
+
+def adapter_table(out: dict) -> str:
+    """The adapter view's split (issue 29): engine starts (base loads), cold requests that waited on a base
+    start or on an adapter load only, adapter loads (planned ahead of them), and the waits of each kind."""
+    hdr = (f"{'adapters':<17} {'engine st':>9} {'cold eng':>8} {'cold adp':>8} {'adp loads':>9} {'ahead':>7} "
+           f"{'adp evict':>9} {'eng wait s':>10} {'adp wait s':>10} {'adp max':>7} {'>load':>6}")
+    lines = [hdr, "-" * len(hdr)]
+    for name, r in out["policies"].items():
+        a = r.get("adapters")
+        if a is None:
+            continue
+        lines.append(
+            f"{name:<17} {a['engine_starts']:>9} {a['cold_engine']:>8} {a['cold_adapter']:>8} "
+            f"{a['adapter_loads']:>9} {a['adapter_loads_ahead']:>7} {a['adapter_evictions']:>9} "
+            f"{a['engine_wait_seconds']['total']:>10.0f} {a['adapter_wait_seconds']['total']:>10.0f} "
+            f"{a['adapter_wait_seconds']['max']:>7.2f} {a['adapter_wait_over_load_max']:>6.2f}")
     return "\n".join(lines)
 
 
@@ -171,7 +194,8 @@ def run_cli(args: argparse.Namespace) -> int:
     out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
                    host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
                    load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
-                   max_demand_wait=max_wait, no_regret=args.no_regret == "on")
+                   max_demand_wait=max_wait, no_regret=args.no_regret == "on",
+                   adapter_slot_replicas=args.adapter_slot_replicas == "on")
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

@@ -44,11 +44,13 @@ from prewarm.domain.baselines.placement import choose
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.states import LOADING, PENDING, READY
 
+from .adapters import ADAPTER_DONE as _ADAPTER_DONE
+from .adapters import AdapterSlots, AdapterView
 from .trace import GIB, Trace
 
 # Loads made before any request asked (the ROI's cold starts avoided, as prewarm.store.load_kinds live):
 # prewarm's speculative / new-GPU / rising-rate scale loads, and the baselines' own ahead-of-demand loads.
-AHEAD_KINDS = frozenset(("speculative", "new_gpu", "scale", "prewarm", "prefetch"))
+AHEAD_KINDS = frozenset(("speculative", "new_gpu", "scale", "prewarm", "prefetch", "adapter"))
 
 
 # after the trace ends, ticks go on this long while requests wait (those still waiting are unserved)
@@ -161,7 +163,8 @@ class Policy(Protocol):
     def on_timer(self, t: float, payload: tuple) -> None: ...
 
 
-_LOAD_DONE, _STAGE_DONE, _TIMER, _TICK = 0, 1, 2, 3  # same-instant order: completions first
+# same-instant order: completions first (an adapter's load too, issue 29: 2, only adapter traces have it)
+_LOAD_DONE, _STAGE_DONE, _TIMER, _TICK = 0, 1, 3, 4
 
 
 class Simulation:
@@ -181,6 +184,7 @@ class Simulation:
         load_slots: int = 2,
         priority: list[int] | None = None,
         max_replica_age: list[float | None] | None = None,
+        adapters: AdapterView | None = None,
     ) -> None:
         """`host_bytes`: each node's host cache (0: no staging tier). `stage_bandwidth`: a node's
         storage → host bytes/s. Promotion time (host → GPU) per model: `promote_s` if given, else
@@ -188,7 +192,9 @@ class Simulation:
         host-to-device bandwidth if given); either way at most the model's load time.
         `load_slots`: loads one GPU runs at once, the rest queue FIFO (0: no limit) — highest
         `priority` first (per model, prewarm.priority's rank; default all normal), as the worker.
-        `max_replica_age`: per model, the catalog field prewarm's policy refreshes by (None: none)."""
+        `max_replica_age`: per model, the catalog field prewarm's policy refreshes by (None: none).
+        `adapters` (issue 29): the trace's LoRA adapters and their bases (simulator.adapters): `trace` is then
+        the bases' view of it (each adapter request counted for its base) and the slots model serves them."""
         if load_slots < 0:
             raise ValueError(f"load_slots must be 0 (no limit) or more, not {load_slots}")
         self.load_slots = int(load_slots)
@@ -235,6 +241,7 @@ class Simulation:
         self.req_per_model = [0] * self.n_models
         self.waits: list[float] = []
         self.loads = 0
+        self.loads_per_model = [0] * self.n_models  # an adapter trace's engine starts are its bases'
         self.queued_loads = 0  # loads that waited for a load slot
         self.bytes_loaded = 0
         self.mem_total = 0.0  # byte-seconds
@@ -247,6 +254,8 @@ class Simulation:
         self.promotions = 0
         self.host_mem = 0.0  # byte-seconds held in host caches
         self.policy: Policy | None = None
+        # LoRA adapters inside their bases' replicas (issue 29): None for a trace of whole models
+        self.ad: AdapterSlots | None = AdapterSlots(self, adapters) if adapters is not None else None
 
     # ---- events ---------------------------------------------------------------------------
     def push(self, t: float, kind: int, payload: tuple) -> None:
@@ -295,6 +304,7 @@ class Simulation:
         g.used += size
         self.replicas[m][gi] = r
         self.loads += 1
+        self.loads_per_model[m] += 1
         self.bytes_loaded += size
         self.stalled.pop(m, None)
         if self.slots_busy(gi):
@@ -319,6 +329,8 @@ class Simulation:
         self.ready_count[m] -= 1
         self._close(r, t)
         self.evictions += 1
+        if self.ad is not None:
+            self.ad.base_evicted(r)  # its adapters go with its engine
         self.last_evicted[m] = t
         return True
 
@@ -361,7 +373,10 @@ class Simulation:
             self.ready_count[r.model] += 1
             w = self.waiting[r.model]
             if w:
-                self.waits.extend(t - x for x in w)
+                if self.ad is not None and self.ad.max_adapters[r.model]:
+                    self.ad.base_ready(t, r)  # its adapters load now; their requests are served after that
+                else:
+                    self.waits.extend(t - x for x in w)
                 w.clear()
                 r.last_request = t
             if self.policy is not None:
@@ -441,7 +456,9 @@ class Simulation:
         replicas = self.replicas
         ready_count = self.ready_count
         last_arrival = self.last_arrival
-        for t, m in zip(times, mids, strict=True):
+        if self.ad is not None:
+            self.ad.feed(policy, end)  # an adapter trace's requests go through its slots model instead
+        for t, m in (zip(times, mids, strict=True) if self.ad is None else ()):
             while events and events[0][0] <= t:
                 self._dispatch(heapq.heappop(events), end)
             self.now = t
@@ -491,6 +508,8 @@ class Simulation:
             self.policy.on_timer(t, payload)  # type: ignore[union-attr]
         elif kind == _STAGE_DONE:
             self._stage_done(*payload)
+        elif kind == _ADAPTER_DONE:
+            self.ad.done(t, *payload)  # type: ignore[union-attr]
         else:
             self.policy.on_tick(t)  # type: ignore[union-attr]
             self._retry_stalled()
@@ -558,4 +577,5 @@ class Simulation:
             # what warmth cost and bought (the live /api/roi's figures, fleet-wide)
             "roi": {"gpu_memory_gib_hours": self.mem_total / GIB / 3600.0, "warm_hits": n - self.cold,
                     "cold_starts": self.cold, "cold_starts_avoided": self.avoided},
+            **({"adapters": self.ad.results()} if self.ad is not None else {}),
         }

@@ -36,6 +36,8 @@ from prewarm.domain.policy import (
     TrafficHistory,
     Unstage,
     plan,
+    plan_with_adapters,
+    traffic_keys,
 )
 from prewarm.domain.states import READY
 
@@ -116,12 +118,17 @@ class Prewarm(_Base):
         self.names = sim.trace.models
         self.index = {m: i for i, m in enumerate(self.names)}
         self.gpu_index = {g.id: g.index for g in sim.gpus}
+        # LoRA adapters (issue 29): an adapter names its base, a base its slots per replica
+        host = sim.ad.host if sim.ad is not None else [-1] * sim.n_models
+        slots = sim.ad.max_adapters if sim.ad is not None else [0] * sim.n_models
         self.specs = {
             m: ModelSpec(m, sim.sizes[i], load_seconds=sim.load_s[i],
                          promote_seconds=sim.promote_s[i] if sim.host_on else None,
-                         priority=sim.priority[i], max_replica_age_s=sim.max_replica_age[i])
+                         priority=sim.priority[i], max_replica_age_s=sim.max_replica_age[i],
+                         base=self.names[host[i]] if host[i] >= 0 else None, max_adapters=slots[i])
             for i, m in enumerate(self.names)
         }
+        self.adapter_rs: tuple[int, tuple[ReplicaState, ...]] = (-1, ())  # (slots version, adapter replicas)
         self.node_index = {n.id: n.index for n in sim.nodes}
         # (host_version, nodes, staged) of the last snapshot: empty while there is no host tier
         self._host: tuple[int, tuple[NodeState, ...], tuple[StagedState, ...]] = (-1, (), ())
@@ -137,6 +144,17 @@ class Prewarm(_Base):
                 if r.state == READY:
                     self.dirty.add((m, gi))
                     break
+
+    def on_adapter_request(self, t: float, a: int, warm: bool) -> None:
+        """A request for adapter a (the adapter view, simulator.adapters): counted for the adapter and its base
+        (traffic_keys), the base's serving replica marked as the engine's own path does for a model."""
+        name = self.names[a]
+        for key in traffic_keys(name, self.specs[name].base):
+            self.history.add(key, t)
+        b = self.sim.ad.host[a]  # type: ignore[union-attr]
+        for gi, r in self.sim.replicas[b].items():
+            if r.state == READY:
+                self.dirty.add((b, gi))
 
     def on_miss(self, t: float, m: int) -> None:
         self._plan(t)
@@ -179,12 +197,28 @@ class Prewarm(_Base):
                 for n in s.nodes for c in n.cached.values()
             )
             self._host = (s.host_version, nodes, staged)
-        return Snapshot(self.specs, gpus, tuple(self.rs.values()), self.history,
+        replicas = tuple(self.rs.values())
+        if s.ad is not None:
+            replicas += self._adapter_replicas()
+        return Snapshot(self.specs, gpus, replicas, self.history,
                         recent_evictions=self.evicted_at, waiting=waiting, waiting_since=since, config=self.cfg,
                         nodes=self._host[1], staged=self._host[2])
 
+    def _adapter_replicas(self) -> tuple[ReplicaState, ...]:
+        """The adapters in their base replicas' slots, as the worker reports them (host = the base)."""
+        ad = self.sim.ad
+        assert ad is not None
+        if self.adapter_rs[0] != ad.version:
+            names, gpus = self.names, self.sim.gpus
+            self.adapter_rs = (ad.version, tuple(
+                ReplicaState(names[x.model], gpus[x.gpu].id, x.state, x.bytes, x.since, last_request=x.last_use,
+                             ready_at=None if math.isnan(x.ready_at) else x.ready_at, host=names[x.base])
+                for held in ad.slots.values() for x in held.values()))
+        return self.adapter_rs[1]
+
     def _plan(self, t: float) -> None:
-        self._apply(plan(self._snapshot(), t, self.state), t)
+        snap = self._snapshot()
+        self._apply((plan_with_adapters if self.sim.ad is not None else plan)(snap, t, self.state), t)
 
     def _apply(self, actions: Iterable[Action], t: float) -> None:
         """Play the worker for plan()'s actions (an action the fleet cannot take is ignored)."""
@@ -194,6 +228,15 @@ class Prewarm(_Base):
                 continue  # nothing to play: a decision to leave a replica as it is
             self.actions += 1
             m = self.index[a.model]
+            if s.ad is not None and s.ad.host[m] >= 0 and isinstance(a, (Preload, Evict)):
+                # an adapter: into / out of a LoRA slot of its base's replica on that GPU (ignored when the
+                # engine cannot: no ready base there, no free slot, not held)
+                gi = self.gpu_index[a.gpu]
+                if isinstance(a, Preload):
+                    s.ad.load(m, gi, a.kind)
+                else:
+                    s.ad.unload(m, gi)
+                continue
             if isinstance(a, Evict):
                 gi = self.gpu_index[a.gpu]
                 if s.evict(m, gi):

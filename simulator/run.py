@@ -10,6 +10,7 @@ from typing import Any
 from prewarm.domain.policy import PolicyConfig, native
 from prewarm.domain.slo import ColdStartSlo
 
+from .adapters import adapter_view
 from .engine import Simulation
 from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
@@ -32,11 +33,17 @@ def simulate(
     idle_memory_budget: float | None = None,
     max_demand_wait: float | None = None,
     no_regret: bool = False,
+    adapter_slot_replicas: bool = True,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
-    `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py)."""
+    `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py);
+    `adapter_slot_replicas`: its base replicas for adapters' slots (adapters.py; an adapter trace only)."""
     sizes, loads = load_profile(profile, trace.models)
     priority, max_age = load_profile_fields(profile, trace.models)
+    adapters = None
+    view = adapter_view(trace, profile, sizes, loads, priority, max_age)  # issue 29: None for whole models
+    if view is not None:
+        trace, sizes, loads, priority, max_age, adapters = view
     out: dict[str, Any] = {
         "trace": {
             "source": trace.source, "format": trace.fmt, "models": len(trace.models),
@@ -50,6 +57,7 @@ def simulate(
         "idle_memory_budget": idle_memory_budget,  # prewarm's; None: unlimited
         "max_demand_wait": max_demand_wait,  # prewarm's; None: off
         "no_regret": no_regret,  # prewarm's no-regret layer
+        **({"adapter_slot_replicas": adapter_slot_replicas} if adapters is not None else {}),
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
         "policy_build": "native" if native.active() else "python",
@@ -58,11 +66,12 @@ def simulate(
     for name in policies:
         sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, contention, host_bytes=host_bytes,
                          stage_bandwidth=stage_bandwidth, promote_bandwidth=promote_bandwidth,
-                         load_slots=load_slots, priority=priority, max_replica_age=max_age)
+                         load_slots=load_slots, priority=priority, max_replica_age=max_age, adapters=adapters)
         if name == "prewarm":
             pol = (SloPrewarm(slo) if slo is not None
                    else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,
-                                             overdue_wait_s=max_demand_wait, no_regret=no_regret)))
+                                             overdue_wait_s=max_demand_wait, no_regret=no_regret,
+                                             adapter_slot_replicas=adapter_slot_replicas)))
         else:
             pol = POLICIES[name]()
         t0 = time.perf_counter()

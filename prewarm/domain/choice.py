@@ -18,7 +18,8 @@ from prewarm.domain.policy_names import DEFAULT, check
 
 from .baselines import RULES
 from .baselines.live import Arrival, BaselinePolicy
-from .policy.planner import PolicyState, plan
+from .policy.adapters import plan_with_adapters
+from .policy.planner import PolicyState
 from .policy.types import Action, PolicyConfig, Snapshot
 
 
@@ -29,7 +30,7 @@ class Policy(Protocol):
 
 
 class PrewarmPolicy:
-    """prewarm's own plan(), with its cache kept between ticks."""
+    """prewarm's own plan(), with its cache kept between ticks (LoRA adapters: plan_with_adapters, issue 29)."""
 
     name = DEFAULT
 
@@ -38,7 +39,7 @@ class PrewarmPolicy:
         self.state = PolicyState()
 
     def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]:
-        return plan(snap, now, self.state)
+        return plan_with_adapters(snap, now, self.state)
 
 
 def make_policy(name: str, config: PolicyConfig) -> Policy:

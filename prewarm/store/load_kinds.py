@@ -9,8 +9,9 @@ import redis
 from prewarm import keys
 
 # Loads the scheduler makes before any request asks: predicted demand, a new GPU's hottest models, and an
-# extra replica for a rising rate. (Demand, min_replicas, operator and router loads answer a request or a rule.)
-AHEAD_OF_DEMAND = ("scheduler:speculative", "scheduler:new_gpu", "scheduler:scale")
+# extra replica for a rising rate, a LoRA adapter warmed in its base's slot (issue 29). (Demand, min_replicas,
+# operator and router loads answer a request or a rule.)
+AHEAD_OF_DEMAND = ("scheduler:speculative", "scheduler:new_gpu", "scheduler:scale", "scheduler:adapter")
 
 
 def field(model: str, version: str, gpu: str) -> str:

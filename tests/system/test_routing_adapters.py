@@ -116,11 +116,38 @@ def test_a_base_with_its_slots_taken_gets_no_load_and_says_why(ctx: Context, r: 
     assert queued_tasks(r, "gpu.node-a.cpu:0") == []
 
 
-def test_the_scheduler_leaves_adapters_to_the_route_until_the_policy_plans_them(ctx: Context, r: redis.Redis) -> None:
+def test_the_snapshot_has_adapters_with_their_host_and_their_traffic_counts_for_the_base(ctx: Context,
+                                                                                         r: redis.Redis) -> None:
+    from prewarm import traffic
     from prewarm.domain.policy import PolicyConfig
     from scheduler.snapshot import SnapshotReader
 
     publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A), adapter_replica("lora-a", GPU_A)])
-    snap, _ = SnapshotReader(r, PolicyConfig()).read(ctx.catalog, time.time(), full=True)
-    assert set(snap.models) == {"base-llm"}  # free memory never sends an adapter to a GPU without its base
-    assert [x.model for x in snap.replicas] == ["base-llm"]  # nor is the adapter evicted as unknown
+    now = time.time()
+    traffic.record(r, [("lora-a", 2, now - 30 + i) for i in range(20)] + [("lora-b", 1, now - 20)], now=now)
+    snap, _ = SnapshotReader(r, PolicyConfig()).read(ctx.catalog, now, full=True)
+    assert snap.models["lora-a"].base == "base-llm" and snap.models["base-llm"].max_adapters == 1
+    assert snap.models["base-llm"].base is None
+    held = {(x.model, x.host) for x in snap.replicas}
+    assert held == {("base-llm", None), ("lora-a", "base-llm")}
+    # no request names the base: its traffic is its adapters' (41 requests)
+    assert snap.traffic.total("lora-a") == 40 and snap.traffic.total("base-llm") == 41
+
+
+def test_the_scheduler_plans_an_adapter_into_its_ready_base_and_never_without_one(ctx: Context,
+                                                                                 r: redis.Redis) -> None:
+    from prewarm import traffic
+    from scheduler.live import Scheduler
+
+    # GPU A: the base, its one slot free; GPU B: memory, no base. lora-a is asked every second.
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A)])
+    publish_gpu(r, GPU_B, total_mib=1)
+    now = time.time()
+    traffic.record(r, [("lora-a", 1, now - 60 + i) for i in range(55)], now=now)
+    res = Scheduler(ctx, ident="s1").tick(now)
+    assert res.leader
+    tasks = queued_tasks(r, "gpu.node-a.cpu:0")
+    loads = [t["headers"]["argsrepr"] for t in tasks if t["headers"]["task"] == celery_app.PRELOAD]
+    assert any(a.startswith("['lora-a'") for a in loads)  # an adapter load into the base's engine
+    assert not any(a.startswith("['base-llm'") for a in loads)  # not an engine start
+    assert not [t for t in queued_tasks(r, "gpu.node-b.cpu:0") if "lora" in t["headers"]["argsrepr"]]

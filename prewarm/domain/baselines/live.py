@@ -33,6 +33,7 @@ from typing import Any
 
 from prewarm.domain.states import EVICTING, PENDING, READY
 
+from ..policy.adapters import bases_view
 from ..policy.fleet import Fleet as Tentative
 from ..policy.types import Action, Evict, PolicyConfig, Preload, Snapshot
 from ..policy.value import load_seconds
@@ -195,6 +196,10 @@ class BaselinePolicy:
             self.rule.on_timer(t, payload)
 
     def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]:
+        # LoRA adapters (issue 29): a baseline plans their bases, from the bases' traffic (which counts their
+        # adapters' requests), as any model; the adapters themselves get vLLM's own mechanics (the route hook's
+        # load on a miss, LRU in the engine's slots), as in the simulator. Their own arrivals index nothing.
+        snap = bases_view(snap)
         if not self.attached:
             # the catalog's current versions (an "<id>@<version>" key is a rollout or an old version)
             self.names = sorted(k for k in snap.models if "@" not in k)

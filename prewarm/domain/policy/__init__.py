@@ -36,7 +36,9 @@ The live scheduler, every tick:
     for action in plan(snap, time.time(), state):
         dispatch(action)   # Preload → preload task, Evict → evict task, on action.gpu's queue
 
-What the policy does is described in `planner`'s docstring; the idle-time model in `arrivals`.
+What the policy does is described in `planner`'s docstring; the idle-time model in `arrivals`. A catalog with
+LoRA adapters (ModelSpec.base) is planned by `plan_with_adapters` (adapters.py): plan() for the bases, then the
+adapters in their base replicas' slots; the caller feeds each request under `traffic_keys(models, model)`.
 """
 
 from . import native
@@ -44,6 +46,7 @@ from . import native
 # a native (mypyc) build of the hot modules, when one matches these sources; see native.py
 native.activate(__path__)
 
+from .adapters import plan_with_adapters, traffic_keys  # noqa: E402
 from .history import TrafficHistory  # noqa: E402
 from .planner import PolicyState, load_seconds, plan  # noqa: E402
 from .types import (  # noqa: E402
@@ -86,4 +89,6 @@ __all__ = [
     "Unstage",
     "load_seconds",
     "plan",
+    "plan_with_adapters",
+    "traffic_keys",
 ]

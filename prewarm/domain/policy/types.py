@@ -106,6 +106,9 @@ class PolicyConfig:
     max_stages_per_node: int = 2  # stages in flight per node: they share its storage bandwidth
     stage_margin: float = 2.0  # a stage must be worth this many times the staged bytes it evicts
     stage_recent_s: float = 3600.0  # a model evicted from its GPUs this recently may be staged
+    # LoRA adapters (adapters.py, issue 29): one more base replica, in free memory only, when a base's adapters
+    # expected soon outnumber its replicas' slots (off: the adapters share the replicas the bases' plan keeps)
+    adapter_slot_replicas: bool = True
 
     def default_promote_seconds(self, size_bytes: int) -> float:
         return (
@@ -136,6 +139,10 @@ class ModelSpec:
     promote_seconds: float | None = None  # measured p50 of host cache → device + warmup; None = derive
     priority: int = 1  # prewarm.priority.rank: 0 low, 1 normal, 2 high (a speculative load never evicts higher)
     max_replica_age_s: float | None = None  # replicas older than this are replaced (refresh.py); None: never
+    # LoRA adapters (issue 29, adapters.py): an adapter names its base (it lives only inside a ready replica of
+    # it); a base gives its replicas' LoRA slots (0: not a base)
+    base: str | None = None
+    max_adapters: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +188,7 @@ class ReplicaState:
     last_request: float | None = None  # last request served by this replica
     in_flight: int = 0  # requests being served right now
     ready_at: float | None = None  # when it became ready (its age, for refresh); None: not ready / not known
+    host: str | None = None  # an adapter's replica: the base model whose replica on this GPU holds it
 
 
 class Placement(NamedTuple):
