@@ -241,6 +241,7 @@ class Scheduler:
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
             "left_out": ",".join(sorted(result.left_out)), "expert": self._expert(),
+            "loads_ahead": self._loads_ahead(),
             "failover_hold": "1" if self.failover.holding(now) else "0"})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
@@ -251,6 +252,13 @@ class Scheduler:
         if st is None or not self.config.no_regret:
             return ""
         return str(st.experts.why())
+
+    def _loads_ahead(self) -> str:
+        """What loads ahead saved and cost on this traffic, and whether they go on (ahead.py), else ""."""
+        st = getattr(self.policy, "state", None)
+        if st is None or not self.config.ahead_gate:
+            return ""
+        return str(st.ahead.why())
 
     def _drain_round(self, fleet: state.Fleet, now: float) -> list[drain.Replacement]:
         """services.drain's round: replacements for the draining nodes' replicas that need a home."""

@@ -119,6 +119,8 @@ def test_burst_of_wake_ups_is_one_tick_and_standby_ignores_them(ctx: Context, r:
     assert evs[0].numbers["models"] == sorted(f"m{i}@v1" for i in range(20))
     assert "woken by a cold route lookup" in evs[0].reason
     assert r.hget(keys.SCHEDULER_STATUS, "trigger") == b"wake"
+    # the loads-ahead record says where loads ahead stand (ahead.py): with no record yet they go on
+    assert (r.hget(keys.SCHEDULER_STATUS, "loads_ahead") or b"").startswith(b"loads ahead on:")
     assert standby.wake(["m0@v1"]) is None  # a standby plans nothing on a wake-up
     assert len(wakes(r)) == 1
 
