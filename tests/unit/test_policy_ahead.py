@@ -109,3 +109,17 @@ def test_a_model_waiting_many_of_its_load_times_outranks_a_busy_one_for_the_last
     assert first_load(30.0) == "busy"
     assert first_load(1000.0) == "busy"
     assert first_load(20_000.0) == "rare"
+
+
+def test_loads_ahead_must_save_the_prefetch_margin_times_what_they_cost() -> None:
+    """Six bets won, four lost: they pay for themselves (a bar of 1) but not twice over (plan()'s margin)."""
+    for margin, open_ in ((1.0, True), (CFG.prefetch_margin, False)):
+        tr = TrafficHistory.for_config(CFG)
+        rec = AheadRecord()
+        rec.feed(tr, 0.0, HALF, one, margin)
+        for i in range(10):
+            rec.bet(f"s{i}", (f"v{i}",), 100.0, shadow=False, ready=100.0)
+            tr.add(f"s{i}" if i < 6 else f"v{i}", 105.0)
+        rec.feed(tr, 110.0, HALF, one, margin)
+        assert (rec.won, rec.lost) == (6.0, 4.0)
+        assert rec.open() is open_

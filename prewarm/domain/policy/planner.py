@@ -83,7 +83,7 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     if cfg.no_regret:
         feed_experts(pl)
     if cfg.ahead_gate:
-        st.ahead.feed(pl.tr, now, cfg.expert_halflife_s, pl.cost)
+        st.ahead.feed(pl.tr, now, cfg.expert_halflife_s, pl.cost, cfg.prefetch_margin)
     # Only resident models can be released. A model not resident stays in the due set (until its cold
     # segment ends or its timeline moves): a replica of it that appears with no request of its own (a
     # floor, an operator's preload) is quiet at once, as a fresh state would see it.
