@@ -123,3 +123,18 @@ def test_loads_ahead_must_save_the_prefetch_margin_times_what_they_cost() -> Non
         rec.feed(tr, 110.0, HALF, one, margin)
         assert (rec.won, rec.lost) == (6.0, 4.0)
         assert rec.open() is open_
+
+
+def test_a_bets_link_time_is_charged_when_it_settles_won_lost_or_dropped() -> None:
+    tr = TrafficHistory.for_config(CFG)
+    rec = AheadRecord()
+    rec.feed(tr, 0.0, HALF, one)
+    for i in range(5):  # a burst of bets, each holding up 3 requests on its link
+        rec.bet(f"s{i}", (f"v{i}",), 100.0, shadow=False, ready=100.0, link=3.0)
+    assert rec.lost == 0.0 and rec.open()  # not before anything is known of them
+    for i in range(4):
+        tr.add(f"s{i}", 105.0)  # won: each saved one reload, and cost its link time
+    rec.feed(tr, 110.0, HALF, one)
+    assert (rec.won, rec.lost_total) == (4.0, 12.0)
+    rec.feed(tr, 100.0 + HALF + 1.0, HALF, one)  # s4 settles by nobody's request: its link time all the same
+    assert rec.lost_total == 15.0 and not rec.bets

@@ -290,7 +290,7 @@ def load_ahead(pl: PlanCall, cands: list[tuple[float, str]],
         if record is not None:
             ready = pl.now + pl.reload_s(spec) * pl.slowdown
             record.bet(m, tuple(r.model for r in choice.victims), pl.now, shadow, ready,
-                       pl.link_rate() * (ready - pl.now))
+                       pl.link_rate(keep=False) * (ready - pl.now))
             if shadow:
                 continue
         reason, numbers = why(m, -negl)

@@ -235,12 +235,25 @@ class Values:
         a = self.tr.last_arrival(r.model)
         return a is None or a < r.since
 
-    def link_rate(self) -> float:
-        """Requests per second waiting on loads, per GPU link: what one link-second holds up."""
-        if self._link_rate is None:
-            n = len(self.fleet.gpus)
-            self._link_rate = sum(self.loading_rate(g) for g in sorted(self.fleet.gpus)) / n if n else 0.0
-        return self._link_rate
+    def link_rate(self, keep: bool = True) -> float:
+        """Requests per second waiting on loads, per GPU link: what one link-second holds up. Kept for the
+        call from its first use (loss() values every model by the same figure); `keep=False`: read it
+        without fixing it (a reader that must not change what loss() later sees)."""
+        if self._link_rate is not None:
+            return self._link_rate
+        n = len(self.fleet.gpus)
+        rate = self.loading_rate if keep else self._loading_rate_now
+        v = sum(rate(g) for g in sorted(self.fleet.gpus)) / n if n else 0.0
+        if keep:
+            self._link_rate = v
+        return v
+
+    def _loading_rate_now(self, gpu: str) -> float:
+        """loading_rate() without keeping it (do_preload adds to the kept figure)."""
+        v = self._loading_rate.get(gpu)
+        if v is None:
+            v = sum(max(self.tr.rate_short(m, self.now), 1e-3) for m in self.fleet.loading_models[gpu])
+        return v
 
     def loading_rate(self, gpu: str) -> float:
         """Sum of request rates of the models loading on a GPU (their requests wait on the link)."""
