@@ -13,7 +13,8 @@ Order of work in one call (each step sees the tentative effect of the previous o
    evicting the lowest expected value per byte if no GPU has room; every load goes to a GPU with
    fewer than max_loads_per_gpu loads in flight (loads sharing a link slow each other down, and
    every request waiting on them with it), so when all are busy it waits for the next tick, where
-   the waiting model with the most requests per second of load time is placed first;
+   the waiting model a second's delay costs most per second of its load is placed first (its request
+   rate plus its waiting requests' seconds, HRRN-grown so none starves: steps.demand_weight);
 3. keep pinned / min_replicas models at their floor;
 4. scale: forecast each capped model's rate one load time ahead, add replicas on other nodes;
 5. a GPU that just joined takes replicas of the hottest models;
@@ -23,7 +24,9 @@ Order of work in one call (each step sees the tentative effect of the previous o
    and not quiet) and, if absent, loaded ahead under the speculative rules below;
 6. speculative: models in a "hot" segment of their idle-time timeline (a request is likely
    within their load time + a minute) are loaded ahead, within the speculative share of a GPU,
-   evicting only residents worth `prefetch_margin` times less;
+   evicting only residents worth `prefetch_margin` times less; loads ahead (5b and 6) are bets judged on
+   the real fleet (ahead.py: their model asked for before their victims, their link time charged), held
+   back while the record says they saved less than `prefetch_margin` times what they cost;
 6b. refresh (refresh.py): a replica older than its model's max_replica_age is replaced
    make-before-break: a fresh replica loads where room and a link are free, then the old one goes;
 7. fill: free memory up to speculative_share of each GPU takes catalog models not requested yet,
