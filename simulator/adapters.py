@@ -196,7 +196,7 @@ class AdapterSlots:
             sim.last_arrival[m] = t
             sim.req_per_model[a] += 1
             if host[a] < 0:
-                self._whole(t, m, policy)
+                sim.serve(t, m, policy)  # a whole model: the engine's own path
                 continue
             self.requests += 1
             sim.last_arrival[a] = t
@@ -223,24 +223,6 @@ class AdapterSlots:
                 self.hook(t, a, served)
             else:
                 policy.on_request(t, m, True)  # the base served it (or loads its adapter): warm for the base
-
-    def _whole(self, t: float, m: int, policy: Any) -> None:
-        """A whole model's request in an adapter trace: the engine's own loop body."""
-        sim = self.sim
-        if sim.ready_count[m]:
-            for r in sim.replicas[m].values():
-                if r.state == READY:
-                    r.last_request = t
-                    break
-            policy.on_request(t, m, True)
-            return
-        sim.cold += 1
-        sim.cold_per_model[m] += 1
-        sim.waiting[m].append(t)
-        policy.on_request(t, m, False)
-        if not sim.replicas[m]:
-            sim.stalled[m] = None
-            policy.on_miss(t, m)
 
     def request(self, t: float, a: int, b: int) -> bool | None:
         """Serve a request for adapter a (base b) arriving now: True warm, False cold on the adapter's load

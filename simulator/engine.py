@@ -443,6 +443,25 @@ class Simulation:
                     self.policy.on_staged(t, c)
 
     # ---- main loop ------------------------------------------------------------------------
+    def serve(self, t: float, m: int, policy: Policy) -> None:
+        """One request for a whole model (arrival already counted): warm on a ready replica, else cold,
+        waiting for a load in flight or the policy's load on a miss. The adapter view's whole models too."""
+        if self.ready_count[m]:
+            for r in self.replicas[m].values():
+                if r.state == READY:
+                    r.last_request = t
+                    self.avoided += r.kind in AHEAD_KINDS
+                    break
+            policy.on_request(t, m, True)
+            return
+        self.cold += 1
+        self.cold_per_model[m] += 1
+        self.waiting[m].append(t)
+        policy.on_request(t, m, False)
+        if not self.replicas[m]:
+            self.stalled[m] = None
+            policy.on_miss(t, m)
+
     def run(self, policy: Policy) -> None:
         self.policy = policy
         policy.attach(self)
@@ -453,8 +472,6 @@ class Simulation:
         if tick:
             self.push(0.0, _TICK, ())
         events = self.events
-        replicas = self.replicas
-        ready_count = self.ready_count
         last_arrival = self.last_arrival
         if self.ad is not None:
             self.ad.feed(policy, end)  # an adapter trace's requests go through its slots model instead
@@ -464,21 +481,7 @@ class Simulation:
             self.now = t
             self.req_per_model[m] += 1
             last_arrival[m] = t
-            if ready_count[m]:
-                for r in replicas[m].values():
-                    if r.state == READY:
-                        r.last_request = t
-                        self.avoided += r.kind in AHEAD_KINDS
-                        break
-                policy.on_request(t, m, True)
-                continue
-            self.cold += 1
-            self.cold_per_model[m] += 1
-            self.waiting[m].append(t)
-            policy.on_request(t, m, False)
-            if not replicas[m]:
-                self.stalled[m] = None
-                policy.on_miss(t, m)
+            self.serve(t, m, policy)
         # drain: finish loads so that every waiting request gets its wait; ticks go on only while
         # a request waits with no load (as live, where the scheduler keeps ticking)
         while events:
