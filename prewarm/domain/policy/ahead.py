@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from .history import new_requests
 from .types import TrafficView
 
 MIN_SCORED = 4.0  # decayed cold requests on record before the gate may close (a fresh record decides nothing)
@@ -125,6 +126,10 @@ class AheadRecord:
                 if not s:
                     del self.by_model[m]
 
+    def _lose(self, c: float) -> None:
+        self.lost += c
+        self.lost_total += c
+
     # ---- feeding -------------------------------------------------------------------------
     def feed(self, tr: TrafficView, now: float, halflife_s: float, cost: Callable[[str], float],
              margin: float = 1.0) -> None:
@@ -139,47 +144,24 @@ class AheadRecord:
             self.won *= d
             self.lost *= d
         self.last_now = max(self.last_now, now)
-        changed = tr.models() if self.seq < 0 else tr.changed_since(self.seq)
-        self.seq = tr.seq
         by_model = self.by_model
-        if changed:
-            batch: list[tuple[float, str]] = []
-            seen = self.seen
-            for m in changed:
-                total = tr.total(m)
-                if total <= seen.get(m, 0.0):
-                    continue
-                seen[m] = total
-                if m not in by_model:
-                    continue
-                t = tr.last_arrival(m)
-                if t is not None:
-                    batch.append((t, m))
-            batch.sort()
-            for t, m in batch:
-                for i in sorted(by_model.get(m, ())):
-                    b = self.bets[i]
-                    if t < b.since:
-                        continue  # a request from before the bet says nothing of it
+        for t, m, _n in new_requests(tr, self.seq, self.seen):
+            for i in sorted(by_model.get(m, ())):
+                b = self.bets[i]
+                if t < b.since:
+                    continue  # a request from before the bet says nothing of it
+                # the link time's cost is charged with the outcome, not before it: charged at the bet,
+                # a burst of bets would close the gate before any of them could be won
+                self._lose(b.link)
+                if m != b.target:
+                    self._lose(cost(m))
+                elif t >= b.ready:  # asked for while it loads, it is cold all the same: neither won nor lost
                     c = cost(m)
-                    # the link time's cost is charged with the outcome, not before it: charged at the bet,
-                    # a burst of bets would close the gate before any of them could be won
-                    self.lost += b.link
-                    self.lost_total += b.link
-                    if m == b.target:
-                        if t < b.ready:
-                            # asked for while it loads: cold all the same (it waits less), so
-                            # the bet neither saved a cold request nor cost one
-                            self.settled += 1
-                            self._close(i)
-                            continue
-                        self.won += c
-                        self.won_total += c
-                    else:
-                        self.lost += c
-                        self.lost_total += c
-                    self.settled += 1
-                    self._close(i)
+                    self.won += c
+                    self.won_total += c
+                self.settled += 1
+                self._close(i)
+        self.seq = tr.seq
         horizon = now - halflife_s
         old: list[int] = []
         for i, b in self.bets.items():  # in the order they were made: the oldest first
@@ -187,9 +169,7 @@ class AheadRecord:
                 break
             old.append(i)
         for i in old:
-            link = self.bets[i].link  # its link time was spent all the same
-            self.lost += link
-            self.lost_total += link
+            self._lose(self.bets[i].link)  # its link time was spent all the same
             self._close(i)
         self.calls += 1
         self.held_calls += not self.open()

@@ -56,6 +56,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 
+from .history import new_requests
 from .types import GIB, ModelSpec, PolicyConfig, TrafficView
 
 EXPERTS: tuple[str, ...] = ("prewarm", "greedy-dual", "lru", "forecast")
@@ -208,26 +209,10 @@ class Experts:
         self.last_now = max(self.last_now, now)
         for g in self.ghosts:
             g.capacity = capacity
-        changed = tr.models() if self.seq < 0 else tr.changed_since(self.seq)
+        batch = new_requests(tr, self.seq, self.seen, models.__contains__)
         self.seq = tr.seq
-        if not changed:
+        if not batch:
             return
-        batch: list[tuple[float, str, float]] = []
-        seen = self.seen
-        for m in changed:
-            spec = models.get(m)
-            if spec is None:
-                continue
-            total = tr.total(m)
-            n = total - seen.get(m, 0.0)
-            if n <= 0:
-                continue
-            seen[m] = total
-            t = tr.last_arrival(m)
-            if t is None:
-                continue
-            batch.append((t, m, n))
-        batch.sort()
         for t, m, n in batch:
             sp = models[m]
             ld = sp.load_seconds if sp.load_seconds is not None else cfg.default_load_seconds(sp.size_bytes)

@@ -19,6 +19,9 @@ Kept per model:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+from .types import TrafficView
 
 
 def _refresh_points() -> set[int]:
@@ -379,6 +382,29 @@ class TrafficHistory:
         if m is None or m.stable_version == 0:
             return None
         return m.stable_version, m.stable_hist, m.stable_oob
+
+
+def new_requests(tr: TrafficView, seq: int, seen: dict[str, float],
+                 keep: Callable[[str], bool] | None = None) -> list[tuple[float, str, float]]:
+    """The requests fed to `tr` since `seq` (-1: all), as (the model's last arrival, model, how many), in
+    time order: what a record that follows the stream (the no-regret layer's ghosts, the loads-ahead
+    record) takes at each plan() call. `seen` (model -> requests taken so far) is brought up to date for
+    the models `keep` accepts (all when None); the others are skipped and stay unseen."""
+    changed = tr.models() if seq < 0 else tr.changed_since(seq)
+    out: list[tuple[float, str, float]] = []
+    for m in changed or ():
+        if keep is not None and not keep(m):
+            continue
+        total = tr.total(m)
+        n = total - seen.get(m, 0.0)
+        if n <= 0:
+            continue
+        seen[m] = total
+        t = tr.last_arrival(m)
+        if t is not None:
+            out.append((t, m, n))
+    out.sort()
+    return out
 
 
 def _count(table: dict[str, int], partner: str, size: int) -> None:

@@ -242,25 +242,19 @@ class Values:
         if self._link_rate is not None:
             return self._link_rate
         n = len(self.fleet.gpus)
-        rate = self.loading_rate if keep else self._loading_rate_now
-        v = sum(rate(g) for g in sorted(self.fleet.gpus)) / n if n else 0.0
+        v = sum(self.loading_rate(g, keep) for g in sorted(self.fleet.gpus)) / n if n else 0.0
         if keep:
             self._link_rate = v
         return v
 
-    def _loading_rate_now(self, gpu: str) -> float:
-        """loading_rate() without keeping it (do_preload adds to the kept figure)."""
+    def loading_rate(self, gpu: str, keep: bool = True) -> float:
+        """Sum of request rates of the models loading on a GPU (their requests wait on the link). Kept for
+        the call (do_preload adds each new load to it); `keep=False`: read it without keeping it."""
         v = self._loading_rate.get(gpu)
         if v is None:
             v = sum(max(self.tr.rate_short(m, self.now), 1e-3) for m in self.fleet.loading_models[gpu])
-        return v
-
-    def loading_rate(self, gpu: str) -> float:
-        """Sum of request rates of the models loading on a GPU (their requests wait on the link)."""
-        v = self._loading_rate.get(gpu)
-        if v is None:
-            v = sum(max(self.tr.rate_short(m, self.now), 1e-3) for m in self.fleet.loading_models[gpu])
-            self._loading_rate[gpu] = v
+            if keep:
+                self._loading_rate[gpu] = v
         return v
 
     def rates(self, m: str) -> tuple[float, float, bool]:
