@@ -18,6 +18,11 @@ worker re-announces its GPUs and replicas, PREWARM_HEARTBEAT_TTL) the leader:
 
 Each failover is one `failover` event (the first leader to see it records it), and another when the
 reconcile has run, naming what was sent again.
+
+A change of leader without a failover can lose a task too: a leader killed between claiming an intent and
+publishing its task leaves an intent that would block that model on that GPU for the intent TTL. So a
+scheduler that takes the lead runs the same reconcile once, `LOST_TASK_GRACE_S` after, over the intents
+claimed before it led (their publish, milliseconds after the claim, is long done or never happens).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ return 1
 """
 _claim = redis.commands.core.Script(None, _CLAIM.encode())
 
+# After taking the lead, how old the intents claimed before must be to be judged (a claim's task is published
+# within milliseconds of the claim; this leaves a loaded machine ample time).
+LOST_TASK_GRACE_S = 2.0
+
 
 @dataclass
 class FailoverState:
@@ -65,6 +74,28 @@ class FailoverGuard:
         self.s = FailoverState()
         self._known: float | None | bool = False  # False: not observed yet (the first look sets it)
         self._last_gpus: frozenset[str] = frozenset()
+        self._led_at: float | None = None  # this term began then; its intents-left-behind check is still due
+
+    def took_lead(self, now: float) -> None:
+        """A term as leader begins: check the intents the last leader left, once they are old enough."""
+        self._led_at = now
+
+    def left_behind(self, fleet: state.Fleet, now: float) -> list[str] | None:
+        """Once per term, LOST_TASK_GRACE_S after it began: send again the preloads an earlier leader claimed
+        and never sent (see the module docstring). None when not due now; else what was done."""
+        if self._led_at is None or now < self._led_at + LOST_TASK_GRACE_S:
+            return None
+        led_at, self._led_at = self._led_at, None
+        done = resend_lost(self.ctx, fleet, "after the last leader stopped before sending its task",
+                           claimed_before=led_at)
+        if done:
+            log.warning("took the lead: %s", "; ".join(done))
+            events.record(self.ctx.r, "leader", "scheduler",
+                          reason=f"scheduler {self.ident} took the lead; {len(done)} action(s) an earlier leader "
+                                 f"claimed and never sent: {'; '.join(done)}",
+                          numbers={"resent": done, "scheduler": self.ident},
+                          maxlen=self.ctx.settings.event_log_max)
+        return done
 
     def observe(self, now: float) -> failover.Epoch | None:
         """Look at the master's run id; the epoch when this process sees a failover it has not acted on."""
@@ -128,36 +159,7 @@ class FailoverGuard:
         r = self.ctx.r
         if not _claim(keys=[keys.REDIS_EPOCH], args=["reconciled", f"{self.s.at:.3f}"], client=r):
             return None  # another leader (the lead changed during the hold) has reconciled this failover
-        gpus = {g.id: g for g in fleet.alive()}
-        flight = [i for i in state.read_intents(r) if i.action in ("preload", "evict")]
-        queued = _queued_task_ids(r, {gpus[i.gpu].queue for i in flight if i.gpu in gpus})
-        # the replicas as of now, not as of the tick's snapshot: a worker may have finished a task since
-        states = {(x.model, x.version, x.gpu): x.state for x in state.read_fleet(r).replicas()}
-        done: list[str] = []
-        for i in flight:
-            now_state = states.get((i.model, i.version, i.gpu))
-            if i.task_id and i.task_id in queued:
-                continue  # still waiting in its queue
-            if i.action == "preload" and now_state in rs.HOLDING:
-                continue  # running or done
-            if i.action == "evict" and now_state == rs.EVICTING:
-                continue  # running
-            if not state.release_intent(r, i.model, i.gpu, i.id):
-                continue  # settled meanwhile
-            g = gpus.get(i.gpu)
-            if i.action == "evict" or g is None:
-                # An evict is not sent again: its replica is still there for the policy (or the operator) to
-                # decide on again, and a new evict would take over any preload of it sent meanwhile.
-                done.append(f"released the {i.action} of {i.model}@{i.version} on {i.gpu}"
-                            f"{' (GPU gone)' if g is None else ''}")
-                continue
-            order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand",
-                                  reason=f"sent again after the Redis failover lost its task ({i.actor}: {i.reason})",
-                                  numbers={"resent": True, "lost_task": i.task_id, "lost_intent": i.id},
-                                  result=i.actor != "scheduler")
-            [answer] = self.ctx.dispatcher.send_many([order])
-            sent = not isinstance(answer, Exception) and answer.sent
-            done.append(f"{'sent again' if sent else 'released'} the preload of {i.model}@{i.version} on {i.gpu}")
+        done = resend_lost(self.ctx, fleet, "after the Redis failover lost its task")
         events.record(r, "failover", "scheduler", reason=f"after the failover hold: {len(done)} action(s) whose "
                       f"task was lost {'handled: ' + '; '.join(done) if done else '(none)'}",
                       numbers={"failover_at": self.s.at, "resent": done, "scheduler": self.ident,
@@ -169,8 +171,54 @@ class FailoverGuard:
         return done
 
 
+def resend_lost(ctx: Context, fleet: state.Fleet, why: str, *,
+                claimed_before: float | None = None) -> list[str]:
+    """Release the preload and evict intents in flight whose task is lost, and send each lost preload again
+    under a new intent (a late copy of the old task is then superseded and dropped by its worker); what was
+    done, in words. Lost: its task neither waits in its GPU's queue (or in the broker's delivered-but-unacked
+    set) nor runs on the worker (for a preload no pending/loading/warming/ready replica there, for an evict
+    none evicting). `claimed_before`: only intents claimed before then. `why`: how they were lost, in the
+    reason of each preload sent again ("sent again {why} (...)")."""
+    r = ctx.r
+    gpus = {g.id: g for g in fleet.alive()}
+    flight = [i for i in state.read_intents(r) if i.action in ("preload", "evict")
+              and (claimed_before is None or i.created_at < claimed_before)]
+    if not flight:
+        return []
+    queued = _queued_task_ids(r, {gpus[i.gpu].queue for i in flight if i.gpu in gpus})
+    # the replicas as of now, not as of the tick's snapshot: a worker may have finished a task since
+    states = {(x.model, x.version, x.gpu): x.state for x in state.read_fleet(r).replicas()}
+    done: list[str] = []
+    for i in flight:
+        now_state = states.get((i.model, i.version, i.gpu))
+        if i.task_id and i.task_id in queued:
+            continue  # still waiting in its queue
+        if i.action == "preload" and now_state in rs.HOLDING:
+            continue  # running or done
+        if i.action == "evict" and now_state == rs.EVICTING:
+            continue  # running
+        if not state.release_intent(r, i.model, i.gpu, i.id):
+            continue  # settled meanwhile
+        g = gpus.get(i.gpu)
+        if i.action == "evict" or g is None:
+            # An evict is not sent again: its replica is still there for the policy (or the operator) to
+            # decide on again, and a new evict would take over any preload of it sent meanwhile.
+            done.append(f"released the {i.action} of {i.model}@{i.version} on {i.gpu}"
+                        f"{' (GPU gone)' if g is None else ''}")
+            continue
+        order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand",
+                              reason=f"sent again {why} ({i.actor}: {i.reason})",
+                              numbers={"resent": True, "lost_task": i.task_id, "lost_intent": i.id},
+                              result=i.actor != "scheduler")
+        [answer] = ctx.dispatcher.send_many([order])
+        sent = not isinstance(answer, Exception) and answer.sent
+        done.append(f"{'sent again' if sent else 'released'} the preload of {i.model}@{i.version} on {i.gpu}")
+    return done
+
+
 def _queued_task_ids(r: redis.Redis, queues: Iterable[str]) -> set[str]:
-    """The task ids of the messages waiting in these Celery queues (kombu's Redis lists)."""
+    """The task ids of the messages waiting in these Celery queues (kombu's Redis lists) or delivered to a
+    worker and not acknowledged yet (kombu's `unacked` hash: a worker holds them)."""
     ids: set[str] = set()
     for q in queues:
         for raw in r.lrange(q, 0, -1):
@@ -178,5 +226,12 @@ def _queued_task_ids(r: redis.Redis, queues: Iterable[str]) -> set[str]:
                 ids.add(str(json.loads(raw)["headers"]["id"]))
             except (ValueError, KeyError, TypeError):
                 continue
+    for raw in r.hvals(_UNACKED):
+        try:
+            ids.add(str(json.loads(raw)[0]["headers"]["id"]))  # [message, exchange, routing key]
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
     return ids
 
+
+_UNACKED = "unacked"  # kombu's Redis transport: delivered, not yet acknowledged (QoS.unacked_key)

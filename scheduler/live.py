@@ -186,6 +186,7 @@ class Scheduler:
             return TickResult(False)
         if not was_leader or self.reader is None:
             self._reset()
+            self.failover.took_lead(now)
             events.record(self.ctx.r, "leader", "scheduler", reason=f"scheduler {self.ident} took the lead")
         if self._unacted is not None:
             e, self._unacted = self._unacted, None
@@ -227,6 +228,7 @@ class Scheduler:
             else:
                 result.dispatched += int(d is not None and d.sent)
         self.failover.reconcile(fleet, now)  # once, when a failover's hold is over: lost preloads sent again
+        self.failover.left_behind(fleet, now)  # once a term: what a killed leader claimed and never sent
         done, c_done = time.perf_counter(), time.process_time()
         result.snapshot_seconds, result.plan_seconds = t_plan - t_snapshot, t_dispatch - t_plan
         result.dispatch_seconds = done - t_dispatch

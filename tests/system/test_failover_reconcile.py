@@ -20,6 +20,7 @@ from prewarm import events, failover, keys, state
 from prewarm.config import Settings
 from prewarm.context import Context
 from prewarm.domain.policy import Evict, Preload
+from scheduler import failover as failover_guard
 from scheduler.live import Scheduler
 
 MIB = 1024**2
@@ -143,3 +144,38 @@ def test_a_task_whose_intent_the_failover_lost_runs_and_claims_it_again(r: redis
     other = state.Intent("evict", "alpha", "v1", "node-a/cpu:0", "operator", "x", now, now + 60, id="intent-2")
     assert state.claim_intent(r, other)
     assert "superseded" in intents.stale_reason(r, *args, now, action="preload", version="v1", intent_ttl=120)
+
+
+def claimed_never_sent(r: redis.Redis, g: state.Gpu, model: str, *, at: float) -> state.Intent:
+    """What a leader killed between claiming an intent and publishing its task leaves behind."""
+    i = state.Intent(action="preload", model=model, version="v1", gpu=g.id, actor="scheduler",
+                     reason="a load ahead", created_at=at, expires_at=at + 120, kind="speculative",
+                     id="dead-leader-intent", task_id="never-published")
+    [(claimed, _)] = state.claim_intents(r, [(i, ())])
+    assert claimed
+    return i
+
+
+def test_a_preload_a_killed_leader_claimed_and_never_sent_is_sent_again_by_the_next_leader(ctx: Context) -> None:
+    r = ctx.r
+    g = announce(r, "cpu:0")
+    now = time.time()
+    assert Scheduler(ctx, ident="a").tick(now).leader
+    dead = claimed_never_sent(r, g, "alpha", at=now + 0.1)
+    waiting = ctx.dispatcher.preload("beta", "v1", g, actor="scheduler", reason="sent, still in its queue")
+    r.delete(keys.LEADER_LOCK)  # "a" was killed: its lock ran out
+    b = Scheduler(ctx, ident="b")
+    assert b.tick(now + 1.0).leader
+    assert state.held_intent(r, "alpha", g.id).id == dead.id  # not judged before the grace
+    b.tick(now + 1.0 + failover_guard.LOST_TASK_GRACE_S + 0.1)
+    again = state.held_intent(r, "alpha", g.id)
+    assert again is not None and again.id != dead.id and again.actor == "scheduler" and again.kind == "speculative"
+    tasks = [t["id"] for t in queued(r, g.queue) if t["task"] == "prewarm.preload"]
+    assert again.task_id in tasks and waiting.task_id in tasks  # the queued one was left alone
+    assert state.held_intent(r, "beta", g.id).id == waiting.intent_id
+    [took] = [e for e in events.read(r, kind="leader") if "never sent" in e.reason]
+    assert took.numbers["resent"] == [f"sent again the preload of alpha@v1 on {g.id}"]
+    # once a term: an intent claimed later (a live router's, say) is not judged by this term again
+    later = claimed_never_sent(r, g, "gamma", at=now + 20)
+    b.tick(now + 30)
+    assert state.held_intent(r, "gamma", g.id).id == later.id

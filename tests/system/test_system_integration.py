@@ -94,7 +94,8 @@ def test_standby_scheduler_plans_after_leader_is_killed(redis_url, r, catalog, w
     took = time.monotonic() - killed_at
     # ... and it plans: reported traffic gets a model loaded by the new leader.
     assert post(web, {"model": "tiny-lm-wide", "count": 5}).status_code == 202
-    wait_for(lambda: replica_state(r, "tiny-lm-wide") == "ready", 60, what="standby's preload ready", log=w.log)
+    wait_for(lambda: replica_state(r, "tiny-lm-wide") == "ready", 60, what="standby's preload ready",
+             log=lambda: f"{w.log()[-2000:]}\n--- standby's log (tail) ---\n{standby.log()[-2000:]}")
     evs = [e for e in events.read(r, model="tiny-lm-wide") if e.kind == "preload"]
     assert evs and evs[0].actor == "scheduler"
     print(f"standby took the lead {took:.1f} s after the leader was killed (TTL 2 s)")
