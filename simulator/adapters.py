@@ -172,6 +172,7 @@ class AdapterSlots:
         self.requests = 0
         self.cold_engine = 0
         self.cold_adapter = 0
+        self.starts_waited = 0  # base starts a request waited for (the rest were started ahead of any)
         self.loads = 0
         self.loads_ahead = 0  # loads a policy planned (not the engine's on a miss)
         self.bytes_loaded = 0
@@ -359,6 +360,7 @@ class AdapterSlots:
         engine's on-demand loads), and those requests are served when they are in."""
         b = r.model
         waiters, self.base_waiters[b] = self.base_waiters[b], []
+        self.starts_waited += bool(waiters)
         for arrived, a in waiters:
             self._route(now, a, b, (arrived, True))
 
@@ -395,6 +397,7 @@ class AdapterSlots:
             "adapters": sum(1 for h in self.host if h >= 0),
             "adapter_requests": self.requests,
             "engine_starts": sum(sim.loads_per_model[b] for b in bases),
+            "engine_starts_waited": self.starts_waited,
             "cold_engine": self.cold_engine,
             "cold_adapter": self.cold_adapter,
             "adapter_loads": self.loads,

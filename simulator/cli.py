@@ -123,7 +123,7 @@ def table(out: dict) -> str:
 def adapter_table(out: dict) -> str:
     """The adapter view's split (issue 29): engine starts (base loads), cold requests that waited on a base
     start or on an adapter load only, adapter loads (planned ahead of them), and the waits of each kind."""
-    hdr = (f"{'adapters':<17} {'engine st':>9} {'cold eng':>8} {'cold adp':>8} {'adp loads':>9} {'ahead':>7} "
+    hdr = (f"{'adapters':<17} {'engine st':>9} {'waited':>6} {'cold eng':>8} {'cold adp':>8} {'adp loads':>9} {'ahead':>7} "
            f"{'adp evict':>9} {'eng wait s':>10} {'adp wait s':>10} {'adp max':>7} {'>load':>6}")
     lines = [hdr, "-" * len(hdr)]
     for name, r in out["policies"].items():
@@ -131,7 +131,7 @@ def adapter_table(out: dict) -> str:
         if a is None:
             continue
         lines.append(
-            f"{name:<17} {a['engine_starts']:>9} {a['cold_engine']:>8} {a['cold_adapter']:>8} "
+            f"{name:<17} {a['engine_starts']:>9} {a['engine_starts_waited']:>6} {a['cold_engine']:>8} {a['cold_adapter']:>8} "
             f"{a['adapter_loads']:>9} {a['adapter_loads_ahead']:>7} {a['adapter_evictions']:>9} "
             f"{a['engine_wait_seconds']['total']:>10.0f} {a['adapter_wait_seconds']['total']:>10.0f} "
             f"{a['adapter_wait_seconds']['max']:>7.2f} {a['adapter_wait_over_load_max']:>6.2f}")

@@ -109,6 +109,7 @@ def test_evicting_a_base_unloads_its_adapters_and_the_next_request_waits_on_the_
     a = sim.results()["adapters"]
     assert a["adapters_unloaded_with_base"] == 1
     assert (a["engine_starts"], a["cold_engine"], a["cold_adapter"]) == (2, 2, 0)
+    assert a["engine_starts_waited"] == 2  # both starts had a request waiting on them
     assert sim.waits == pytest.approx([10.5, 10.5])
 
 
@@ -173,6 +174,7 @@ def test_prewarm_plans_adapters_and_more_slots_where_lru_thrashes(tmp_path) -> N
     a_lru, a_pw = lru.results()["adapters"], pw.results()["adapters"]
     assert a_lru["cold_adapter"] > 100
     assert a_pw["engine_starts"] == 2 and a_pw["adapter_loads_ahead"] >= 1
+    assert a_pw["engine_starts_waited"] == 1  # the second replica was started ahead: no request waited on it
     assert a_pw["cold_engine"] + a_pw["cold_adapter"] <= 10
     for rep in pw.ad.slots:  # every adapter it held sat in a replica of its own base
         assert rep[0] == pw.trace.models.index("B")
