@@ -10,6 +10,7 @@ the adapter lifecycle on it. No timing is asserted.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,9 @@ from celery import Celery
 
 from gpu_worker.demo_hf import tiny_llama_config, write_tiny_llama
 from gpu_worker.demo_lora import adapter_tensors, write_lora_adapter
-from prewarm import celery_app, events, state
+from prewarm import celery_app, events, state, traffic
 from prewarm.engines import vllm_python, vllm_venv
+from scheduler.live import Scheduler
 from tests import procs
 from tests.procs import wait_for
 from tests.web_support import make_context
@@ -158,6 +160,20 @@ def test_adapters_load_serve_fill_their_slots_route_and_go_with_their_base(
                  what="the on-demand adapter load to turn lora-b ready")
     assert b.host == "tiny-chat@v1" and [p.pid for p in engine_servers(ckpt)] == [server.pid]
     assert client.get("/hooks/route?model=lora-b").get_json()["state"] == "ready"
+
+    # The scheduler plans an adapter from its traffic into the running engine (item 4): lora-b, unloaded and
+    # asked for every second, is loaded by the scheduler's own preload into the same engine (no engine start).
+    assert send(celery, celery_app.EVICT, "lora-b", timeout=120)["noop"] is False
+    now = time.time()
+    traffic.record(r, [("lora-b", 1, now - 40 + i) for i in range(38)], now=now)
+    sched = Scheduler(make_context(redis_url, cat), ident="s1")
+    wait_for(lambda: sched.tick().leader and (x := replicas(r).get("lora-b")) is not None and x.state == "ready",
+             300, what="the scheduler's adapter load to turn lora-b ready")
+    planned = [e for e in events.read(r, model="lora-b", kind="preload") if e.ts >= now]
+    assert planned and planned[0].actor == "scheduler", planned
+    assert replicas(r)["lora-b"].host == "tiny-chat@v1" and [p.pid for p in engine_servers(ckpt)] == [server.pid]
+    answer = post(f"{base.endpoint}/completions", {"model": "lora-b", "prompt": "Hello", "max_tokens": 2})
+    assert answer["model"] == "lora-b"
 
     # Evicting the base evicts its adapters first, each in the event log with its reason.
     ev = send(celery, celery_app.EVICT, "tiny-chat", reason="test: base goes", timeout=120)
