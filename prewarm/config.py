@@ -290,7 +290,7 @@ class Settings:
     idle_memory_budget: float | None = None
     # PREWARM_MAX_DEMAND_WAIT: a request waiting this long is served next (PolicyConfig.overdue_wait_s)
     max_demand_wait: float | None = None
-    # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py): off unless set to 1
+    # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py, duels.py): off unless set to 1
     no_regret: bool = False
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
     secret_key: str | None = None

@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm only: a request waiting this long (e.g. 60s) is served next, before the "
                    "most valuable loads (PREWARM_MAX_DEMAND_WAIT; default off)")
     p.add_argument("--no-regret", choices=["on", "off"], default="off",
-                   help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert with the fewest "
-                   "recent ghost misses orders evictions (default off: docs/simulation.md says why)")
+                   help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert whose order wins "
+                   "the duels of the real evictions, and then proves itself in a trial, orders evictions "
+                   "(default off: docs/simulation.md says why; duels.py)")
     p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
                    help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
                    "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")

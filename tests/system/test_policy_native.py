@@ -66,8 +66,8 @@ def test_native_build_decides_exactly_like_the_source(tmp_path) -> None:
 
 
 def test_native_build_decides_exactly_like_the_source_with_the_no_regret_layer_on(tmp_path) -> None:
-    """The layer (experts.py, off by default) is compiled with the rest: the same ghosts, the same leader,
-    the same victims."""
+    """The layer (experts.py, duels.py; off by default) is compiled with the rest: the same ghosts, the same
+    duels, the same leader, the same victims."""
     if native.active() is None:
         pytest.skip("no native policy build for these sources (python -m prewarm.domain.policy build)")
     trace = tmp_path / "inv.csv"
@@ -78,7 +78,8 @@ def test_native_build_decides_exactly_like_the_source_with_the_no_regret_layer_o
     a, b = pure["policies"]["prewarm"], compiled["policies"]["prewarm"]
     a.pop("runtime_s")
     b.pop("runtime_s")
-    assert a["experts"]["switches"] > 0 and a["evictions"] > 0  # the lead moved: the layer ordered victims
+    # the duels ran: every other expert's order sorted the victims of each eviction, and requests settled them
+    assert a["experts"]["duels"]["settled"] > 0 and a["evictions"] > 0
     assert a == b
 
 

@@ -1,4 +1,4 @@
-"""The no-regret layer (prewarm.domain.policy.experts, issue 26 item 2): ghost residency per expert fed
+"""The no-regret layer (prewarm.domain.policy.experts, issue 26 item 2) judged by ghosts: ghost residency per expert fed
 the same request stream, decayed misses, the lead moving to the expert with the fewest; and plan()'s
 evictions following the leader's order, saying so."""
 
@@ -10,7 +10,8 @@ from prewarm.domain.policy import GIB, Evict, ModelSpec, PolicyConfig, PolicySta
 from prewarm.domain.policy.experts import EXPERTS, Experts
 from tests.unit.test_policy import World, gpu  # the policy tests' minimal fleet
 
-CFG = PolicyConfig(no_regret=True)  # the layer is off by default (PolicyConfig.no_regret says why)
+# judged by the ghosts' misses (the layer's default judge is the real fleet's duels: test_policy_duels.py)
+CFG = PolicyConfig(no_regret=True, expert_duels=False)
 
 
 def replay(stream: list[tuple[float, str]], cap_gib: int, names: tuple[str, ...],
@@ -81,7 +82,7 @@ def test_equal_records_never_move_the_lead_and_unknown_experts_are_refused() -> 
     with pytest.raises(ValueError, match="unknown"):
         Experts(("prewarm", "belady"))
     assert Experts().names == EXPERTS and Experts().leader == "prewarm"
-    assert not PolicyConfig().no_regret  # off by default
+    assert not PolicyConfig().no_regret and PolicyConfig().expert_duels  # off by default; judged by duels when on
 
 
 def test_misses_decay_with_the_half_life() -> None:

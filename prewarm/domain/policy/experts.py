@@ -1,5 +1,6 @@
-"""The no-regret layer (issue 26, item 2): ghost fleets for a set of experts, fed the same request
-stream; the expert with the fewest recent misses orders real evictions.
+"""The no-regret layer (issue 26, item 2): a set of experts' eviction orders; the one whose record on this
+traffic is best orders real evictions. The record is judged by duels of the real fleet's evictions by
+default (duels.py; PolicyConfig.expert_duels), or by ghost fleets' misses (below).
 
 A hand-built rule set wins on the traces it was tuned on and can lose to a simple caching rule
 elsewhere. This layer bounds that regret the way adaptive caches do:
@@ -32,9 +33,14 @@ The experts (their eviction order; the ghost loads on a miss as every policy doe
   load time + one tick) >= 0.3 are kept, the others go least recently used first (the rate here is the
   traffic's 60 s EWMA, not the baseline's fitted exponential smoothing: same threshold, cheaper input).
 
-Off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1, `simulate --no-regret on`): measured on
-both trace families, the ghosts' lead does not carry over to the real fleet (ServeGen 72 h on 16 × 80 GiB:
+The ghosts' misses are not the default judge (PolicyConfig.expert_duels=False selects them): measured on
+both trace families, their lead does not carry over to the real fleet (ServeGen 72 h on 16 × 80 GiB:
 greedy-dual leads the ghosts by 18 % and following its order costs +15 % cold starts; docs/simulation.md).
+With duels judging, the ghosts still give greedy-dual its keys (its clock and frequencies) and the ghost
+misses shown beside the lead. The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1,
+`simulate --no-regret on` turn it on): judged by duels it leaves ServeGen 72 h × 16 as it is (prewarm's order
+keeps the lead), but on Azure 1,350 × 8 seed 1 it follows greedy-dual into +42 % cold starts (first 6 h):
+see duels.py and docs/simulation.md.
 
 How the record is used (`leader`): the incumbent is prewarm's own order; another expert takes the lead
 only when its decayed misses are below the incumbent's by `expert_margin` (hysteresis, so that two
@@ -56,6 +62,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 
+from .duels import Duels
 from .history import new_requests
 from .types import GIB, ModelSpec, PolicyConfig, TrafficView
 
@@ -135,6 +142,8 @@ class Experts:
         self.last_now = -math.inf
         self.leader = self.names[0]
         self.switches = 0
+        self.duels = Duels(self.names)
+        self.by_duels = True  # PolicyConfig.expert_duels, set by the feed
 
     # ---- the record ----------------------------------------------------------------------
     def ghost(self, name: str) -> Ghost:
@@ -154,13 +163,15 @@ class Experts:
 
     def why(self) -> str:
         """The lead in words, for reasons and the console."""
+        if self.by_duels:
+            return self.duels.why()
         parts = ", ".join(f"{g.name} {g.misses:.0f}" for g in self.ghosts)
         return f"expert {self.leader} leads (ghost misses, decayed: {parts})"
 
     def describe(self) -> dict[str, object]:
         return {"leader": self.leader, "switches": self.switches,
                 "misses": {g.name: round(g.misses, 2) for g in self.ghosts},
-                "requests": round(self.ghosts[0].requests, 2)}
+                "requests": round(self.ghosts[0].requests, 2), "duels": self.duels.describe()}
 
     def order(self, leader: str, tr: TrafficView, now: float, cfg: PolicyConfig,
               entries: list[tuple[float, str, object]], first: Callable[[str], bool]) -> None:
@@ -185,6 +196,11 @@ class Experts:
         entries.sort(key=key)
 
     def _choose(self, cfg: PolicyConfig) -> None:
+        if cfg.expert_duels:
+            if self.duels.choose(cfg.prefetch_margin, self.last_now):
+                self.leader = self.duels.leader
+                self.switches += 1
+            return
         inc = self.ghost(self.leader)
         best = min(self.ghosts, key=lambda g: (g.misses, self.names.index(g.name)))
         if best is inc or max(inc.misses, best.misses) < EXPERT_MIN_MISSES:
@@ -195,7 +211,8 @@ class Experts:
 
     # ---- feeding -------------------------------------------------------------------------
     def feed(self, tr: TrafficView, models: Mapping[str, ModelSpec], capacity: int, now: float,
-             cfg: PolicyConfig, value: Callable[[str], float]) -> None:
+             cfg: PolicyConfig, value: Callable[[str], float],
+             cost: Callable[[str], float] | None = None) -> None:
         """Bring every ghost up to the traffic's new requests (the models changed since the last call,
         each its new requests at its last arrival, in time order). `value(model)`: prewarm's value per
         GiB of a model (prewarm's ghost evicts by it)."""
@@ -206,7 +223,11 @@ class Experts:
             for g in self.ghosts:
                 g.misses *= d
                 g.requests *= d
+            self.duels.decay(d)
+        self.duels.halflife = cfg.expert_halflife_s
+        self.by_duels = cfg.expert_duels
         self.last_now = max(self.last_now, now)
+        self.duels.expire(now - cfg.expert_halflife_s)
         for g in self.ghosts:
             g.capacity = capacity
         batch = new_requests(tr, self.seq, self.seen, models.__contains__)
@@ -220,6 +241,8 @@ class Experts:
             size = sp.size_bytes
             for g in self.ghosts:
                 self._access(g, m, t, n, size, ld, tr, now, cfg, value)
+            if cost is not None:
+                self.duels.request(t, m, n, cost)
         self._choose(cfg)
 
     def _key(self, g: Ghost, m: str, t: float, size: int, ld: float, tr: TrafficView, now: float,

@@ -65,9 +65,10 @@ class PolicyState:
     # the catalog's models with a max_replica_age (refresh.py), and the models mapping they were read from
     aged: tuple[str, ...] = ()
     aged_of: Mapping[str, ModelSpec] | None = None
-    # The no-regret layer's record (experts.py): the one part of the state that is not a cache. It is the
-    # experts' ghost residency and decayed misses over the request stream fed so far, so a kept state
-    # orders evictions by the leading expert where a fresh one (no record yet) uses prewarm's own order.
+    # The no-regret layer's record (experts.py, duels.py): the one part of the state that is not a cache. It
+    # is the duels of the real evictions against the experts' orders (and their ghosts) over the request
+    # stream fed so far, so a kept state orders evictions by the leading expert where a fresh one (no record
+    # yet) uses prewarm's own order.
     experts: Experts = field(default_factory=Experts)
     # The loads-ahead record (ahead.py), the other part that is not a cache: the bets loads ahead made and
     # what they won or lost on this traffic, which gates them (PolicyConfig.ahead_gate)

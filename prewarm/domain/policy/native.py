@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 # compiled: plan() and every module it calls (one mypyc group, so the classes that cross modules,
 # e.g. PlanCall extending Values, stay native)
 MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "plan_call", "steps", "staging", "refresh",
-           "words", "experts", "ahead", "partners", "history", "arrivals")
+           "words", "experts", "duels", "ahead", "partners", "history", "arrivals")
 # the compiled modules are typed against types.py: a change there needs a new build too
 SOURCES = (*MODULES, "types")
 PACKAGE = "prewarm.domain.policy"

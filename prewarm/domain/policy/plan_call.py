@@ -64,6 +64,11 @@ class PlanCall(Values):
             if ex.leader != "prewarm":
                 order = f"first in {ex.leader}'s eviction order here"
             extra = {"expert_leader_misses": ex.lead_misses(), "expert_prewarm_misses": ex.misses("prewarm")}
+            if self.cfg.expert_duels:  # what the leader's evictions cost per request, and whether on trial
+                extra = {**extra, "expert_cost_per_request": ex.duels.per_request(),
+                         "expert_on_trial": 1.0 if ex.duels.trial is not None else 0.0}
+        if victims and self.cfg.no_regret and self.cfg.expert_duels and kind not in ("speculative", "partner"):
+            self._duel(gid, victims)
         for r in victims:
             d = self.idle(r.model)
             mrl = self.arrival(r.model).mrl_at(d) if d is not None and r.model in self.s.models else math.inf
@@ -84,6 +89,30 @@ class PlanCall(Values):
         else:
             self.do_preload(spec, gid, kind, f"{reason} → preload on {gid}", numbers)
 
+
+    def _duel(self, gid: str, victims: list[ReplicaState]) -> None:
+        """Open the duels of this eviction (duels.py): what each other expert's order would have taken here,
+        as many bytes, from the same victims (loads ahead are judged by their own record, ahead.py)."""
+        ex = self.st.experts
+        taken = tuple(r.model for r in victims)
+        ex.duels.took(taken, self.now)
+        need = sum(r.bytes for r in victims)
+        entries = self.victim_list(gid)
+        for name in ex.names:
+            if name == ex.duels.leader:
+                continue
+            mine = list(entries)
+            self.sort_victims(name, mine)
+            would: list[str] = []
+            freed = 0
+            for _vpb, m, r in mine:
+                if freed >= need:
+                    break
+                if m in self.floors and not self.evictable(r):
+                    continue
+                would.append(m)
+                freed += r.bytes
+            ex.duels.open(name, taken, tuple(would), self.now)
 
     def do_stage(self, spec: ModelSpec, node: str, kind: str, reason: str, numbers: dict[str, float],
                  value: float) -> None:

@@ -75,12 +75,15 @@ class PolicyConfig:
     partner_precision: float = 0.75
     partner_max_group: int = 128
     partner_table: int = 128
-    # The no-regret layer (experts.py, issue 26): ghost fleets of prewarm's value order, greedy-dual, LRU
-    # and the forecast rule, fed the same requests; the expert with the fewest recent misses (decayed with
-    # this half-life) orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): measured, its lead
-    # does not carry over to the real fleet: ServeGen 72 h on 16 × 80 GiB, seed 0, greedy-dual leads the
-    # ghosts by 18 % and following its order gives 180,403 cold starts against 156,294 without the layer
-    # (+15 %); Azure 1,350 × 32 +1.4 %; only Azure 500 × 16 gains (-11 %). See docs/simulation.md.
+    # The no-regret layer (experts.py, duels.py; issue 26): the eviction orders of prewarm, greedy-dual
+    # (FaasCache), LRU and the forecast rule; the one whose victims the real fleet's requests show to be the
+    # better (duels at each eviction, then a trial of the real evictions' cost; decayed with this half-life)
+    # orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): measured, following another order than
+    # prewarm's own does not pay on the real fleet yet. Judged by ghost fleets' misses (expert_duels=False):
+    # ServeGen 72 h on 16 × 80 GiB, seed 0, greedy-dual led the ghosts by 18 % and following it gave +15 %
+    # cold starts. Judged by duels: no switch there (53,116 cold starts in 24 h, as with the layer off), but
+    # Azure 1,350 × 8 seed 1 (first 6 h) hands the lead to greedy-dual, its trial passes, and the fleet has
+    # 13,554 cold starts against 9,521 (+42 %). See docs/simulation.md.
     no_regret: bool = False
     expert_halflife_s: float = 3600.0
     expert_margin: float = 0.05
@@ -88,6 +91,9 @@ class PolicyConfig:
     # the ghosts do not load ahead, so their record says nothing of what loads ahead are worth (Azure
     # 500 × 16: the same 705 cold starts with it on or off)
     expert_gate_ahead: bool = False
+    # How the lead is judged: True, by duels of the real fleet's evictions against each expert's (duels.py);
+    # False, by the ghosts' misses (experts.py)
+    expert_duels: bool = True
     # Loads ahead (speculative, partners) go on while their real record says they pay (ahead.py: each is a
     # bet that its model is asked for before its victims; decayed with expert_halflife_s). Off: always on
     ahead_gate: bool = True

@@ -211,17 +211,19 @@ class Values:
                 if m in quiet:
                     value *= QUIET_WEIGHT
                 v.append((value / max(1, n) / max(r.bytes / GIB, 1e-3), m, r))
-            lead = self.st.experts.leader if self.cfg.no_regret else "prewarm"
-            if lead == "prewarm":
-                v.sort()  # (value, model) is unique on a GPU: the replica is never compared
-            else:
-                # another expert's recent record beats prewarm's order on this traffic: its order
-                # (experts.py), after the first victims of every order (quiet, never requested)
-                tr = self.tr
-                self.st.experts.order(lead, tr, self.now, self.cfg, v,  # type: ignore[arg-type]
-                                      lambda x: x in quiet or tr.last_arrival(x) is None)
+            self.sort_victims(self.st.experts.leader if self.cfg.no_regret else "prewarm", v)
             self.fleet.victims[gpu] = v
         return v
+
+    def sort_victims(self, expert: str, v: list[tuple[float, str, ReplicaState]]) -> None:
+        """Sort victim entries in `expert`'s eviction order: prewarm's own, the lowest value per byte first;
+        another's (experts.py) after the first victims of every order (quiet, never requested)."""
+        if expert == "prewarm":
+            v.sort()  # (value, model) is unique on a GPU: the replica is never compared
+            return
+        tr, quiet = self.tr, self.quiet
+        self.st.experts.order(expert, tr, self.now, self.cfg, v,  # type: ignore[arg-type]
+                              lambda x: x in quiet or tr.last_arrival(x) is None)
 
     def expects_demand(self, model: str) -> bool:
         """False for a model in a quiet stretch of its timeline or never requested: what the
@@ -234,6 +236,18 @@ class Values:
             return False
         a = self.tr.last_arrival(r.model)
         return a is None or a < r.since
+
+    def values_kept(self) -> tuple[float | None, set[str]]:
+        """What this call has fixed so far: its link rate (loss() fixes it at its first use) and the models
+        it has valued (loss() caches each)."""
+        return self._link_rate, set(self._loss)
+
+    def forget_values_since(self, kept: tuple[float | None, set[str]]) -> None:
+        """Put the call's values back as `values_kept` gave them: a reader that valued models for its own
+        record (the no-regret layer's ghosts) leaves the plan's values as if it had not."""
+        self._link_rate, known = kept
+        for m in [m for m in self._loss if m not in known]:
+            del self._loss[m]
 
     def link_rate(self, keep: bool = True) -> float:
         """Requests per second waiting on loads, per GPU link: what one link-second holds up. Kept for the

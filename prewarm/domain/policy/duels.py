@@ -1,0 +1,209 @@
+"""Which expert's eviction order leads, judged on the real fleet (issue 26, item 2): at every eviction plan()
+makes to place a load, each other expert's victims on that GPU are compared with the ones taken.
+
+The comparison is Belady's (Belady, IBM Systems Journal 1966: of two residents, keep the one requested
+sooner). At an eviction the leading order took A and expert X would have taken B (its own order over the same
+GPU's victims, as many bytes); A and B differ in A \\ B and B \\ A. The first of them requested afterwards
+settles the duel:
+- one of A \\ B (a victim taken comes back): X's order would have kept it: X *won* that model's reload cost;
+- one of B \\ A (X's victim, which stayed, is asked for): X's order would have lost it: X *lost* that cost;
+- neither within the record's half-life: dropped, nothing charged.
+This is LeCaR's regret (Vietri et al., HotStorage 2018: an expert is charged the misses its evictions
+cause) measured on the real fleet's GPUs, sizes and eviction moments instead of on ghost caches: the pooled
+ghosts of experts.py were measured to lead the wrong way on a fleet of several GPUs (ServeGen 72 h × 16:
+greedy-dual led them by 18 % and following it cost +15 % cold starts), since a ghost pool has no GPUs, no
+links and no loads ahead. One step of divergence is judged, not the fleet the other order would have grown:
+the approximation LeCaR and CACHEUS make too.
+
+Both sums are decayed with `PolicyConfig.expert_halflife_s`. The incumbent (prewarm's own value order at
+first) hands the lead to the expert whose record clears `PolicyConfig.prefetch_margin` times what it lost
+(the bar plan() sets each load ahead against its victims) once the record holds MIN_SCORED cold requests;
+a new leader starts a new record, so the old one is judged against it the same way and takes the lead back
+when its order would have done better.
+
+A one-step duel can mislead: the other order, once it leads, grows another fleet (a hand-built scan
+trace: LRU wins the duels against prewarm's order, then leading it has 14 % more cold starts). So a new lead
+is a trial, judged by what the real evictions cost: the reload cost of the victims that come back within the
+half-life, per request served (per eviction would favour an order that evicts often and cheaply). The trial
+ends once it has TRIAL_EVICTIONS evictions of its own: if they cost more per request than the last leader's
+did before the switch, the lead goes back to it and the expert tried sits out BAN_HALFLIVES half-lives;
+else it stays.
+
+Not yet enough (why PolicyConfig.no_regret stays off): on Azure 1,350 × 8 seed 1 (first 6 h) greedy-dual
+wins the duels, passes its trial, and the fleet then has 13,554 cold starts against 9,521 with prewarm's own
+order (+42 %); a load ahead weighing its victims in prewarm's order while another leads still left +29 %.
+The returns of victims within a half-life, per request, do not see what the other order costs elsewhere
+(the victims that come back later, the placements its victims steer). What is left to try: judge a trial by
+the fleet's cold requests per request in its own regime against the incumbent's in alternating windows.
+
+Cost: O(models with new requests) per plan() call (their open duels), plus one sort of a GPU's victims per
+expert at each eviction plan() makes to place a load. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+MIN_SCORED = 8.0  # decayed cold requests on record before the lead may change (a fresh record decides nothing)
+TRIAL_EVICTIONS = 16.0  # decayed evictions a new lead makes before its trial is judged
+BAN_HALFLIVES = 4.0  # an expert whose trial failed sits out this many half-lives
+
+
+class Duel:
+    __slots__ = ("expert", "taken", "spared", "since")
+
+    def __init__(self, expert: str, taken: frozenset[str], spared: frozenset[str], since: float) -> None:
+        self.expert = expert
+        self.taken = taken  # evicted by the leader, kept by the expert's order
+        self.spared = spared  # kept by the leader, evicted by the expert's order
+        self.since = since
+
+
+class Duels:
+    """The record of duels between the leading eviction order and the others (see the module docstring)."""
+
+    def __init__(self, names: tuple[str, ...], halflife: float = 3600.0) -> None:
+        self.names = names
+        self.halflife = halflife  # PolicyConfig.expert_halflife_s, set by the feed
+        self.reset()
+
+    def reset(self) -> None:
+        self.leader = self.names[0]
+        self.switches = 0
+        self.reverts = 0
+        self.banned: dict[str, float] = {}  # expert -> until when it may not lead (its trial failed)
+        self.trial: tuple[str, float] | None = None  # (the leader before, its cost per eviction) while on trial
+        self._new_record()
+
+    def _new_record(self) -> None:
+        self.won: dict[str, float] = {n: 0.0 for n in self.names}
+        self.lost: dict[str, float] = {n: 0.0 for n in self.names}
+        self.duels: dict[int, Duel] = {}
+        self.by_model: dict[str, set[int]] = {}
+        self.next_id = 0
+        self.settled = 0
+        # the leader's own evictions: victim -> when; their count and what the returns cost (decayed)
+        self.evicted: dict[str, float] = {}
+        self.evictions = 0.0
+        self.returned = 0.0
+        self.requests = 0.0
+
+    def decay(self, d: float) -> None:
+        for n in self.names:
+            self.won[n] *= d
+            self.lost[n] *= d
+        self.evictions *= d
+        self.returned *= d
+        self.requests *= d
+
+    def per_request(self) -> float:
+        """What the leader's evictions cost, per request: the reloads of victims that came back."""
+        return self.returned / self.requests if self.requests > 0 else 0.0
+
+    def took(self, victims: tuple[str, ...], now: float) -> None:
+        """The leader's order took these victims now (a real eviction to place a load)."""
+        for m in victims:
+            self.evicted[m] = now
+        self.evictions += 1.0
+
+    # ---- duels ---------------------------------------------------------------------------
+    def open(self, expert: str, taken: tuple[str, ...], would_take: tuple[str, ...], now: float) -> None:
+        """An eviction: the leader took `taken`; `expert`'s order would have taken `would_take`."""
+        a, b = frozenset(taken), frozenset(would_take)
+        if expert == self.leader or a == b:
+            return
+        i = self.next_id
+        self.next_id += 1
+        d = Duel(expert, a - b, b - a, now)
+        self.duels[i] = d
+        for m in d.taken | d.spared:
+            self.by_model.setdefault(m, set()).add(i)
+
+    def _close(self, i: int) -> None:
+        d = self.duels.pop(i)
+        for m in d.taken | d.spared:
+            s = self.by_model.get(m)
+            if s is not None:
+                s.discard(i)
+                if not s:
+                    del self.by_model[m]
+
+    def request(self, t: float, m: str, n: float, cost: Callable[[str], float]) -> None:
+        """`n` requests for `m`, the last at `t`: they settle the open duels naming it (the first of their
+        models asked for), and a victim of the leader's that came back is charged to its order."""
+        self.requests += n
+        at = self.evicted.pop(m, None)
+        if at is not None and t >= at:
+            self.returned += cost(m)
+        ids = self.by_model.get(m)
+        if not ids:
+            return
+        for i in sorted(ids):
+            d = self.duels[i]
+            if t < d.since:
+                continue  # a request from before the eviction says nothing of it
+            if m in d.taken:
+                self.won[d.expert] += cost(m)
+            else:
+                self.lost[d.expert] += cost(m)
+            self.settled += 1
+            self._close(i)
+
+    def expire(self, horizon: float) -> None:
+        """Drop the duels opened before `horizon`: nobody came back, nothing to charge."""
+        old = [i for i, d in self.duels.items() if d.since < horizon]
+        for i in old:
+            self._close(i)
+        gone = [m for m, at in self.evicted.items() if at < horizon]
+        for m in gone:
+            del self.evicted[m]
+
+    # ---- the lead ------------------------------------------------------------------------
+    def choose(self, margin: float, now: float) -> bool:
+        """Judge a trial that has its evictions, else hand the lead to the expert whose record clears the
+        margin by most; True when the lead changed."""
+        if self.trial is not None:
+            if self.evictions < TRIAL_EVICTIONS:
+                return False
+            before, cost = self.trial
+            self.trial = None
+            if self.per_request() > cost:  # following it cost more: back to the last leader
+                self.banned[self.leader] = now + BAN_HALFLIVES * self.halflife
+                self.leader = before
+                self.reverts += 1
+                self._new_record()
+                return True
+            return False
+        best, best_gain = "", 0.0
+        for n in self.names:
+            if n == self.leader or self.banned.get(n, -1.0) > now:
+                continue
+            w, lo = self.won[n], self.lost[n]
+            if w + lo < MIN_SCORED or w < margin * lo:
+                continue
+            gain = w - margin * lo
+            if gain > best_gain:
+                best, best_gain = n, gain
+        if not best:
+            return False
+        self.trial = (self.leader, self.per_request())
+        self.leader = best
+        self.switches += 1
+        self._new_record()
+        return True
+
+    def why(self) -> str:
+        parts = ", ".join(f"{n} would have saved {self.won[n]:.1f} and cost {self.lost[n]:.1f}"
+                          for n in self.names if n != self.leader)
+        trial = f"on trial against {self.trial[0]}'s {self.trial[1]:.4f}; " if self.trial is not None else ""
+        return (f"expert {self.leader} leads ({trial}its victims' returns cost {self.per_request():.4f} cold "
+                f"requests per request; against the others' on this fleet, decayed: {parts})")
+
+    def describe(self) -> dict[str, object]:
+        return {"leader": self.leader, "switches": self.switches, "reverts": self.reverts,
+                "on_trial": self.trial is not None, "per_request": round(self.per_request(), 5),
+                "settled": self.settled,
+                "open_duels": len(self.duels),
+                "won": {n: round(v, 2) for n, v in self.won.items()},
+                "lost": {n: round(v, 2) for n, v in self.lost.items()}}
+
