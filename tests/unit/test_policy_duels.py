@@ -89,18 +89,25 @@ def simulate(stream: list[tuple[float, str]], gib: int, policy: object) -> Simul
     return sim
 
 
+def compare(stream: list[tuple[float, str]], gib: int) -> tuple[Prewarm, dict[str, int]]:
+    """Cold starts on `stream`: prewarm with the layer on (returned, its record kept) and off, and two baselines."""
+    on = Prewarm(ON)
+    cold = {"on": simulate(stream, gib, on).cold,
+            "off": simulate(stream, gib, Prewarm(PolicyConfig(no_regret=False))).cold}
+    for name in ("on-demand-lru", "faascache"):
+        cold[name] = simulate(stream, gib, POLICIES[name]()).cold
+    return on, cold
+
+
 def test_where_lru_is_the_best_order_the_layer_follows_it() -> None:
     # bursty_and_steady on 3 GiB (test_policy_experts): greedy-dual keeps the burst's model, prewarm's own
     # value order too; LRU lets it go and keeps the steady three.
     stream = bursty_and_steady()
-    on = Prewarm(ON)
-    cold_on = simulate(stream, 3, on).cold
-    cold_off = simulate(stream, 3, Prewarm(PolicyConfig(no_regret=False))).cold
-    cold_lru = simulate(stream, 3, POLICIES["on-demand-lru"]()).cold
+    on, cold = compare(stream, 3)
     ex = on.state.experts
     assert ex.leader == "lru" and ex.duels.leader == "lru"
-    assert cold_lru < 0.5 * cold_off  # LRU is the better order here: 121 against 354
-    assert cold_on <= 1.25 * cold_lru  # and the layer gets there (138)
+    assert cold["on-demand-lru"] < 0.5 * cold["off"]  # LRU is the better order here: 121 against 354
+    assert cold["on"] <= 1.25 * cold["on-demand-lru"]  # and the layer gets there (138)
     # within 150 requests: the first half hour alone (150 of the 1,800) already follows it
     head = [x for x in stream if x[0] < 1800]
     early = Prewarm(ON)
@@ -111,11 +118,6 @@ def test_where_lru_is_the_best_order_the_layer_follows_it() -> None:
 def test_where_its_own_order_is_better_a_lead_that_does_not_pay_goes_back() -> None:
     # hot_and_scan on 5 GiB: LRU wins the one-step duels against prewarm's order, then leading it costs more
     # (a failed trial, reverted); the layer ends within 5 % of the better of prewarm alone and FaasCache.
-    stream = hot_and_scan()
-    on = Prewarm(ON)
-    cold_on = simulate(stream, 5, on).cold
-    cold_off = simulate(stream, 5, Prewarm(PolicyConfig(no_regret=False))).cold
-    cold_gd = simulate(stream, 5, POLICIES["faascache"]()).cold
-    cold_lru = simulate(stream, 5, POLICIES["on-demand-lru"]()).cold
+    on, cold = compare(hot_and_scan(), 5)
     assert on.state.experts.duels.reverts >= 1
-    assert cold_on <= 1.05 * min(cold_off, cold_gd) and cold_on < cold_lru
+    assert cold["on"] <= 1.05 * min(cold["off"], cold["faascache"]) and cold["on"] < cold["on-demand-lru"]
