@@ -33,8 +33,10 @@ Not yet enough (why PolicyConfig.no_regret stays off): on Azure 1,350 × 8 seed 
 wins the duels, passes its trial, and the fleet then has 13,554 cold starts against 9,521 with prewarm's own
 order (+42 %); a load ahead weighing its victims in prewarm's order while another leads still left +29 %.
 The returns of victims within a half-life, per request, do not see what the other order costs elsewhere
-(the victims that come back later, the placements its victims steer). What is left to try: judge a trial by
-the fleet's cold requests per request in its own regime against the incumbent's in alternating windows.
+(the victims that come back later, the placements its victims steer); judged by the fleet's own share of cold
+requests it passes too (the same 13,554), since the switch comes in the first hour and the incumbent's
+record is then the fleet's warm-up. What is left to try: alternate the two orders in windows during a trial,
+so both are measured on the same traffic.
 
 Cost: O(models with new requests) per plan() call (their open duels), plus one sort of a GPU's victims per
 expert at each eviction plan() makes to place a load. Pure: no I/O, no clock.
