@@ -179,3 +179,22 @@ def test_a_preload_a_killed_leader_claimed_and_never_sent_is_sent_again_by_the_n
     later = claimed_never_sent(r, g, "gamma", at=now + 20)
     b.tick(now + 30)
     assert state.held_intent(r, "gamma", g.id).id == later.id
+
+
+def test_a_preload_delivered_to_a_worker_and_not_acknowledged_is_left_alone(ctx: Context) -> None:
+    """A task a worker has taken from its queue and not acknowledged yet (acks_late: it runs) sits in kombu's
+    `unacked` hash, not in the queue: it is in flight, not lost."""
+    r = ctx.r
+    g = announce(r, "cpu:0")
+    now = time.time()
+    assert Scheduler(ctx, ident="a").tick(now).leader
+    taken = ctx.dispatcher.preload("alpha", "v1", g, actor="scheduler", reason="delivered")
+    raw = r.rpop(g.queue)  # what kombu's Redis transport does on delivery: the message moves to `unacked`
+    assert raw is not None and not queued(r, g.queue)
+    r.hset("unacked", "tag-1", json.dumps([json.loads(raw), "", g.queue]))
+    r.delete(keys.LEADER_LOCK)
+    b = Scheduler(ctx, ident="b")
+    b.tick(now + 1.0)
+    b.tick(now + 1.0 + failover_guard.LOST_TASK_GRACE_S + 0.1)
+    assert state.held_intent(r, "alpha", g.id).id == taken.intent_id
+    assert not [e for e in events.read(r, kind="leader") if "never sent" in e.reason]
