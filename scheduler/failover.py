@@ -53,6 +53,7 @@ _claim = redis.commands.core.Script(None, _CLAIM.encode())
 # After taking the lead, how old the intents claimed before must be to be judged (a claim's task is published
 # within milliseconds of the claim; this leaves a loaded machine ample time).
 LOST_TASK_GRACE_S = 2.0
+_UNACKED = "unacked"  # kombu's Redis transport: delivered, not yet acknowledged (QoS.unacked_key)
 
 
 @dataclass
@@ -233,5 +234,3 @@ def _queued_task_ids(r: redis.Redis, queues: Iterable[str]) -> set[str]:
             continue
     return ids
 
-
-_UNACKED = "unacked"  # kombu's Redis transport: delivered, not yet acknowledged (QoS.unacked_key)

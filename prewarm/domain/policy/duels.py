@@ -74,7 +74,7 @@ class Duels:
         self.switches = 0
         self.reverts = 0
         self.banned: dict[str, float] = {}  # expert -> until when it may not lead (its trial failed)
-        self.trial: tuple[str, float] | None = None  # (the leader before, its cost per eviction) while on trial
+        self.trial: tuple[str, float] | None = None  # (the leader before, its per_request()) while on trial
         self._new_record()
 
     def _new_record(self) -> None:
@@ -84,7 +84,7 @@ class Duels:
         self.by_model: dict[str, set[int]] = {}
         self.next_id = 0
         self.settled = 0
-        # the leader's own evictions: victim -> when; their count and what the returns cost (decayed)
+        # the leader's own evictions: victim -> when (oldest first); their count and what the returns cost (decayed)
         self.evicted: dict[str, float] = {}
         self.evictions = 0.0
         self.returned = 0.0
@@ -105,6 +105,7 @@ class Duels:
     def took(self, victims: tuple[str, ...], now: float) -> None:
         """The leader's order took these victims now (a real eviction to place a load)."""
         for m in victims:
+            self.evicted.pop(m, None)  # moved to the end: the dict stays in time order (expire stops early)
             self.evicted[m] = now
         self.evictions += 1.0
 
@@ -153,10 +154,18 @@ class Duels:
 
     def expire(self, horizon: float) -> None:
         """Drop the duels opened before `horizon`: nobody came back, nothing to charge."""
-        old = [i for i, d in self.duels.items() if d.since < horizon]
+        old: list[int] = []
+        for i, d in self.duels.items():  # in the order they were opened: the oldest first
+            if d.since >= horizon:
+                break
+            old.append(i)
         for i in old:
             self._close(i)
-        gone = [m for m, at in self.evicted.items() if at < horizon]
+        gone: list[str] = []
+        for m, at in self.evicted.items():  # oldest first (took)
+            if at >= horizon:
+                break
+            gone.append(m)
         for m in gone:
             del self.evicted[m]
 
