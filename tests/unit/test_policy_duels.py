@@ -5,10 +5,16 @@ lead on trial, judged by what its own evictions cost; and plan() following it on
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from prewarm.domain.policy import GIB, PolicyConfig
-from prewarm.domain.policy.duels import BAN_HALFLIVES, MIN_SCORED, TRIAL_EVICTIONS, Duels
+from prewarm.domain.policy.duels import (
+    BAN_HALFLIVES,
+    MIN_SCORED,
+    TRIAL_EVICTIONS,
+    TRIAL_WINDOW_HALFLIVES,
+    TRIAL_WINDOWS,
+    Duels,
+)
 from simulator.engine import Simulation
 from simulator.policies import POLICIES, Prewarm
 from simulator.trace import Trace
@@ -43,40 +49,57 @@ def test_a_duel_is_settled_by_whichever_side_is_asked_for_first() -> None:
     assert not d.duels and d.won["lru"] == 1.0 and d.lost["lru"] == 0.0
 
 
+def run_trial(d: Duels, returns: dict[str, int], window: float) -> int:
+    """Play a trial to its end: in each turn the leading order evicts TRIAL_EVICTIONS victims, 100 requests
+    are served, and `returns[order]` of the victims it took come back. Returns the number of turns."""
+    t, turns = 0.0, 0
+    while d.trial is not None:
+        who = d.leader
+        for i in range(int(TRIAL_EVICTIONS)):
+            d.took((f"{who}{turns}-{i}",), now=t)
+        for _ in range(100):
+            d.request(t, "hot", 1, one)
+        for i in range(returns[who]):
+            d.request(t, f"{who}{turns}-{i}", 1, one)
+        t += window
+        turns += 1
+        d.choose(2.0, now=t)
+        assert turns < 100
+    return turns
+
+
 def test_the_lead_moves_only_past_the_margin_and_a_failed_trial_goes_back_and_sits_out() -> None:
-    d = Duels(NAMES, halflife=100.0)
+    d = Duels(NAMES, halflife=120.0)
+    window = TRIAL_WINDOW_HALFLIVES * 120.0
     d.won["lru"], d.lost["lru"] = MIN_SCORED * 0.6, MIN_SCORED * 0.3  # 2x, but too little on record
     assert not d.choose(2.0, now=0.0) and d.leader == "prewarm"
     d.won["lru"], d.lost["lru"] = 1.9 * MIN_SCORED, MIN_SCORED  # enough, short of the margin
     assert not d.choose(2.0, now=0.0)
     d.won["lru"] = 2.1 * MIN_SCORED
-    # what prewarm's own evictions cost before the switch: 1 returned reload in 100 requests
-    d.requests, d.returned = 100.0, 1.0
-    assert d.choose(2.0, now=0.0) and d.leader == "lru" and d.trial == ("prewarm", pytest.approx(0.01))
+    assert d.choose(2.0, now=0.0) and d.leader == "lru"
+    assert d.trial is not None and (d.trial.before, d.trial.candidate) == ("prewarm", "lru")
     assert d.won["lru"] == 0.0 and d.requests == 0.0  # a new record for the new lead
-    # the trial: lru's evictions cost 5 in 100 requests, worse: back to prewarm, lru sits out
-    for i in range(int(TRIAL_EVICTIONS)):
-        d.took((f"v{i}",), now=1.0)
-    d.requests = 100.0
-    for i in range(5):
-        d.request(2.0, f"v{i}", 1, one)
-    assert d.choose(2.0, now=3.0) and d.leader == "prewarm" and d.reverts == 1
-    assert d.banned["lru"] == pytest.approx(3.0 + BAN_HALFLIVES * 100.0)
+    # lru's turn: it takes a victim; the turn ends and prewarm leads the next window of the same traffic
+    d.took(("x",), now=1.0)
+    assert not d.choose(2.0, now=window / 2) and d.leader == "lru"  # the window is not over
+    assert not d.choose(2.0, now=window) and d.leader == "prewarm" and d.trial is not None
+    d.request(window + 1.0, "x", 1, one)  # lru's victim comes back in prewarm's turn: charged to lru
+    assert d.trial.returned == {"prewarm": 0.0, "lru": 1.0} and d.trial.requests["prewarm"] == 1.0
+    # the rest of the trial: lru's victims cost 5 in 100 requests, prewarm's 1: back to prewarm, lru sits out
+    turns = run_trial(d, {"lru": 5, "prewarm": 1}, window)
+    assert turns >= 2 * TRIAL_WINDOWS - 2  # the two orders took turns
+    assert d.leader == "prewarm" and d.reverts == 1 and d.trial is None
+    assert d.banned["lru"] > BAN_HALFLIVES * 120.0
     d.won["lru"], d.lost["lru"] = 10 * MIN_SCORED, 0.0
-    assert not d.choose(2.0, now=4.0)  # banned: its duels do not move the lead
+    assert not d.choose(2.0, now=window * turns + 1.0)  # banned: its duels do not move the lead
 
 
 def test_a_trial_that_pays_keeps_the_lead() -> None:
     d = Duels(NAMES)
     d.won["greedy-dual"], d.lost["greedy-dual"] = 3 * MIN_SCORED, MIN_SCORED
-    d.requests, d.returned = 100.0, 5.0
     assert d.choose(2.0, now=0.0) and d.leader == "greedy-dual"
-    for i in range(int(TRIAL_EVICTIONS)):
-        d.took((f"v{i}",), now=1.0)
-    for i in range(100):
-        d.request(2.0 + i, "hot", 1, one)
-    d.request(200.0, "v0", 1, one)  # 1 in 101 requests: cheaper than 5 in 100
-    assert not d.choose(2.0, now=201.0) and d.leader == "greedy-dual" and d.trial is None
+    run_trial(d, {"greedy-dual": 1, "prewarm": 5}, TRIAL_WINDOW_HALFLIVES * d.halflife)
+    assert d.leader == "greedy-dual" and d.trial is None and d.reverts == 0
 
 
 def simulate(stream: list[tuple[float, str]], gib: int, policy: object) -> Simulation:
@@ -108,11 +131,12 @@ def test_where_lru_is_the_best_order_the_layer_follows_it() -> None:
     assert ex.leader == "lru" and ex.duels.leader == "lru"
     assert cold["on-demand-lru"] < 0.5 * cold["off"]  # LRU is the better order here: 121 against 354
     assert cold["on"] <= 1.25 * cold["on-demand-lru"]  # and the layer gets there (138)
-    # within 150 requests: the first half hour alone (150 of the 1,800) already follows it
+    # within 150 requests: the first half hour alone (150 of the 1,800) already puts it on trial
     head = [x for x in stream if x[0] < 1800]
     early = Prewarm(ON)
     simulate(head, 3, early)
-    assert len(head) == 150 and early.state.experts.leader == "lru"
+    trial = early.state.experts.duels.trial
+    assert len(head) == 150 and trial is not None and trial.candidate == "lru"
 
 
 def test_where_its_own_order_is_better_a_lead_that_does_not_pay_goes_back() -> None:

@@ -24,19 +24,22 @@ when its order would have done better.
 A one-step duel can mislead: the other order, once it leads, grows another fleet (a hand-built scan
 trace: LRU wins the duels against prewarm's order, then leading it has 14 % more cold starts). So a new lead
 is a trial, judged by what the real evictions cost: the reload cost of the victims that come back within the
-half-life, per request served (per eviction would favour an order that evicts often and cheaply). The trial
-ends once it has TRIAL_EVICTIONS evictions of its own: if they cost more per request than the last leader's
-did before the switch, the lead goes back to it and the expert tried sits out BAN_HALFLIVES half-lives;
-else it stays.
+half-life, per request served (per eviction would favour an order that evicts often and cheaply). The two
+orders take turns in windows of TRIAL_WINDOW_HALFLIVES half-lives on the same traffic (an A/B test in time
+slices): each side is charged the returns of the victims it took, whichever side leads when they come back,
+per request served while it led. Once each side has led TRIAL_WINDOWS windows and made TRIAL_EVICTIONS
+evictions, the candidate keeps the lead if its victims cost no more per request; else the lead goes back and
+the candidate sits out BAN_HALFLIVES half-lives. Judging the trial against the incumbent's record from
+before the switch, as first built, compared two periods: on Azure 1,350 × 8 seed 1 the switch came in the
+first hour, the incumbent's record was the fleet's warm-up, greedy-dual's trial passed, and the fleet had
+13,554 cold starts against 9,521 in the first 6 h (+42 %). In turns the same trial fails and goes back
+(9,629: +0.8 %, the price of the trial's windows).
 
-Not yet enough (why PolicyConfig.no_regret stays off): on Azure 1,350 × 8 seed 1 (first 6 h) greedy-dual
-wins the duels, passes its trial, and the fleet then has 13,554 cold starts against 9,521 with prewarm's own
-order (+42 %); a load ahead weighing its victims in prewarm's order while another leads still left +29 %.
-The returns of victims within a half-life, per request, do not see what the other order costs elsewhere
-(the victims that come back later, the placements its victims steer); judged by the fleet's own share of cold
-requests it passes too (the same 13,554), since the switch comes in the first hour and the incumbent's
-record is then the fleet's warm-up. What is left to try: alternate the two orders in windows during a trial,
-so both are measured on the same traffic.
+Still not enough (why PolicyConfig.no_regret stays off): on ServeGen 72 h × 16 greedy-dual takes the lead
+after the first day and passes its trial in turns, and the fleet then has 183,755 cold starts against
+141,160 with prewarm's own order (+30 %; seed 1 +28 %). Under greedy-dual's lead the duels go its way too
+(prewarm's order would have won 9 and lost 297): an order's duels and its trial's windows are judged on the
+fleet it grew, and what the fleet it grows costs shows only over hours. See docs/simulation.md.
 
 Cost: O(models with new requests) per plan() call (their open duels), plus one sort of a GPU's victims per
 expert at each eviction plan() makes to place a load. Pure: no I/O, no clock.
@@ -47,8 +50,40 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MIN_SCORED = 8.0  # decayed cold requests on record before the lead may change (a fresh record decides nothing)
-TRIAL_EVICTIONS = 16.0  # decayed evictions a new lead makes before its trial is judged
+TRIAL_EVICTIONS = 16.0  # decayed evictions each side of a trial makes before it is judged
 BAN_HALFLIVES = 4.0  # an expert whose trial failed sits out this many half-lives
+TRIAL_WINDOW_HALFLIVES = 1.0 / 12.0  # a trial alternates the two orders in windows this long (5 min at 1 h)
+TRIAL_WINDOWS = 3  # ... and is judged once each order has led this many windows (and has its evictions)
+
+
+class Trial:
+    """A new lead on trial: it and the order it would replace take turns in windows of the same traffic; each
+    side's evictions are charged the returns of its own victims, per request served while it led."""
+
+    __slots__ = ("before", "candidate", "window_end", "windows", "evictions", "returned", "requests")
+
+    def __init__(self, before: str, candidate: str, window_end: float) -> None:
+        self.before = before
+        self.candidate = candidate
+        self.window_end = window_end
+        self.windows = {before: 0, candidate: 0}
+        self.evictions = {before: 0.0, candidate: 0.0}
+        self.returned = {before: 0.0, candidate: 0.0}
+        self.requests = {before: 0.0, candidate: 0.0}
+
+    def decay(self, d: float) -> None:
+        for n in (self.before, self.candidate):
+            self.evictions[n] *= d
+            self.returned[n] *= d
+            self.requests[n] *= d
+
+    def per_request(self, n: str) -> float:
+        q = self.requests[n]
+        return self.returned[n] / q if q > 0 else 0.0
+
+    def done(self) -> bool:
+        return all(self.windows[n] >= TRIAL_WINDOWS and self.evictions[n] >= TRIAL_EVICTIONS
+                   for n in (self.before, self.candidate))
 
 
 class Duel:
@@ -74,7 +109,7 @@ class Duels:
         self.switches = 0
         self.reverts = 0
         self.banned: dict[str, float] = {}  # expert -> until when it may not lead (its trial failed)
-        self.trial: tuple[str, float] | None = None  # (the leader before, its per_request()) while on trial
+        self.trial: Trial | None = None  # while a new lead is on trial
         self._new_record()
 
     def _new_record(self) -> None:
@@ -84,8 +119,9 @@ class Duels:
         self.by_model: dict[str, set[int]] = {}
         self.next_id = 0
         self.settled = 0
-        # the leader's own evictions: victim -> when (oldest first); their count and what the returns cost (decayed)
-        self.evicted: dict[str, float] = {}
+        # the leader's own evictions: victim -> (when, the order that took it), oldest first; their count and
+        # what the returns cost (decayed)
+        self.evicted: dict[str, tuple[float, str]] = {}
         self.evictions = 0.0
         self.returned = 0.0
         self.requests = 0.0
@@ -97,17 +133,24 @@ class Duels:
         self.evictions *= d
         self.returned *= d
         self.requests *= d
+        if self.trial is not None:
+            self.trial.decay(d)
 
     def per_request(self) -> float:
-        """What the leader's evictions cost, per request: the reloads of victims that came back."""
+        """What the leader's evictions cost, per request: the reloads of victims that came back (on trial:
+        the ones it took in its windows, per request served in them)."""
+        if self.trial is not None:
+            return self.trial.per_request(self.leader)
         return self.returned / self.requests if self.requests > 0 else 0.0
 
     def took(self, victims: tuple[str, ...], now: float) -> None:
         """The leader's order took these victims now (a real eviction to place a load)."""
         for m in victims:
             self.evicted.pop(m, None)  # moved to the end: the dict stays in time order (expire stops early)
-            self.evicted[m] = now
+            self.evicted[m] = (now, self.leader)
         self.evictions += 1.0
+        if self.trial is not None:
+            self.trial.evictions[self.leader] += 1.0
 
     # ---- duels ---------------------------------------------------------------------------
     def open(self, expert: str, taken: tuple[str, ...], would_take: tuple[str, ...], now: float) -> None:
@@ -135,9 +178,15 @@ class Duels:
         """`n` requests for `m`, the last at `t`: they settle the open duels naming it (the first of their
         models asked for), and a victim of the leader's that came back is charged to its order."""
         self.requests += n
-        at = self.evicted.pop(m, None)
-        if at is not None and t >= at:
-            self.returned += cost(m)
+        trial = self.trial
+        if trial is not None:
+            trial.requests[self.leader] += n
+        got = self.evicted.pop(m, None)
+        if got is not None and t >= got[0]:
+            c = cost(m)
+            self.returned += c
+            if trial is not None and got[1] in trial.returned:
+                trial.returned[got[1]] += c  # charged to the order that took it, whichever leads now
         ids = self.by_model.get(m)
         if not ids:
             return
@@ -162,7 +211,7 @@ class Duels:
         for i in old:
             self._close(i)
         gone: list[str] = []
-        for m, at in self.evicted.items():  # oldest first (took)
+        for m, (at, _by) in self.evicted.items():  # oldest first (took)
             if at >= horizon:
                 break
             gone.append(m)
@@ -173,17 +222,24 @@ class Duels:
     def choose(self, margin: float, now: float) -> bool:
         """Judge a trial that has its evictions, else hand the lead to the expert whose record clears the
         margin by most; True when the lead changed."""
-        if self.trial is not None:
-            if self.evictions < TRIAL_EVICTIONS:
+        trial = self.trial
+        if trial is not None:
+            if now < trial.window_end:
                 return False
-            before, cost = self.trial
+            trial.windows[self.leader] += 1
+            if not trial.done():  # the other order's turn
+                self.leader = trial.before if self.leader == trial.candidate else trial.candidate
+                trial.window_end = now + TRIAL_WINDOW_HALFLIVES * self.halflife
+                return False
             self.trial = None
-            if self.per_request() > cost:  # following it cost more: back to the last leader
-                self.banned[self.leader] = now + BAN_HALFLIVES * self.halflife
-                self.leader = before
+            self._new_record()
+            if trial.per_request(trial.candidate) > trial.per_request(trial.before):
+                # following it cost more on the same traffic: back to the last leader, the candidate sits out
+                self.banned[trial.candidate] = now + BAN_HALFLIVES * self.halflife
+                self.leader = trial.before
                 self.reverts += 1
-                self._new_record()
                 return True
+            self.leader = trial.candidate
             return False
         best, best_gain = "", 0.0
         for n in self.names:
@@ -197,7 +253,7 @@ class Duels:
                 best, best_gain = n, gain
         if not best:
             return False
-        self.trial = (self.leader, self.per_request())
+        self.trial = Trial(self.leader, best, now + TRIAL_WINDOW_HALFLIVES * self.halflife)
         self.leader = best
         self.switches += 1
         self._new_record()
@@ -206,7 +262,10 @@ class Duels:
     def why(self) -> str:
         parts = ", ".join(f"{n} would have saved {self.won[n]:.1f} and cost {self.lost[n]:.1f}"
                           for n in self.names if n != self.leader)
-        trial = f"on trial against {self.trial[0]}'s {self.trial[1]:.4f}; " if self.trial is not None else ""
+        t = self.trial
+        trial = (f"{t.candidate} on trial against {t.before} in turns ({t.before}'s victims cost "
+                 f"{t.per_request(t.before):.4f}, {t.candidate}'s {t.per_request(t.candidate):.4f}); "
+                 if t is not None else "")
         return (f"expert {self.leader} leads ({trial}its victims' returns cost {self.per_request():.4f} cold "
                 f"requests per request; against the others' on this fleet, decayed: {parts})")
 

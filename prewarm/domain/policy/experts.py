@@ -198,8 +198,8 @@ class Experts:
     def _choose(self, cfg: PolicyConfig) -> None:
         if cfg.expert_duels:
             if self.duels.choose(cfg.prefetch_margin, self.last_now):
-                self.leader = self.duels.leader
                 self.switches += 1
+            self.leader = self.duels.leader  # a trial's turns move it too
             return
         inc = self.ghost(self.leader)
         best = min(self.ghosts, key=lambda g: (g.misses, self.names.index(g.name)))

@@ -81,9 +81,9 @@ class PolicyConfig:
     # orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): measured, following another order than
     # prewarm's own does not pay on the real fleet yet. Judged by ghost fleets' misses (expert_duels=False):
     # ServeGen 72 h on 16 × 80 GiB, seed 0, greedy-dual led the ghosts by 18 % and following it gave +15 %
-    # cold starts. Judged by duels: no switch there (53,116 cold starts in 24 h, as with the layer off), but
-    # Azure 1,350 × 8 seed 1 (first 6 h) hands the lead to greedy-dual, its trial passes, and the fleet has
-    # 13,554 cold starts against 9,521 (+42 %). See docs/simulation.md.
+    # cold starts. Judged by duels, with a new lead tried in turns with the order it would replace: on ServeGen
+    # 72 h × 16 greedy-dual takes the lead after a day, passes its trial, and the fleet has +30 % cold starts
+    # (183,755 against 141,160); Azure 1,350 × 16 seed 1 +2.2 %, 500 × 8 seed 0 +1.3 %. See docs/simulation.md.
     no_regret: bool = False
     expert_halflife_s: float = 3600.0
     expert_margin: float = 0.05
