@@ -15,6 +15,7 @@ from prewarm.domain.policy.duels import (
     TRIAL_WINDOWS,
     Duels,
 )
+from prewarm.domain.policy.history import made_before
 from simulator.engine import Simulation
 from simulator.policies import POLICIES, Prewarm
 from simulator.trace import Trace
@@ -145,3 +146,11 @@ def test_where_its_own_order_is_better_a_lead_that_does_not_pay_goes_back() -> N
     on, cold = compare(hot_and_scan(), 5)
     assert on.state.experts.duels.reverts >= 1
     assert cold["on"] <= 1.05 * min(cold["off"], cold["faascache"]) and cold["on"] < cold["on-demand-lru"]
+
+
+def test_a_record_expires_oldest_first_and_stops_at_the_first_newer_entry() -> None:
+    # made_before: the records (duels, the leader's victims, loads-ahead bets) are dicts kept in the order
+    # their entries were made; the walk stops at the first entry made at or after the horizon
+    made = {"a": 1.0, "b": 2.0, "c": 5.0, "d": 3.0}
+    assert made_before(made, float, 4.0) == ["a", "b"]  # d is older but after c: the walk has stopped
+    assert made_before(made, float, 0.5) == [] and made_before({}, float, 9.0) == []

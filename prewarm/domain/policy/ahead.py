@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .history import new_requests
+from .history import made_before, new_requests
 from .types import TrafficView
 
 MIN_SCORED = 4.0  # decayed cold requests on record before the gate may close (a fresh record decides nothing)
@@ -51,6 +51,10 @@ class Bet:
         self.shadow = shadow
         self.ready = ready  # when the load ahead would be ready: a request before it finds it loading
         self.link = link  # the requests its link time holds up, charged when the bet settles
+
+
+def _made(b: Bet) -> float:
+    return b.since
 
 
 class AheadRecord:
@@ -163,12 +167,7 @@ class AheadRecord:
                 self._close(i)
         self.seq = tr.seq
         horizon = now - halflife_s
-        old: list[int] = []
-        for i, b in self.bets.items():  # in the order they were made: the oldest first
-            if b.since >= horizon:
-                break
-            old.append(i)
-        for i in old:
+        for i in made_before(self.bets, _made, horizon):  # in the order they were made
             self._lose(self.bets[i].link)  # its link time was spent all the same
             self._close(i)
         self.calls += 1

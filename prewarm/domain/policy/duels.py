@@ -49,11 +49,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .history import made_before
+
 MIN_SCORED = 8.0  # decayed cold requests on record before the lead may change (a fresh record decides nothing)
 TRIAL_EVICTIONS = 16.0  # decayed evictions each side of a trial makes before it is judged
 BAN_HALFLIVES = 4.0  # an expert whose trial failed sits out this many half-lives
 TRIAL_WINDOW_HALFLIVES = 1.0 / 12.0  # a trial alternates the two orders in windows this long (5 min at 1 h)
 TRIAL_WINDOWS = 3  # ... and is judged once each order has led this many windows (and has its evictions)
+
+
+def _opened(d: Duel) -> float:
+    return d.since
+
+
+def _taken(e: tuple[float, str]) -> float:
+    return e[0]
 
 
 class Trial:
@@ -203,19 +213,9 @@ class Duels:
 
     def expire(self, horizon: float) -> None:
         """Drop the duels opened before `horizon`: nobody came back, nothing to charge."""
-        old: list[int] = []
-        for i, d in self.duels.items():  # in the order they were opened: the oldest first
-            if d.since >= horizon:
-                break
-            old.append(i)
-        for i in old:
+        for i in made_before(self.duels, _opened, horizon):  # in the order they were opened
             self._close(i)
-        gone: list[str] = []
-        for m, (at, _by) in self.evicted.items():  # oldest first (took)
-            if at >= horizon:
-                break
-            gone.append(m)
-        for m in gone:
+        for m in made_before(self.evicted, _taken, horizon):  # oldest first (took)
             del self.evicted[m]
 
     # ---- the lead ------------------------------------------------------------------------

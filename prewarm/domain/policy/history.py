@@ -19,9 +19,13 @@ Kept per model:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from .types import TrafficView
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def _refresh_points() -> set[int]:
@@ -382,6 +386,18 @@ class TrafficHistory:
         if m is None or m.stable_version == 0:
             return None
         return m.stable_version, m.stable_hist, m.stable_oob
+
+
+def made_before(entries: Mapping[K, V], when: Callable[[V], float], horizon: float) -> list[K]:
+    """The keys of `entries` made before `horizon`, for a record kept in the order its entries were made (a
+    dict, oldest first: the duels and bets of the no-regret layer and the loads-ahead record): the walk stops
+    at the first newer entry, so expiring costs what expires, not the whole record."""
+    old: list[K] = []
+    for k, v in entries.items():
+        if when(v) >= horizon:
+            break
+        old.append(k)
+    return old
 
 
 def new_requests(tr: TrafficView, seq: int, seen: dict[str, float],
