@@ -129,10 +129,9 @@ class Duels:
         self.by_model: dict[str, set[int]] = {}
         self.next_id = 0
         self.settled = 0
-        # the leader's own evictions: victim -> (when, the order that took it), oldest first; their count and
-        # what the returns cost (decayed)
+        # the leader's own evictions: victim -> (when, the order that took it), oldest first; what the returns
+        # cost, and the requests served (decayed)
         self.evicted: dict[str, tuple[float, str]] = {}
-        self.evictions = 0.0
         self.returned = 0.0
         self.requests = 0.0
 
@@ -140,7 +139,6 @@ class Duels:
         for n in self.names:
             self.won[n] *= d
             self.lost[n] *= d
-        self.evictions *= d
         self.returned *= d
         self.requests *= d
         if self.trial is not None:
@@ -158,7 +156,6 @@ class Duels:
         for m in victims:
             self.evicted.pop(m, None)  # moved to the end: the dict stays in time order (expire stops early)
             self.evicted[m] = (now, self.leader)
-        self.evictions += 1.0
         if self.trial is not None:
             self.trial.evictions[self.leader] += 1.0
 
