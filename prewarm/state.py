@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -229,6 +229,32 @@ def heartbeat_fresh(last_heartbeat: float, heartbeat_seconds: float, now: float)
 def late_reason(gpu: Gpu, now: float) -> str:
     """How late a GPU's heartbeat is, in words, for the messages of placements that pass it over."""
     return f"{gpu.id} last beat {now - gpu.last_heartbeat:.1f} s ago, its worker beats every {gpu.heartbeat_seconds:g} s"
+
+
+class Departure:
+    """Whether a GPU that someone waits on (an operator's `--wait`) has left the fleet: once its record has
+    been missing or stale for `grace_s` on end. One read without it is not enough: a heartbeat can lapse
+    for a moment and come back with the same worker and its task still running (a worker starved of CPU for
+    a TTL on a busy node, a Sentinel failover that lost the last beat), and a wait that gave up then would
+    report a failure that did not happen. `clock`: monotonic seconds (a parameter for the unit test)."""
+
+    def __init__(self, gpu: str, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.gpu = gpu
+        self.grace_s = max(0.0, grace_s)
+        self.clock = clock
+        self.missing_since: float | None = None
+
+    def left(self, g: Gpu | None) -> str | None:
+        """None while the GPU is in the fleet or missing for less than the grace; else why the wait ends."""
+        if g is not None and g.alive:
+            self.missing_since = None
+            return None
+        now = self.clock()
+        if self.missing_since is None:
+            self.missing_since = now
+        if now - self.missing_since < self.grace_s:
+            return None
+        return f"GPU {self.gpu} left the fleet while waiting (no heartbeat for {now - self.missing_since:.0f} s)"
 
 
 _GPU_INT = ("total_bytes", "used_bytes", "free_bytes")

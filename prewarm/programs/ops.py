@@ -109,10 +109,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 def _wait_gone(ctx, model: str, version: str, gpu: str, timeout: float) -> int:  # noqa: ANN001
+    departure = state.Departure(gpu, ctx.settings.heartbeat_ttl)
+
     def gone() -> int | None:
         g = state.read_fleet(ctx.r).gpu(gpu)
+        if (left := departure.left(g)) is not None:
+            return _err(left)
         if g is None or not g.alive:
-            return _err(f"GPU {gpu} left the fleet while waiting")
+            return None  # its heartbeat lapsed a moment: wait for it to come back
         if not any(x.model == model and x.version == version for x in g.replicas):
             print(f"{model}@{version} evicted from {gpu}")
             return 0
@@ -192,6 +196,8 @@ def _task_outcome(ctx, d, timeout: float, *, gpu: str | None = None) -> tuple[di
     """Wait for a dispatched task's result: (result, None), or (None, the worker's reason). With `gpu`, stop
     waiting when that GPU leaves the fleet (its worker died: no result will come)."""
     res = ctx.celery.AsyncResult(d.task_id)
+    # Gone only once its heartbeat has stayed away for a TTL: a lapse for a moment is not a dead worker.
+    departure = None if gpu is None else state.Departure(gpu, ctx.settings.heartbeat_ttl)
 
     def outcome() -> tuple[dict | None, str | None] | None:
         if res.ready():
@@ -199,8 +205,8 @@ def _task_outcome(ctx, d, timeout: float, *, gpu: str | None = None) -> tuple[di
                 return res.result, None
             exc = res.result
             return None, str(exc) or type(exc).__name__
-        if gpu is not None and not ((g := state.read_fleet(ctx.r).gpu(gpu)) and g.alive):
-            return None, f"GPU {gpu} left the fleet while waiting"
+        if departure is not None and (left := departure.left(state.read_fleet(ctx.r).gpu(departure.gpu))):
+            return None, left
         return None
 
     got = _poll(outcome, timeout)

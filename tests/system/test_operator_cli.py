@@ -9,6 +9,11 @@ a real worker and Redis:
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +26,7 @@ from prewarm.dispatch import Dispatcher
 from prewarm.redis_server import EmbeddedRedis, free_port
 from tests import procs
 from tests.model_files import model_files, reshape_tensor, tiny_catalog
-from tests.procs import wait_for
+from tests.procs import REPO, wait_for
 from tests.system.test_worker_process import _cli, gpu, rep, size_of
 
 worker_factory = procs.worker_factory  # the fixture, used by name
@@ -106,6 +111,53 @@ def test_preload_wait_reports_this_attempt_not_an_earlier_failure(r: redis.Redis
     assert "tiny-lm@v1 ready on node-a/cpu:0" in p.stdout
     assert rep(r, "node-a/cpu:0", "tiny-lm").state == "ready"
     assert celery.AsyncResult(busy.task_id).get(timeout=60)["state"] == "ready"
+
+
+def _cli_bg(redis_url: str, catalog: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("PREWARM_")}
+    e.update({"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PYTHONPATH": str(REPO)}, **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "prewarm.programs.cli", *args], env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+
+
+def test_preload_wait_outlasts_a_heartbeat_that_lapses_for_a_moment(r: redis.Redis, redis_url: str, catalog: Path,
+                                                                   worker_factory) -> None:
+    """A worker starved of CPU for a TTL (SIGSTOP here; TTL 3 s) lets its GPU's record expire, and its load goes
+    on when it resumes. `preload --wait` waits through the lapse and reports the load: the GPU has left only
+    once it stays away for the CLI's PREWARM_HEARTBEAT_TTL (10 s by default). Ending the wait at the first
+    read without the GPU made the LiteLLM module's setup fail once on a busy machine."""
+    wide = size_of(catalog, "tiny-lm-wide")
+    w = worker_factory(catalog, devices="cpu:0=64MiB", env={"PREWARM_LOAD_PACE_BYTES_PER_S": str(int(wide / 6))})
+    gid = "node-a/cpu:0"
+    p = _cli_bg(redis_url, catalog, "preload", "tiny-lm-wide", "--gpu", "cpu:0", "--wait", "--timeout", "120")
+    wait_for(lambda: (x := rep(r, gid, "tiny-lm-wide")) and x.state == "loading", 30, what="loading", log=w.log)
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: procs.gpu_gone(redis_url, gid), 30, what="the stopped worker's GPU record to expire")
+        time.sleep(1.0)  # the waiting CLI reads the fleet every 0.2 s: let it find the GPU missing
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, out + err + w.log()[-3000:]
+    assert "tiny-lm-wide@v1 ready on node-a/cpu:0" in out
+    assert rep(r, gid, "tiny-lm-wide").state == "ready"
+
+
+def test_preload_wait_ends_when_the_worker_dies(r: redis.Redis, redis_url: str, catalog: Path,
+                                                worker_factory) -> None:
+    """The other side of the grace: a worker killed mid-load never comes back, and the wait ends non-zero with
+    the reason once the GPU has stayed away for the CLI's heartbeat TTL (3 s here), well before its timeout."""
+    wide = size_of(catalog, "tiny-lm-wide")
+    w = worker_factory(catalog, devices="cpu:0=64MiB", env={"PREWARM_LOAD_PACE_BYTES_PER_S": str(int(wide / 300))})
+    gid = "node-a/cpu:0"
+    p = _cli_bg(redis_url, catalog, "preload", "tiny-lm-wide", "--gpu", "cpu:0", "--wait", "--timeout", "600",
+                env={"PREWARM_HEARTBEAT_TTL": "3"})
+    wait_for(lambda: (x := rep(r, gid, "tiny-lm-wide")) and x.state == "loading", 30, what="loading", log=w.log)
+    w.kill()
+    out, err = p.communicate(timeout=120)  # far less than the CLI's own 600 s timeout
+    assert p.returncode != 0, out + err
+    assert "preload of tiny-lm-wide@v1 on node-a/cpu:0 failed: GPU node-a/cpu:0 left the fleet while waiting " \
+           "(no heartbeat for 3 s)" in err, err
 
 
 def _one_line(p) -> str:  # noqa: ANN001
