@@ -91,3 +91,34 @@ def test_an_expected_partner_is_kept_over_a_replica_with_no_sign() -> None:
 
     assert run(OFF) == ["follow"]
     assert run(ON) == ["other"]
+
+
+def test_a_kept_state_expects_the_partners_a_fresh_one_does() -> None:
+    """partners.expectations keeps each leader's qualifying partners between calls (PolicyState.partners) until
+    its starts or its co-start table change (TrafficHistory.co_version): on random starts of a few models, with
+    a small partner table that drops singletons, every call expects what a fresh state's call expects."""
+    import random
+
+    from prewarm.domain.policy import PolicyState
+    from prewarm.domain.policy.partners import expectations
+    from prewarm.domain.policy.plan_call import PlanCall
+
+    cfg = dataclasses.replace(ON, partner_min_count=1, partner_precision=0.3, partner_table=3)
+    rnd = random.Random(7)
+    names = [f"m{i}" for i in range(8)]
+    models = {m: spec(m, 1) for m in names}
+    h = TrafficHistory.for_config(cfg)
+    kept = PolicyState()
+    t, seen = 0.0, 0
+    for _ in range(400):
+        t += rnd.choice((1.0, 5.0, 20.0, cfg.partner_gap_s + 1.0))
+        h.add(rnd.choice(names), t)
+        snap = Snapshot(models, (gpu("n0/cuda:0", 10),), (), h, config=cfg)
+        got = expectations(PlanCall(snap, t + 1.0, kept))
+        assert got == expectations(PlanCall(snap, t + 1.0, PolicyState()))
+        seen += bool(got)
+    assert seen > 20 and len(kept.partners) > 3  # partners were expected, from the memo
+    other = TrafficHistory.for_config(cfg)  # a new history: the memo starts again
+    other.add("m0", 1.0)
+    expectations(PlanCall(Snapshot(models, (gpu("n0/cuda:0", 10),), (), other, config=cfg), 2.0, kept))
+    assert kept.partners_key[0] == id(other) and set(kept.partners) <= {"m0"}

@@ -108,6 +108,7 @@ class TrafficHistory:
         self._recent_starts: dict[str, int] = {}
         self._newest_start = -(1 << 62)
         self._co: dict[str, dict[str, int]] = {}
+        self._co_version: dict[str, int] = {}  # model -> changes of its co-start table (a reader's memo key)
         self._unpaired: list[tuple[int, str]] = []  # (second, model) of starts not yet paired
 
     @classmethod
@@ -270,12 +271,15 @@ class TrafficHistory:
                 mine = co.get(model)
                 if mine is None:
                     mine = co[model] = {}
+                version = self._co_version
+                version[model] = version.get(model, 0) + 1
                 for other in near:
                     _count(mine, other, table)
                     theirs = co.get(other)
                     if theirs is None:
                         theirs = co[other] = {}
                     _count(theirs, model, table)
+                    version[other] = version.get(other, 0) + 1
             recent[model] = second
         self._unpaired = []
 
@@ -373,6 +377,12 @@ class TrafficHistory:
         if self._unpaired:
             self._pair()
         return self._co.get(model) or _EMPTY
+
+    def co_version(self, model: str) -> int:
+        """Grows each time the model's co_starts table changes (read after co_starts or recent_starts)."""
+        if self._unpaired:
+            self._pair()
+        return self._co_version.get(model, 0)
 
     def stable_version(self, model: str) -> int:
         """Grows each time the stable histogram is refreshed; 0 before the first idle time."""

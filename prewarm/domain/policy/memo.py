@@ -65,6 +65,11 @@ class PolicyState:
     # the catalog's models with a max_replica_age (refresh.py), and the models mapping they were read from
     aged: tuple[str, ...] = ()
     aged_of: Mapping[str, ModelSpec] | None = None
+    # leader -> (its starts, its co-start table's version, its partners that qualify: (partner, share of the
+    # leader's earlier starts)), as partners.expectations last found them for the history and thresholds in
+    # partners_key (id of the TrafficHistory, partner_min_count, partner_precision)
+    partners: dict[str, tuple[int, int, list[tuple[str, float]]]] = field(default_factory=dict)
+    partners_key: tuple[int, int, float] = (0, 0, 0.0)
     # The no-regret layer's record (experts.py, duels.py): the one part of the state that is not a cache. It
     # is the duels of the real evictions against the experts' orders (and their ghosts) over the request
     # stream fed so far, so a kept state orders evictions by the leading expert where a fresh one (no record

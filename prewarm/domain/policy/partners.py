@@ -29,24 +29,47 @@ def expectations(pl: PlanCall) -> dict[str, tuple[float, str, int]]:
     now = pl.now
     w = cfg.partner_window_s
     models = pl.s.models
+    st = pl.st
+    key = (id(tr), k, cfg.partner_precision)
+    if st.partners_key != key:  # another history (a new leader's warm-up) or other thresholds: start again
+        st.partners.clear()
+        st.partners_key = key
+    memo = st.partners
     for leader, s in tr.recent_starts().items():
         if not 0.0 <= now - s <= w:
             continue
-        earlier = tr.starts(leader) - 1
-        if earlier < k:
-            continue
-        for b, c in tr.co_starts(leader).items():
-            if c < k or b not in models:
-                continue
-            p = c / earlier
-            if p < cfg.partner_precision:
+        n = tr.starts(leader)
+        version = tr.co_version(leader)
+        got = memo.get(leader)
+        if got is None or got[0] != n or got[1] != version:
+            # a leader's partners change only with its starts or its co-starts: walk its table then, not on
+            # every call (a busy fleet has tens of recent starts, each with up to partner_table partners)
+            got = (n, version, _qualifying(tr.co_starts(leader), n - 1, k, cfg.partner_precision))
+            memo[leader] = got
+        for b, p in got[2]:
+            if b not in models:
                 continue
             last = tr.last_arrival(b)
             if last is not None and last >= s - w:
                 continue  # it has come (or never left): not a prediction any more
-            got = out.get(b)
-            if got is None or p > got[0]:
+            have = out.get(b)
+            if have is None or p > have[0]:
                 out[b] = (p, leader, s)
+    return out
+
+
+def _qualifying(co: dict[str, int], earlier: int, k: int, precision: float) -> list[tuple[str, float]]:
+    """(partner, share of the leader's `earlier` starts it started with) for the partners seen with at least
+    `k` of them and at least `precision` of them, in the table's order."""
+    if earlier < k:
+        return []
+    out: list[tuple[str, float]] = []
+    for b, c in co.items():
+        if c < k:
+            continue
+        p = c / earlier
+        if p >= precision:
+            out.append((b, p))
     return out
 
 

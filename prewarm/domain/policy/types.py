@@ -256,6 +256,8 @@ class TrafficView(Protocol):
 
     def co_starts(self, model: str) -> dict[str, int]: ...
 
+    def co_version(self, model: str) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
