@@ -11,6 +11,8 @@ from prewarm.domain.policy.duels import (
     BAN_HALFLIVES,
     MIN_SCORED,
     TRIAL_EVICTIONS,
+    TRIAL_FAIL_AFTER,
+    TRIAL_MARGIN,
     TRIAL_WINDOW_HALFLIVES,
     TRIAL_WINDOWS,
     Duels,
@@ -86,21 +88,40 @@ def test_the_lead_moves_only_past_the_margin_and_a_failed_trial_goes_back_and_si
     assert not d.choose(2.0, now=window) and d.leader == "prewarm" and d.trial is not None
     d.request(window + 1.0, "x", 1, one)  # lru's victim comes back in prewarm's turn: charged to lru
     assert d.trial.returned == {"prewarm": 0.0, "lru": 1.0} and d.trial.requests["prewarm"] == 1.0
-    # the rest of the trial: lru's victims cost 5 in 100 requests, prewarm's 1: back to prewarm, lru sits out
+    # the rest of the trial: lru's victims cost 5 in 100 requests, prewarm's 1: it is losing once each order
+    # has led TRIAL_FAIL_AFTER windows, so it fails then, long before TRIAL_WINDOWS: back to prewarm, lru sits out
     turns = run_trial(d, {"lru": 5, "prewarm": 1}, window)
-    assert turns >= 2 * TRIAL_WINDOWS - 2  # the two orders took turns
+    assert turns <= 2 * TRIAL_FAIL_AFTER + 1 < 2 * TRIAL_WINDOWS - 2
     assert d.leader == "prewarm" and d.reverts == 1 and d.trial is None
-    assert d.banned["lru"] > BAN_HALFLIVES * 120.0
+    end = window * (turns + 1)
+    assert end + BAN_HALFLIVES * 120.0 >= d.banned["lru"] > BAN_HALFLIVES * 120.0
     d.won["lru"], d.lost["lru"] = 10 * MIN_SCORED, 0.0
     assert not d.choose(2.0, now=window * turns + 1.0)  # banned: its duels do not move the lead
+    # once the ban is over its duels put it on trial again; failing again, it sits out twice as long
+    later = d.banned["lru"] + 1.0
+    assert d.choose(2.0, now=later) and d.leader == "lru"
+    d.took(("y",), now=later)
+    turns = run_trial(d, {"lru": 5, "prewarm": 1}, window)
+    assert d.leader == "prewarm" and d.reverts == 2 and d.banned["lru"] >= later + 2 * BAN_HALFLIVES * 120.0
+
+
+def test_a_candidate_better_by_less_than_the_margin_runs_the_whole_trial_and_goes_back() -> None:
+    """Never losing, it is not failed early; 6 % cheaper per request is inside the trial's margin: the lead stays."""
+    d = Duels(NAMES)
+    d.won["lru"], d.lost["lru"] = 3 * MIN_SCORED, MIN_SCORED
+    assert d.choose(2.0, now=0.0)
+    turns = run_trial(d, {"lru": 14, "prewarm": 15}, TRIAL_WINDOW_HALFLIVES * d.halflife)
+    assert TRIAL_MARGIN > 1 - (14 / 114) / (15 / 115) and turns >= 2 * TRIAL_WINDOWS - 1
+    assert d.leader == "prewarm" and d.reverts == 1
 
 
 def test_a_trial_that_pays_keeps_the_lead() -> None:
     d = Duels(NAMES)
     d.won["greedy-dual"], d.lost["greedy-dual"] = 3 * MIN_SCORED, MIN_SCORED
     assert d.choose(2.0, now=0.0) and d.leader == "greedy-dual"
-    run_trial(d, {"greedy-dual": 1, "prewarm": 5}, TRIAL_WINDOW_HALFLIVES * d.halflife)
+    turns = run_trial(d, {"greedy-dual": 1, "prewarm": 5}, TRIAL_WINDOW_HALFLIVES * d.halflife)
     assert d.leader == "greedy-dual" and d.trial is None and d.reverts == 0
+    assert turns >= 2 * TRIAL_WINDOWS - 1  # a pass takes the whole trial: each order led TRIAL_WINDOWS windows
 
 
 def simulate(stream: list[tuple[float, str]], gib: int, policy: object) -> Simulation:

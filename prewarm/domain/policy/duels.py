@@ -35,11 +35,13 @@ first hour, the incumbent's record was the fleet's warm-up, greedy-dual's trial 
 13,554 cold starts against 9,521 in the first 6 h (+42 %). In turns the same trial fails and goes back
 (9,629: +0.8 %, the price of the trial's windows).
 
-Still not enough (why PolicyConfig.no_regret stays off): on ServeGen 72 h × 16 greedy-dual takes the lead
-after the first day and passes its trial in turns, and the fleet then has 183,755 cold starts against
-141,160 with prewarm's own order (+30 %; seed 1 +28 %). Under greedy-dual's lead the duels go its way too
-(prewarm's order would have won 9 and lost 297): an order's duels and its trial's windows are judged on the
-fleet it grew, and what the fleet it grows costs shows only over hours. See docs/simulation.md.
+A trial is a bet on the worse order while it runs, and its windows are a sample: so a candidate whose victims
+cost more than the incumbent's after TRIAL_FAIL_AFTER windows each fails at once, one passes only after
+TRIAL_WINDOWS windows each and at least TRIAL_MARGIN cheaper per request, and each further failure doubles the
+candidate's wait. Before (3 windows, no margin, and greedy-dual ranking real victims by its ghost's keys):
+ServeGen 72 h × 16 seed 0 had +30 % cold starts with the layer on. Now the layer-on sweep is within 1 % of
+off at 17 of its 18 points; ServeGen 72 h × 8 seed 0 has +5.2 % (517,700 against 492,191), so
+PolicyConfig.no_regret stays off. See docs/simulation.md.
 
 Cost: O(models with new requests) per plan() call (their open duels), plus one sort of a GPU's victims per
 expert at each eviction plan() makes to place a load. Pure: no I/O, no clock.
@@ -53,9 +55,16 @@ from .history import made_before
 
 MIN_SCORED = 8.0  # decayed cold requests on record before the lead may change (a fresh record decides nothing)
 TRIAL_EVICTIONS = 16.0  # decayed evictions each side of a trial makes before it is judged
-BAN_HALFLIVES = 4.0  # an expert whose trial failed sits out this many half-lives
+BAN_HALFLIVES = 4.0  # an expert whose trial failed sits out this many half-lives, doubled at each further failure
 TRIAL_WINDOW_HALFLIVES = 1.0 / 12.0  # a trial alternates the two orders in windows this long (5 min at 1 h)
-TRIAL_WINDOWS = 3  # ... and is judged once each order has led this many windows (and has its evictions)
+TRIAL_WINDOWS = 12  # ... and is judged once each order has led this many windows (and has its evictions)
+# ... but a candidate whose victims cost more than the incumbent's after this many windows each fails at once:
+# a trial is a bet on the worse order while it runs (Azure 1,350 × 8 seed 0, 24 h: two 2-hour trials of
+# greedy-dual cost +4 % cold starts; failing at the first windows, +0.01 %)
+TRIAL_FAIL_AFTER = 1
+# ... and passes when its victims cost at most (1 - this) times the incumbent's per request: a trial's windows
+# are a sample of the traffic, and a tie is no reason to leave the order that leads
+TRIAL_MARGIN = 0.1
 
 
 def _opened(d: Duel) -> float:
@@ -91,9 +100,17 @@ class Trial:
         q = self.requests[n]
         return self.returned[n] / q if q > 0 else 0.0
 
-    def done(self) -> bool:
-        return all(self.windows[n] >= TRIAL_WINDOWS and self.evictions[n] >= TRIAL_EVICTIONS
+    def ready(self, windows: float) -> bool:
+        """Each side has led `windows` windows and made TRIAL_EVICTIONS evictions."""
+        return all(self.windows[n] >= windows and self.evictions[n] >= TRIAL_EVICTIONS
                    for n in (self.before, self.candidate))
+
+    def done(self) -> bool:
+        return self.ready(TRIAL_WINDOWS)
+
+    def losing(self) -> bool:
+        """A candidate whose victims already cost more, after TRIAL_FAIL_AFTER windows each: it fails now."""
+        return self.ready(TRIAL_FAIL_AFTER) and self.per_request(self.candidate) > self.per_request(self.before)
 
 
 class Duel:
@@ -119,6 +136,7 @@ class Duels:
         self.switches = 0
         self.reverts = 0
         self.banned: dict[str, float] = {}  # expert -> until when it may not lead (its trial failed)
+        self.fails: dict[str, int] = {}  # expert -> trials it failed (each doubles its next wait)
         self.trial: Trial | None = None  # while a new lead is on trial
         self._new_record()
 
@@ -224,15 +242,17 @@ class Duels:
             if now < trial.window_end:
                 return False
             trial.windows[self.leader] += 1
-            if not trial.done():  # the other order's turn
+            if not trial.done() and not trial.losing():  # the other order's turn
                 self.leader = trial.before if self.leader == trial.candidate else trial.candidate
                 trial.window_end = now + TRIAL_WINDOW_HALFLIVES * self.halflife
                 return False
             self.trial = None
             self._new_record()
-            if trial.per_request(trial.candidate) > trial.per_request(trial.before):
+            if trial.per_request(trial.candidate) > (1.0 - TRIAL_MARGIN) * trial.per_request(trial.before):
                 # following it cost more on the same traffic: back to the last leader, the candidate sits out
-                self.banned[trial.candidate] = now + BAN_HALFLIVES * self.halflife
+                fails = self.fails.get(trial.candidate, 0) + 1
+                self.fails[trial.candidate] = fails
+                self.banned[trial.candidate] = now + BAN_HALFLIVES * 2.0 ** (fails - 1) * self.halflife
                 self.leader = trial.before
                 self.reverts += 1
                 return True

@@ -36,8 +36,11 @@ The experts (their eviction order; the ghost loads on a miss as every policy doe
 The ghosts' misses are not the default judge (PolicyConfig.expert_duels=False selects them): measured on
 both trace families, their lead does not carry over to the real fleet (ServeGen 72 h on 16 × 80 GiB:
 greedy-dual leads the ghosts by 18 % and following its order costs +15 % cold starts; docs/simulation.md).
-With duels judging, the ghosts still give greedy-dual its keys (its clock and frequencies) and the ghost
-misses shown beside the lead. The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1,
+With duels judging, the ghosts give the misses shown beside the lead. Greedy-dual ranks *real* victims by
+keys kept on the real fleet (RealGreedyDual: its frequencies, priorities and clock, as the faascache baseline
+keeps them), not by its ghost's: the ghost holds other models than the fleet, and a real resident it had
+dropped went first whatever its traffic (forced to lead on ServeGen 24 h × 16 seed 0, greedy-dual's order
+gave 57,759 cold starts with the ghost's keys, 55,319 with the real ones; prewarm's own 51,213). The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1,
 `simulate --no-regret on` turn it on): judged by duels it leaves ServeGen 72 h × 16 as it is (prewarm's order
 keeps the lead), but on Azure 1,350 × 8 seed 1 it follows greedy-dual into +42 % cold starts (first 6 h):
 see duels.py and docs/simulation.md.
@@ -113,6 +116,38 @@ class Ghost:
         self.freq.pop(m, None)
 
 
+class RealGreedyDual:
+    """Greedy-dual's keys for the real fleet's replicas, kept as the `faascache` baseline keeps them
+    (baselines.faascache): a model's frequency counts its requests since it last had no replica; its
+    priority, set at each request, is the clock then + frequency × load time / GiB; the clock rises to each
+    real victim's priority. The ghost's keys would not do: the ghost holds other models than the fleet,
+    and a real resident the ghost had dropped would go first whatever its traffic."""
+
+    __slots__ = ("clock", "freq", "prio")
+
+    def __init__(self) -> None:
+        self.clock = 0.0
+        self.freq: dict[str, float] = {}
+        self.prio: dict[str, float] = {}
+
+    def request(self, m: str, n: float, ld: float, size: int) -> None:
+        f = self.freq.get(m, 0.0) + n
+        self.freq[m] = f
+        self.prio[m] = self.clock + f * ld / max(size / GIB, 1e-3)
+
+    def key(self, m: str) -> float:
+        return self.prio.get(m, self.clock)  # never requested since it had no replica: at the clock
+
+    def evicted(self, m: str, last: bool) -> None:
+        """A real eviction of `m` (`last`: it has no replica left: its frequency starts again)."""
+        p = self.prio.get(m)
+        if p is not None and p > self.clock:
+            self.clock = p
+        if last:
+            self.prio.pop(m, None)
+            self.freq.pop(m, None)
+
+
 class Experts:
     """The layer's record, kept in PolicyState.experts from call to call (see the module docstring)."""
 
@@ -143,6 +178,7 @@ class Experts:
         self.leader = self.names[0]
         self.switches = 0
         self.duels = Duels(self.names)
+        self.gd = RealGreedyDual()
         self.by_duels = True  # PolicyConfig.expert_duels, set by the feed
 
     # ---- the record ----------------------------------------------------------------------
@@ -177,8 +213,6 @@ class Experts:
               entries: list[tuple[float, str, object]], first: Callable[[str], bool]) -> None:
         """Sort a GPU's victim entries ((value per GiB, model, replica), Values.victim_list) in the
         leader's eviction order, after the models `first` names (first victims whatever the order)."""
-        g = self.ghost(leader)
-
         def key(e: tuple[float, str, object]) -> tuple[int, float, str]:
             m = e[1]
             if first(m):
@@ -186,7 +220,7 @@ class Experts:
             a = tr.last_arrival(m)
             t = a if a is not None else -math.inf
             if leader == "greedy-dual":
-                return (1, g.key.get(m, g.clock), m)
+                return (1, self.gd.key(m), m)
             if leader == "forecast":
                 lam = tr.rate_short(m, now)
                 hot = -math.expm1(-lam * (self.ld.get(m, 0.0) + cfg.tick_s)) >= FORECAST_P
@@ -241,6 +275,7 @@ class Experts:
             size = sp.size_bytes
             for g in self.ghosts:
                 self._access(g, m, t, n, size, ld, tr, now, cfg, value)
+            self.gd.request(m, n, ld, size)
             if cost is not None:
                 self.duels.request(t, m, n, cost)
         self._choose(cfg)

@@ -78,12 +78,12 @@ class PolicyConfig:
     # The no-regret layer (experts.py, duels.py; issue 26): the eviction orders of prewarm, greedy-dual
     # (FaasCache), LRU and the forecast rule; the one whose victims the real fleet's requests show to be the
     # better (duels at each eviction, then a trial of the real evictions' cost; decayed with this half-life)
-    # orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): measured, following another order than
-    # prewarm's own does not pay on the real fleet yet. Judged by ghost fleets' misses (expert_duels=False):
-    # ServeGen 72 h on 16 × 80 GiB, seed 0, greedy-dual led the ghosts by 18 % and following it gave +15 %
-    # cold starts. Judged by duels, with a new lead tried in turns with the order it would replace: on ServeGen
-    # 72 h × 16 greedy-dual takes the lead after a day, passes its trial, and the fleet has +30 % cold starts
-    # (183,755 against 141,160); Azure 1,350 × 16 seed 1 +2.2 %, 500 × 8 seed 0 +1.3 %. See docs/simulation.md.
+    # orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): a new lead is tried in turns with the order
+    # it would replace, failed as soon as its victims cost more, passed only after 12 windows each at 10 %
+    # cheaper (duels.py); greedy-dual ranks real victims by keys kept on the real fleet (experts.py). So built,
+    # the layer-on sweep is within 1 % of off at 17 of 18 points, but ServeGen 72 h × 8 seed 0 has +5.2 %
+    # (517,700 against 492,191). Judged by ghost fleets' misses instead (expert_duels=False), ServeGen 72 h × 16
+    # seed 0: greedy-dual led the ghosts by 18 % and following it gave +15 %. See docs/simulation.md.
     no_regret: bool = False
     expert_halflife_s: float = 3600.0
     expert_margin: float = 0.05
