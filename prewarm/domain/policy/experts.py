@@ -40,10 +40,10 @@ With duels judging, the ghosts give the misses shown beside the lead. Greedy-dua
 keys kept on the real fleet (RealGreedyDual: its frequencies, priorities and clock, as the faascache baseline
 keeps them), not by its ghost's: the ghost holds other models than the fleet, and a real resident it had
 dropped went first whatever its traffic (forced to lead on ServeGen 24 h × 16 seed 0, greedy-dual's order
-gave 57,759 cold starts with the ghost's keys, 55,319 with the real ones; prewarm's own 51,213). The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1,
-`simulate --no-regret on` turn it on): judged by duels it leaves ServeGen 72 h × 16 as it is (prewarm's order
-keeps the lead), but on Azure 1,350 × 8 seed 1 it follows greedy-dual into +42 % cold starts (first 6 h):
-see duels.py and docs/simulation.md.
+gave 57,759 cold starts with the ghost's keys, 55,319 with the real ones; prewarm's own 51,213).
+The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1, `simulate --no-regret on` turn it
+on): on the whole sweep it is within 1 % of off at 17 of 18 points, but ServeGen 72 h × 8 seed 0 has +5.2 %
+(duels.py, docs/simulation.md).
 
 How the record is used (`leader`): the incumbent is prewarm's own order; another expert takes the lead
 only when its decayed misses are below the incumbent's by `expert_margin` (hysteresis, so that two
