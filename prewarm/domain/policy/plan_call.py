@@ -33,7 +33,7 @@ class PlanCall(Values):
     def do_evict(self, r: ReplicaState, kind: str, reason: str, numbers: dict[str, float]) -> None:
         self.fleet.evict(r, self.is_speculative(r))
         if self.cfg.no_regret:  # greedy-dual's clock and frequencies follow the real fleet (experts.py)
-            self.st.experts.gd.evicted(r.model, not self.fleet.of_model.get(r.model))
+            self.st.experts.gd.evicted(r.model, self.fleet.count(r.model) == 0)
         self.evicted_now.append(r.model)
         self.actions.append(Evict(r.model, r.gpu, kind, reason, numbers, r.version))
 
