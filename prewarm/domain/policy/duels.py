@@ -39,9 +39,16 @@ A trial is a bet on the worse order while it runs, and its windows are a sample:
 cost more than the incumbent's after TRIAL_FAIL_AFTER windows each fails at once, one passes only after
 TRIAL_WINDOWS windows each and at least TRIAL_MARGIN cheaper per request, and each further failure doubles the
 candidate's wait. Before (3 windows, no margin, and greedy-dual ranking real victims by its ghost's keys):
-ServeGen 72 h × 16 seed 0 had +30 % cold starts with the layer on. Now the layer-on sweep is within 1 % of
-off at 17 of its 18 points; ServeGen 72 h × 8 seed 0 has +5.2 % (517,700 against 492,191), so
-PolicyConfig.no_regret stays off. See docs/simulation.md.
+ServeGen 72 h × 16 seed 0 had +30 % cold starts with the layer on.
+
+The victims' returns are what an order decides, not all it changes: on a saturated fleet most cold requests
+wait for loads in flight, and an order can take victims that come back less while the fleet it grows serves
+more requests cold. ServeGen 72 h × 8 seed 0: greedy-dual's victims cost 17 % less per request in its trial,
+so it passed, while 0.83 of the requests in its windows were cold against 0.77 in prewarm's, and leading it
+cost +5.2 % cold starts (517,700 against 492,191). So each side's windows also count the requests served
+cold (no ready replica in the snapshot when plan() takes them in), and the candidate must not serve a larger
+share of its requests cold: it fails at once if it does after TRIAL_FAIL_AFTER windows each, and passes only
+if it does not at the end (494,133 on that point). See docs/simulation.md.
 
 Cost: O(models with new requests) per plan() call (their open duels), plus one sort of a GPU's victims per
 expert at each eviction plan() makes to place a load. Pure: no I/O, no clock.
@@ -77,9 +84,10 @@ def _taken(e: tuple[float, str]) -> float:
 
 class Trial:
     """A new lead on trial: it and the order it would replace take turns in windows of the same traffic; each
-    side's evictions are charged the returns of its own victims, per request served while it led."""
+    side's evictions are charged the returns of its own victims, per request served while it led, and the
+    requests it served cold are counted."""
 
-    __slots__ = ("before", "candidate", "window_end", "windows", "evictions", "returned", "requests")
+    __slots__ = ("before", "candidate", "window_end", "windows", "evictions", "returned", "requests", "cold")
 
     def __init__(self, before: str, candidate: str, window_end: float) -> None:
         self.before = before
@@ -89,16 +97,27 @@ class Trial:
         self.evictions = {before: 0.0, candidate: 0.0}
         self.returned = {before: 0.0, candidate: 0.0}
         self.requests = {before: 0.0, candidate: 0.0}
+        self.cold = {before: 0.0, candidate: 0.0}  # requests served cold while it led
 
     def decay(self, d: float) -> None:
         for n in (self.before, self.candidate):
             self.evictions[n] *= d
             self.returned[n] *= d
             self.requests[n] *= d
+            self.cold[n] *= d
 
     def per_request(self, n: str) -> float:
         q = self.requests[n]
         return self.returned[n] / q if q > 0 else 0.0
+
+    def cold_share(self, n: str) -> float:
+        q = self.requests[n]
+        return self.cold[n] / q if q > 0 else 0.0
+
+    def worse(self) -> bool:
+        """The candidate's victims cost more per request, or more of the requests it served were cold."""
+        c, b = self.candidate, self.before
+        return self.per_request(c) > self.per_request(b) or self.cold_share(c) > self.cold_share(b)
 
     def ready(self, windows: float) -> bool:
         """Each side has led `windows` windows and made TRIAL_EVICTIONS evictions."""
@@ -110,7 +129,7 @@ class Trial:
 
     def losing(self) -> bool:
         """A candidate whose victims already cost more, after TRIAL_FAIL_AFTER windows each: it fails now."""
-        return self.ready(TRIAL_FAIL_AFTER) and self.per_request(self.candidate) > self.per_request(self.before)
+        return self.ready(TRIAL_FAIL_AFTER) and self.worse()
 
 
 class Duel:
@@ -199,13 +218,16 @@ class Duels:
                 if not s:
                     del self.by_model[m]
 
-    def request(self, t: float, m: str, n: float, cost: Callable[[str], float]) -> None:
-        """`n` requests for `m`, the last at `t`: they settle the open duels naming it (the first of their
-        models asked for), and a victim of the leader's that came back is charged to its order."""
+    def request(self, t: float, m: str, n: float, cost: Callable[[str], float], cold: bool = False) -> None:
+        """`n` requests for `m`, the last at `t` (`cold`: `m` had no ready replica): they settle the open
+        duels naming it (the first of their models asked for), and a victim of the leader's that came back is
+        charged to its order."""
         self.requests += n
         trial = self.trial
         if trial is not None:
             trial.requests[self.leader] += n
+            if cold:
+                trial.cold[self.leader] += n
         got = self.evicted.pop(m, None)
         if got is not None and t >= got[0]:
             c = cost(m)
@@ -248,7 +270,9 @@ class Duels:
                 return False
             self.trial = None
             self._new_record()
-            if trial.per_request(trial.candidate) > (1.0 - TRIAL_MARGIN) * trial.per_request(trial.before):
+            c, b = trial.candidate, trial.before
+            if (trial.per_request(c) > (1.0 - TRIAL_MARGIN) * trial.per_request(b)
+                    or trial.cold_share(c) > trial.cold_share(b)):
                 # following it cost more on the same traffic: back to the last leader, the candidate sits out
                 fails = self.fails.get(trial.candidate, 0) + 1
                 self.fails[trial.candidate] = fails
@@ -281,7 +305,8 @@ class Duels:
                           for n in self.names if n != self.leader)
         t = self.trial
         trial = (f"{t.candidate} on trial against {t.before} in turns ({t.before}'s victims cost "
-                 f"{t.per_request(t.before):.4f}, {t.candidate}'s {t.per_request(t.candidate):.4f}); "
+                 f"{t.per_request(t.before):.4f}, {t.candidate}'s {t.per_request(t.candidate):.4f}; "
+                 f"requests served cold: {t.cold_share(t.before):.1%} and {t.cold_share(t.candidate):.1%}); "
                  if t is not None else "")
         return (f"expert {self.leader} leads ({trial}its victims' returns cost {self.per_request():.4f} cold "
                 f"requests per request; against the others' on this fleet, decayed: {parts})")

@@ -246,7 +246,7 @@ class Experts:
     # ---- feeding -------------------------------------------------------------------------
     def feed(self, tr: TrafficView, models: Mapping[str, ModelSpec], capacity: int, now: float,
              cfg: PolicyConfig, value: Callable[[str], float],
-             cost: Callable[[str], float] | None = None) -> None:
+             cost: Callable[[str], float] | None = None, cold: Callable[[str], bool] | None = None) -> None:
         """Bring every ghost up to the traffic's new requests (the models changed since the last call,
         each its new requests at its last arrival, in time order). `value(model)`: prewarm's value per
         GiB of a model (prewarm's ghost evicts by it)."""
@@ -277,7 +277,7 @@ class Experts:
                 self._access(g, m, t, n, size, ld, tr, now, cfg, value)
             self.gd.request(m, n, ld, size)
             if cost is not None:
-                self.duels.request(t, m, n, cost)
+                self.duels.request(t, m, n, cost, cold is not None and cold(m))
         self._choose(cfg)
 
     def _key(self, g: Ghost, m: str, t: float, size: int, ld: float, tr: TrafficView, now: float,

@@ -118,6 +118,14 @@ class Fleet:
     def count(self, model: str) -> int:
         return len(self.of_model.get(model, ()))
 
+    def ready(self, model: str) -> bool:
+        """A replica of `model` is ready to serve (not loading, not leaving)."""
+        for g in self.of_model.get(model, ()):
+            r = self.on_gpu[g].get(model)
+            if r is not None and r.state == READY:
+                return True
+        return False
+
 
     # ---- the tentative effect of this call's actions -----------------------------------------
     def evict(self, r: ReplicaState, speculative: bool) -> None:

@@ -131,5 +131,5 @@ def feed_experts(pl: Values) -> None:
     # The ghosts' values must not change what the plan sees (measured: with them left in, ServeGen 24 h × 16
     # moved from 53,116 to 53,179 cold starts with no change of lead)
     kept = pl.values_kept()
-    pl.st.experts.feed(pl.tr, models, cap, pl.now, pl.cfg, value, pl.cost)
+    pl.st.experts.feed(pl.tr, models, cap, pl.now, pl.cfg, value, pl.cost, lambda m: not pl.fleet.ready(m))
     pl.forget_values_since(kept)
