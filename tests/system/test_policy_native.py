@@ -49,12 +49,14 @@ def _simulate(trace: Path, out: Path, pure: bool, extra: tuple[str, ...] = ()) -
 
 
 def test_native_build_decides_exactly_like_the_source(tmp_path) -> None:
+    """With the no-regret layer off (prewarm's own order alone: the paths the layer does not take)."""
     if native.active() is None:
         pytest.skip("no native policy build for these sources (python -m prewarm.domain.policy build)")
     trace = tmp_path / "inv.csv"
     _trace(trace)
-    pure = _simulate(trace, tmp_path / "pure.json", pure=True)
-    compiled = _simulate(trace, tmp_path / "native.json", pure=False)
+    off = ("--no-regret", "off")
+    pure = _simulate(trace, tmp_path / "pure.json", pure=True, extra=off)
+    compiled = _simulate(trace, tmp_path / "native.json", pure=False, extra=off)
     assert (pure["policy_build"], compiled["policy_build"]) == ("python", "native")
     a, b = pure["policies"]["prewarm"], compiled["policies"]["prewarm"]
     a.pop("runtime_s")
@@ -66,7 +68,7 @@ def test_native_build_decides_exactly_like_the_source(tmp_path) -> None:
 
 
 def test_native_build_decides_exactly_like_the_source_with_the_no_regret_layer_on(tmp_path) -> None:
-    """The layer (experts.py, duels.py; off by default) is compiled with the rest: the same ghosts, the same
+    """The layer (experts.py, duels.py; on by default) is compiled with the rest: the same ghosts, the same
     duels, the same leader, the same victims."""
     if native.active() is None:
         pytest.skip("no native policy build for these sources (python -m prewarm.domain.policy build)")

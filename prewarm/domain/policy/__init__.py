@@ -15,7 +15,7 @@
   (arrival models, when each model turns hot or cold), so the decisions are the same with a
   fresh state; with a kept one a tick costs O(models whose traffic changed) instead of O(models).
   One part is a record, not a cache: the no-regret layer's duels and ghosts (experts.py, duels.py,
-  PolicyConfig.no_regret, off by default), so with the layer on a kept state orders evictions by the leading expert where a
+  PolicyConfig.no_regret, on by default), so with the layer on a kept state orders evictions by the leading expert where a
   fresh one (no record) uses prewarm's own order.
 - returns a list of `Preload` / `Evict` actions, each with `reason` (words) and `numbers`. Evicts
   that make room come right before the Preload they make room for; dispatch them in order on the

@@ -41,9 +41,8 @@ keys kept on the real fleet (RealGreedyDual: its frequencies, priorities and clo
 keeps them), not by its ghost's: the ghost holds other models than the fleet, and a real resident it had
 dropped went first whatever its traffic (forced to lead on ServeGen 24 h × 16 seed 0, greedy-dual's order
 gave 57,759 cold starts with the ghost's keys, 55,319 with the real ones; prewarm's own 51,213).
-The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1, `simulate --no-regret on` turn it
-on): on the whole sweep it is within 1 % of off at 17 of 18 points, but ServeGen 72 h × 8 seed 0 has +5.2 %
-(duels.py, docs/simulation.md).
+The layer is on by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=0, `simulate --no-regret off` turn it
+off): on the whole sweep it is within 1 % of off at every point (duels.py, docs/simulation.md).
 
 How the record is used (`leader`): the incumbent is prewarm's own order; another expert takes the lead
 only when its decayed misses are below the incumbent's by `expert_margin` (hysteresis, so that two

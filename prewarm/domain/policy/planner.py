@@ -1,8 +1,7 @@
 """plan(): the warming policy. Pure: reads a Snapshot and `now`, returns actions; no I/O, no clock.
 
 Order of work in one call (each step sees the tentative effect of the previous ones):
-0. the no-regret layer (experts.py, duels.py; PolicyConfig.no_regret, off by default: measured, following
-   another order does not pay on the real fleet yet): the requests since
+0. the no-regret layer (experts.py, duels.py; PolicyConfig.no_regret, on by default): the requests since
    the last call settle the duels between each real eviction and what the eviction orders of prewarm,
    greedy-dual, LRU and the forecast rule would have taken instead (whichever side is asked for first);
    the order whose record clears the margin leads on trial, kept only if its own evictions then cost

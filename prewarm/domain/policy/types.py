@@ -78,13 +78,14 @@ class PolicyConfig:
     # The no-regret layer (experts.py, duels.py; issue 26): the eviction orders of prewarm, greedy-dual
     # (FaasCache), LRU and the forecast rule; the one whose victims the real fleet's requests show to be the
     # better (duels at each eviction, then a trial of the real evictions' cost; decayed with this half-life)
-    # orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): a new lead is tried in turns with the order
-    # it would replace, failed as soon as its victims cost more, passed only after 12 windows each at 10 %
-    # cheaper (duels.py); greedy-dual ranks real victims by keys kept on the real fleet (experts.py). So built,
-    # the layer-on sweep is within 1 % of off at 17 of 18 points, but ServeGen 72 h × 8 seed 0 has +5.2 %
-    # (517,700 against 492,191). Judged by ghost fleets' misses instead (expert_duels=False), ServeGen 72 h × 16
-    # seed 0: greedy-dual led the ghosts by 18 % and following it gave +15 %. See docs/simulation.md.
-    no_regret: bool = False
+    # orders real evictions. On by default (PREWARM_NO_REGRET=0: off): a new lead is tried in turns with the order
+    # it would replace, failed as soon as its victims cost more or its windows serve a larger share of requests
+    # cold, passed only after 12 windows each at 10 % cheaper and no colder (duels.py); greedy-dual ranks real
+    # victims by keys kept on the real fleet (experts.py). So built, the whole sweep with the layer on is within
+    # 1 % of off at every point (+0.4 % at most, ServeGen 72 h × 8; −1.8 % on ServeGen 72 h × 32 seed 0).
+    # Judged by ghost fleets' misses instead (expert_duels=False), ServeGen 72 h × 16 seed 0: greedy-dual led
+    # the ghosts by 18 % and following it gave +15 %. See docs/simulation.md.
+    no_regret: bool = True
     expert_halflife_s: float = 3600.0
     expert_margin: float = 0.05
     # with the layer on: loads ahead only while prewarm's ghost is within the margin of the leader's. Off:
