@@ -124,6 +124,19 @@ def test_plan_feeds_the_ghosts_and_its_evictions_name_the_leading_expert() -> No
     assert state_off.experts.ghosts[0].requests == 0  # off: nothing fed
 
 
+def test_the_ghosts_are_fed_only_where_their_misses_decide_something() -> None:
+    """Judged by duels with the loads-ahead gate off (the defaults), the ghosts decide nothing: they are not fed
+    and their misses are not in the reasons' numbers; where they gate loads ahead they are fed again."""
+    evicts, state = _plan_world(PolicyConfig(no_regret=True))
+    assert evicts and all("expert " in e.reason for e in evicts)
+    assert state.experts.ghosts[0].requests == 0 and not state.experts.ghosts_fed
+    assert not any("expert_leader_misses" in e.numbers for e in evicts)
+    assert "misses" not in state.experts.describe() and state.experts.describe()["duels"]
+    _evicts, gated = _plan_world(PolicyConfig(no_regret=True, expert_gate_ahead=True))
+    assert gated.experts.ghosts_fed and gated.experts.ghosts[0].requests > 0
+    assert "misses" in gated.experts.describe()
+
+
 def test_greedy_dual_keys_follow_the_real_fleet_as_the_faascache_baseline_keeps_them() -> None:
     """Priority = the clock at the request + frequency × load time / GiB; the clock rises to each real victim's
     priority; a model with no replica left starts its frequency again."""

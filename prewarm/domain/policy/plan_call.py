@@ -65,7 +65,8 @@ class PlanCall(Values):
             lead = f"; {ex.why()}, so its order ranks the victims"
             if ex.leader != "prewarm":
                 order = f"first in {ex.leader}'s eviction order here"
-            extra = {"expert_leader_misses": ex.lead_misses(), "expert_prewarm_misses": ex.misses("prewarm")}
+            if ex.ghosts_fed:  # the ghosts' misses, where they judge or gate (experts.py)
+                extra = {"expert_leader_misses": ex.lead_misses(), "expert_prewarm_misses": ex.misses("prewarm")}
             if self.cfg.expert_duels:  # what the leader's evictions cost per request, and whether on trial
                 extra = {**extra, "expert_cost_per_request": ex.duels.per_request(),
                          "expert_on_trial": 1.0 if ex.duels.trial is not None else 0.0}
