@@ -39,30 +39,41 @@ class Fleet:
         self.host_victims: dict[str, list[tuple[float, str, StagedState]]] = {}  # node -> staged, by value per byte
         traffic = snap.traffic
         used, spec, loading, on_gpu, of_model = self.used, self.spec, self.loading, self.on_gpu, self.of_model
+        loading_models = self.loading_models
+        # the hot loop of every plan() call (hundreds of replicas): each attribute read once, READY (most
+        # replicas) tested first
         for r in snap.replicas:
-            g = r.gpu
             st = r.state
-            if g not in used or st not in HOLDING:
+            ready = st == READY
+            if not ready and st not in HOLDING:
                 continue
-            used[g] += r.bytes
-            if st in IN_FLIGHT and r.model not in on_gpu[g]:
-                self.loading_models[g].append(r.model)
-            on_gpu[g][r.model] = r
+            g = r.gpu
+            u = used.get(g)
+            if u is None:
+                continue
+            m = r.model
+            size = r.bytes
+            used[g] = u + size
+            og = on_gpu[g]
+            if not ready and st in IN_FLIGHT and m not in og:
+                loading_models[g].append(m)
+            og[m] = r
             if st == EVICTING:
-                self.evicting.add((r.model, g))
+                self.evicting.add((m, g))
                 continue
-            gl = of_model.get(r.model)
+            gl = of_model.get(m)
             if gl is None:
-                of_model[r.model] = [g]
+                of_model[m] = [g]
             else:
                 gl.append(g)
-            if st != READY:
+            if not ready:
                 loading[g] += 1
             lr = r.last_request
-            if lr is None or lr < r.since:
-                a = traffic.last_arrival(r.model)
-                if a is None or a < r.since:
-                    spec[g] += r.bytes
+            since = r.since
+            if lr is None or lr < since:
+                a = traffic.last_arrival(m)
+                if a is None or a < since:
+                    spec[g] += size
         for it in snap.intents:
             if it.gpu not in self.gpus or it.expires_at <= now:
                 continue
