@@ -1,5 +1,6 @@
 """The policy the leader scheduler runs (keys.SCHEDULER_POLICY: {name, since, scheduler}): written when a
-scheduler takes the lead, read by /api/fleet and the console."""
+scheduler takes the lead, read by /api/fleet and the console; and, from the leader's status
+(keys.SCHEDULER_STATUS, written each tick), what its no-regret layer and loads-ahead record say now."""
 
 from __future__ import annotations
 
@@ -37,3 +38,10 @@ def running(r: redis.Redis) -> Running | None:
     except ValueError:
         since = 0.0
     return Running(h["name"], since, h.get("scheduler", ""))
+
+
+def judgement(r: redis.Redis) -> tuple[str, str]:
+    """(which expert's eviction order leads and why, whether loads ahead go on and why), as the leader wrote
+    them at its last tick; "" each where its policy has no such layer (or no tick yet)."""
+    expert, ahead = r.hmget(keys.SCHEDULER_STATUS, ["expert", "loads_ahead"])
+    return ((expert or b"").decode(errors="replace"), (ahead or b"").decode(errors="replace"))

@@ -16,6 +16,7 @@ from flask.testing import FlaskClient
 
 from prewarm import celery_app, events, keys, state, traffic
 from prewarm.store import load_times
+from prewarm.store import policy as running_policy
 from prewarm.store.ready import replica_ready
 from scheduler.snapshot import measured_seconds
 from tests.web_support import MIB, make_catalog, make_context, publish_gpu, queued_tasks, replica
@@ -274,6 +275,23 @@ def test_pages_render_read_only_without_login(client: FlaskClient, r: redis.Redi
     assert "alpha" in client.get("/models").get_data(as_text=True)
     assert "forecast 12/s in 40 s" in client.get("/events?model=alpha").get_data(as_text=True)
     assert client.get("/").status_code == 302
+
+
+def test_the_fleet_says_which_expert_orders_evictions_and_whether_loads_ahead_go_on(
+        client: FlaskClient, r: redis.Redis) -> None:
+    """What the leader's no-regret layer and loads-ahead record said at its last tick (the scheduler's status
+    hash, written each tick: test_scheduler_isolation), in /api/fleet and on the console's fleet page."""
+    publish_gpu(r, GPU_A)
+    assert client.get("/api/fleet").get_json()["policy"]["expert"] == ""  # no scheduler has led yet
+    assert 'id="expert-line"' not in client.get("/fleet").get_data(as_text=True)
+    running_policy.swap(r, "prewarm", "s1")
+    why = "expert lru leads (lru on trial against prewarm in turns (prewarm's victims cost 0.2000, lru's 0.1000)"
+    r.hset(keys.SCHEDULER_STATUS, mapping={"expert": why, "loads_ahead": "loads ahead held back: on this traffic"})
+    policy = client.get("/api/fleet").get_json()["policy"]
+    assert policy["expert"] == why and policy["loads_ahead"].startswith("loads ahead held back")
+    page = client.get("/fleet").get_data(as_text=True)
+    assert "eviction order: expert lru leads (lru on trial against prewarm" in page
+    assert "loads ahead held back" in page
 
 
 def test_a_gpu_whose_heartbeat_is_late_is_marked_in_the_fleet(client: FlaskClient, r: redis.Redis) -> None:

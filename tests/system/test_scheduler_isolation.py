@@ -71,6 +71,9 @@ def test_a_spec_that_makes_the_plan_raise_leaves_only_that_model_out(ctx: Contex
     assert sorted(m for q in queues for m in preloaded(ctx, q)) == ["floor", "hot"]
     assert res.dispatched == 2
     assert ctx.r.hget(keys.SCHEDULER_STATUS, "left_out") == b"bad"
+    # the no-regret layer (on by default) and the loads-ahead record say where they stand, for the console
+    assert ctx.r.hget(keys.SCHEDULER_STATUS, "expert").startswith(b"expert prewarm leads")
+    assert ctx.r.hget(keys.SCHEDULER_STATUS, "loads_ahead").startswith(b"loads ahead on")
     [ev] = events.read(ctx.r, kind="plan_failed")
     assert ev.model == "bad" and NAN_ERROR in ev.reason and ev.numbers["error"] == NAN_ERROR
     assert failures("bad") == before + 1
