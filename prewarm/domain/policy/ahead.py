@@ -34,8 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .history import made_before, new_requests
-from .types import TrafficView
+from .history import TrafficHistory, made_before, new_requests
 
 MIN_SCORED = 4.0  # decayed cold requests on record before the gate may close (a fresh record decides nothing)
 
@@ -66,7 +65,7 @@ class AheadRecord:
     def reset(self, traffic_id: int) -> None:
         self.traffic_id = traffic_id
         self.seq = -1
-        self.seen: dict[str, float] = {}  # model -> requests fed so far (TrafficView.total)
+        self.seen: dict[str, float] = {}  # model -> requests fed so far (TrafficHistory.total)
         self.bets: dict[int, Bet] = {}
         self.by_model: dict[str, set[int]] = {}  # model -> open bets naming it (as target or victim)
         self.pending: dict[str, int] = {}  # target -> its open bet (one per target)
@@ -135,7 +134,7 @@ class AheadRecord:
         self.lost_total += c
 
     # ---- feeding -------------------------------------------------------------------------
-    def feed(self, tr: TrafficView, now: float, halflife_s: float, cost: Callable[[str], float],
+    def feed(self, tr: TrafficHistory, now: float, halflife_s: float, cost: Callable[[str], float],
              margin: float = 1.0) -> None:
         """Settle the open bets by the requests since the last call (each model's new requests at its
         last arrival, in time order). `cost(model)`: cold requests one reload of it costs; `margin`: how

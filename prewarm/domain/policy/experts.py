@@ -65,8 +65,8 @@ import math
 from collections.abc import Callable, Mapping
 
 from .duels import Duels
-from .history import new_requests
-from .types import GIB, ModelSpec, PolicyConfig, TrafficView
+from .history import TrafficHistory, new_requests
+from .types import GIB, ModelSpec, PolicyConfig
 
 EXPERTS: tuple[str, ...] = ("prewarm", "greedy-dual", "lru", "forecast")
 EXPERT_SAMPLE = 16  # prewarm's ghost values this many least recently used residents per eviction
@@ -169,7 +169,7 @@ class Experts:
     def reset(self, traffic_id: int) -> None:
         """A new record (a new TrafficHistory: the stream starts again)."""
         self.ghosts = [Ghost(n) for n in self.names]
-        self.seen = {}  # model -> requests fed so far (TrafficView.total)
+        self.seen = {}  # model -> requests fed so far (TrafficHistory.total)
         self.ld = {}  # model -> its load seconds at its last request (forecast's re-check)
         self.seq = -1  # traffic seq fed up to
         self.traffic_id = traffic_id
@@ -214,7 +214,7 @@ class Experts:
             out["requests"] = round(self.ghosts[0].requests, 2)
         return out
 
-    def order(self, leader: str, tr: TrafficView, now: float, cfg: PolicyConfig,
+    def order(self, leader: str, tr: TrafficHistory, now: float, cfg: PolicyConfig,
               entries: list[tuple[float, str, object]], first: Callable[[str], bool]) -> None:
         """Sort a GPU's victim entries ((value per GiB, model, replica), Values.victim_list) in the
         leader's eviction order, after the models `first` names (first victims whatever the order)."""
@@ -249,7 +249,7 @@ class Experts:
             self.switches += 1
 
     # ---- feeding -------------------------------------------------------------------------
-    def feed(self, tr: TrafficView, models: Mapping[str, ModelSpec], capacity: int, now: float,
+    def feed(self, tr: TrafficHistory, models: Mapping[str, ModelSpec], capacity: int, now: float,
              cfg: PolicyConfig, value: Callable[[str], float],
              cost: Callable[[str], float] | None = None, cold: Callable[[str], bool] | None = None) -> None:
         """Bring every ghost up to the traffic's new requests (the models changed since the last call,
@@ -287,7 +287,7 @@ class Experts:
                 self.duels.request(t, m, n, cost, cold is not None and cold(m))
         self._choose(cfg)
 
-    def _key(self, g: Ghost, m: str, t: float, size: int, ld: float, tr: TrafficView, now: float,
+    def _key(self, g: Ghost, m: str, t: float, size: int, ld: float, tr: TrafficHistory, now: float,
              cfg: PolicyConfig) -> float:
         name = g.name
         if name == "greedy-dual":
@@ -298,7 +298,7 @@ class Experts:
             return t + (_HOT if hot else 0.0)
         return t  # lru, and prewarm's sample (its least recently used residents)
 
-    def _access(self, g: Ghost, m: str, t: float, n: float, size: int, ld: float, tr: TrafficView,
+    def _access(self, g: Ghost, m: str, t: float, n: float, size: int, ld: float, tr: TrafficHistory,
                 now: float, cfg: PolicyConfig, value: Callable[[str], float]) -> None:
         g.requests += n
         ready = g.ready.get(m)
@@ -332,7 +332,7 @@ class Experts:
                 return key, m
         return None
 
-    def _evict(self, g: Ghost, tr: TrafficView, now: float, cfg: PolicyConfig,
+    def _evict(self, g: Ghost, tr: TrafficHistory, now: float, cfg: PolicyConfig,
                value: Callable[[str], float]) -> None:
         if g.name == "prewarm":
             sample: list[tuple[float, str]] = []

@@ -22,8 +22,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from .types import TrafficView
-
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -410,7 +408,7 @@ def made_before(entries: Mapping[K, V], when: Callable[[V], float], horizon: flo
     return old
 
 
-def new_requests(tr: TrafficView, seq: int, seen: dict[str, float],
+def new_requests(tr: TrafficHistory, seq: int, seen: dict[str, float],
                  keep: Callable[[str], bool] | None = None) -> list[tuple[float, str, float]]:
     """The requests fed to `tr` since `seq` (-1: all), as (the model's last arrival, model, how many), in
     time order: what a record that follows the stream (the no-regret layer's ghosts, the loads-ahead

@@ -54,6 +54,8 @@ class PolicyState:
     cold_heap: list[tuple[float, str, float, tuple[float, tuple[int, float]]]] = field(default_factory=list)
     awake: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (end, arrival)
     due: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # (end, model) of each entry put in `due` (stale ones skipped when popped): the ended ones leave in order
+    due_ends: list[tuple[float, str]] = field(default_factory=list)
     recent: dict[str, float] = field(default_factory=dict)  # model -> last arrival, for demand
     scheduled: dict[str, tuple[float, tuple[int, float]]] = field(default_factory=dict)  # model -> (anchor, timeline key)
     value: dict[str, ValueInputs] = field(default_factory=dict)  # model -> loss() inputs (see ValueInputs)

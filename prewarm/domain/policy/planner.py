@@ -91,9 +91,10 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     # Only resident models can be released. A model not resident stays in the due set (until its cold
     # segment ends or its timeline moves): a replica of it that appears with no request of its own (a
     # floor, an operator's preload) is quiet at once, as a fresh state would see it.
-    of_model = pl.fleet.of_model
-    for m in st.due:
-        if of_model.get(m) and m not in pl.expect:  # an expected partner is not quiet
+    of_model, due, expect = pl.fleet.of_model, st.due, pl.expect
+    # (the smaller of the two is walked: `quiet` is a set, only ever asked for membership)
+    for m in (due if len(due) <= len(of_model) else of_model):
+        if of_model.get(m) and m in due and m not in expect:  # an expected partner is not quiet
             pl.quiet.add(m)
     step_release(pl)
     step_demand(pl, sorted(set(st.recent) | set(snapshot.waiting)))

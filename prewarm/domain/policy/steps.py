@@ -234,8 +234,9 @@ def step_speculative(pl: PlanCall, awake: dict[str, tuple[float, float]]) -> Non
     now = pl.now
     models = pl.s.models
     of_model = pl.fleet.of_model
-    for m in sorted(awake):
-        end, anchor = awake[m]  # (_advance drops an entry whose model's timeline moved)
+    # in the dict's order, not sorted: cands are sorted below by (value, model) and nothing here depends on
+    # the order the models are visited in (loss() and arrival() only fill the call's memos)
+    for m, (end, anchor) in list(awake.items()):  # (advance drops an entry whose model's timeline moved)
         if end <= now:
             del awake[m]  # the segment ended
             continue

@@ -116,6 +116,7 @@ def advance(pl: Values) -> None:
         st.cold_heap.clear()
         st.awake.clear()
         st.due.clear()
+        st.due_ends.clear()
         st.recent.clear()
         st.scheduled.clear()
         st.special = tuple(sorted(m for m, s in snap.models.items() if _special(s)))
@@ -146,14 +147,24 @@ def advance(pl: Values) -> None:
     pl.prepare_arrivals([m for m in todo if tr.last_arrival(m) is not None])  # what schedule() reads, at once
     for m in todo:
         schedule(pl, m)
-    scheduled = st.scheduled
-    for heap, target in ((st.hot_heap, st.awake), (st.cold_heap, st.due)):
-        while heap and heap[0][0] <= now:
-            _start, m, end, key = heapq.heappop(heap)
-            if end > now and scheduled.get(m) == key:
-                target[m] = (end, key[0])
-    for m in [m for m, (end, _a) in st.due.items() if end <= now]:
-        del st.due[m]
+    scheduled, awake, due, due_ends = st.scheduled, st.awake, st.due, st.due_ends
+    heap = st.hot_heap
+    while heap and heap[0][0] <= now:
+        _start, m, end, key = heapq.heappop(heap)
+        if end > now and scheduled.get(m) == key:
+            awake[m] = (end, key[0])
+    heap = st.cold_heap
+    while heap and heap[0][0] <= now:
+        _start, m, end, key = heapq.heappop(heap)
+        if end > now and scheduled.get(m) == key:
+            due[m] = (end, key[0])
+            heapq.heappush(due_ends, (end, m))
+    # ended cold segments leave `due`: each entry's end is in due_ends, so no scan of the whole dict
+    while due_ends and due_ends[0][0] <= now:
+        _end, m = heapq.heappop(due_ends)
+        e = due.get(m)
+        if e is not None and e[0] <= now:
+            del due[m]
     cutoff = now - pl.cfg.demand_window_s
     for m in [m for m, a in st.recent.items() if a < cutoff]:
         del st.recent[m]

@@ -11,7 +11,7 @@ from prewarm.domain.states import READY
 from . import arrivals
 from .arrivals import ArrivalModel
 from .fleet import Fleet
-from .history import ewma_rate
+from .history import TrafficHistory, ewma_rate
 from .memo import PolicyState, ValueInputs
 from .types import GIB, ModelSpec, PolicyConfig, ReplicaState, Snapshot
 
@@ -42,7 +42,11 @@ class Values:
         self.now = now
         self.cfg = snap.config
         self.st = state
-        self.tr = snap.traffic
+        tr = snap.traffic
+        if not isinstance(tr, TrafficHistory):
+            raise TypeError(f"plan() reads traffic from a TrafficHistory, got {type(tr).__name__}")
+        # typed as the class, not the TrafficView protocol: the native build then calls its methods directly
+        self.tr: TrafficHistory = tr
         self.fleet = Fleet(snap, now)
         self._loss: dict[str, float] = {}
         self._loading_rate: dict[str, float] = {}
