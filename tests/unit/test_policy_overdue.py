@@ -93,3 +93,11 @@ def test_the_rule_is_off_unless_set_and_the_setting_is_read_with_a_clear_error()
     for bad in ("soon", "0s", "-5"):
         with pytest.raises(ValueError, match="PREWARM_MAX_DEMAND_WAIT=.*positive duration"):
             parse_max_demand_wait(bad)
+
+
+def test_plan_refuses_traffic_that_is_not_a_traffic_history() -> None:
+    """plan() reads the traffic through TrafficHistory's own methods (compiled, called directly): anything
+    else is refused with a message naming what it needs, not misread."""
+    s = _snap(PolicyConfig(), [("n/cuda:0", 80)], [], {"a": (10, 5)}, {"a": NOW - 5})
+    with pytest.raises(TypeError, match="TrafficHistory, got dict"):
+        plan(Snapshot(s.models, s.gpus, s.replicas, {"a": 1}, config=s.config), NOW)  # type: ignore[arg-type]
