@@ -71,6 +71,16 @@ class _Grid:
         self.prior_mass = cfg.prior_weight * (prior_s[:-1] - prior_s[1:])
         self.prior_oob = float(prior_s[-1])
         self.grid = np.arange(0.0, self.span, cfg.grid_s)
+        # _interp_rows at the grid, the part that does not depend on the rows (the grid lies inside the
+        # histogram's span, so no grid point is below the first edge or at the last): worked out once
+        n = len(self.edges)
+        j = np.searchsorted(self.edges, self.grid, side="right") - 1
+        assert j.min() >= 0 and j.max() < n - 1, "the timeline's grid must lie inside the histogram's span"
+        lo = self.edges[j]
+        self.grid_j, self.grid_j1 = j, j + 1
+        self.grid_exact = lo == self.grid
+        self.grid_den = self.edges[j + 1] - lo
+        self.grid_dx = self.grid - lo
 
 
 _grid: _Grid | None = None  # one config at a time in practice (the live scheduler's, or a simulation's)
@@ -121,12 +131,21 @@ def _interp_rows(x: np.ndarray, edges: np.ndarray, ys: np.ndarray) -> np.ndarray
     exact = at_edge | (lo == x) | (j < 0)
     if x.ndim == 1:
         y0, y1 = ys[:, jc], ys[:, jc + 1]
-    else:
-        y0, y1 = np.take_along_axis(ys, jc, axis=1), np.take_along_axis(ys, jc + 1, axis=1)
+    else:  # the same gather as np.take_along_axis(ys, jc, axis=1), without its Python-level wrapper
+        rows = np.arange(len(ys))[:, None]
+        y0, y1 = ys[rows, jc], ys[rows, jc + 1]
     slope = (y1 - y0) / (edges[jc + 1] - lo)
     inside = slope * (x - lo) + y0
     at = np.where(j < 0, ys[:, :1], np.where(at_edge, ys[:, n - 1:], y0))
     return np.where(exact, at, inside)
+
+
+def _interp_grid(gd: _Grid, ys: np.ndarray) -> np.ndarray:
+    """_interp_rows(gd.grid, gd.edges, ys) with its row-free part taken from the grid: the same operations
+    on the same numbers, so the same bits."""
+    y0 = ys[:, gd.grid_j]
+    slope = (ys[:, gd.grid_j1] - y0) / gd.grid_den
+    return np.where(gd.grid_exact, y0, slope * gd.grid_dx + y0)
 
 
 def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd: _Grid) -> list[ArrivalModel]:
@@ -150,7 +169,7 @@ def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd:
     grid = gd.grid
     leads = [ld + cfg.tick_s + 5.0 for _h, _o, ld in inputs]  # start loading this long before the window
     lead = np.array(leads)
-    s_d = _interp_rows(grid, edges, s_edges)  # surv(grid): the grid lies inside the histogram's span
+    s_d = _interp_grid(gd, s_edges)  # surv(grid): the grid lies inside the histogram's span
     x = grid[None, :] + lead[:, None] + cfg.window_s
     inside = _interp_rows(np.minimum(x, span), edges, s_edges)
     beyond = tail_mass[:, None] * np.exp(-np.maximum(x - span, 0.0) / tail_mean)
