@@ -28,7 +28,7 @@ def expectations(pl: PlanCall) -> dict[str, tuple[float, str, int]]:
     tr = pl.tr
     now = pl.now
     w = cfg.partner_window_s
-    models = pl.s.models
+    models = pl.models
     st = pl.st
     key = (id(tr), k, cfg.partner_precision)
     if st.partners_key != key:  # another history (a new leader's warm-up) or other thresholds: start again

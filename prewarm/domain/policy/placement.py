@@ -59,7 +59,7 @@ def roomiest(rooms: Iterable[Room]) -> Room | None:
 def outranks(v: Values, model: str, spec: ModelSpec) -> bool:
     """A replica of `model` is never evicted for a speculative load of a lower-priority `spec`: a guess
     about the future does not displace what the operator ranked above it (a demand load may)."""
-    other = v.s.models.get(model)
+    other = v.models.get(model)
     return other is not None and other.priority > spec.priority
 
 

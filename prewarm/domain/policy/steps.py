@@ -232,7 +232,7 @@ def step_speculative(pl: PlanCall, awake: dict[str, tuple[float, float]]) -> Non
     cfg = pl.cfg
     cands = []
     now = pl.now
-    models = pl.s.models
+    models = pl.models
     of_model = pl.fleet.of_model
     # in the dict's order, not sorted: cands are sorted below by (value, model) and nothing here depends on
     # the order the models are visited in (loss() and arrival() only fill the call's memos)

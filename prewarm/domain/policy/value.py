@@ -47,6 +47,9 @@ class Values:
             raise TypeError(f"plan() reads traffic from a TrafficHistory, got {type(tr).__name__}")
         # typed as the class, not the TrafficView protocol: the native build then calls its methods directly
         self.tr: TrafficHistory = tr
+        # the catalog as a dict (a Mapping is copied once): the native build's dict reads are direct calls
+        models = snap.models
+        self.models: dict[str, ModelSpec] = models if isinstance(models, dict) else dict(models)
         self.fleet = Fleet(snap, now)
         self._loss: dict[str, float] = {}
         self._loading_rate: dict[str, float] = {}
@@ -72,7 +75,7 @@ class Values:
         """What the model's arrival model is built from, as its cache key (stable histogram version, load
         time), and the stable histogram (None before the first idle time)."""
         stable = self.tr.stable_histogram(model)
-        return (0 if stable is None else stable[0], load_seconds(self.s.models[model], self.cfg)), stable
+        return (0 if stable is None else stable[0], load_seconds(self.models[model], self.cfg)), stable
 
     def arrival(self, model: str) -> ArrivalModel:
         key, stable = self._arrival_key(model)
@@ -106,7 +109,7 @@ class Values:
     def cost(self, model: str) -> float:
         """Cold requests one reload costs: the first request plus those arriving during the load,
         which takes the load time stretched by the fleet's current link contention."""
-        spec = self.s.models.get(model)
+        spec = self.models.get(model)
         if spec is None:
             return 1.0  # dropped from the catalog: nothing will reload it
         rpm = self.tr.stable_requests_per_active_minute(model)
@@ -133,7 +136,7 @@ class Values:
         v = self._loss.get(model)
         if v is not None:
             return v
-        spec = self.s.models.get(model)
+        spec = self.models.get(model)
         now = self.now
         e = self.st.value.get(model)
         if e is None or e.spec is not spec or e.cell != int(max(0.0, now - e.anchor) // self.grid_s):
@@ -179,7 +182,7 @@ class Values:
 
     # ---- victims and links  -------------------------------------------------------------------
     def evictable(self, r: ReplicaState) -> bool:
-        spec = self.s.models.get(r.model)
+        spec = self.models.get(r.model)
         if r.state != READY or r.in_flight > 0 or (r.model, r.gpu) in self.fleet.evicting:
             return False
         if self.now - r.since < self.cfg.min_residency_s:
@@ -194,7 +197,7 @@ class Values:
         if v is None:
             v = []
             f = self.fleet
-            models = self.s.models
+            models = self.models
             evicting = f.evicting
             young = self.now - self.cfg.min_residency_s
             of_model = f.of_model
