@@ -211,3 +211,25 @@ def test_unchanged_specs_keep_the_models_object_and_a_change_gets_a_new_one(redi
     full, _ = SnapshotReader(r, PolicyConfig()).read(cat, time.time(), full=True)
     assert third.models == full.models
     r.close()
+
+
+def test_byte_counts_written_as_floats_reach_the_policy_as_whole_bytes(redis_url: str, tmp_path: Path) -> None:
+    """A replica record from another writer may carry 8388608.0 where ours writes 8388608: the policy's records
+    (natively built, their field types checked) get whole bytes, and plan() runs on them."""
+    from prewarm.domain.policy import PolicyState, plan
+
+    r = redis.Redis.from_url(redis_url)
+    cat = catalog(tmp_path / "c1", ["hot"])
+    rep = ready("hot", 2.0)
+    rep.bytes, rep.total_bytes, rep.in_flight = float(rep.bytes), float(rep.total_bytes), 0.0  # type: ignore[assignment]
+    g = state.Gpu(id=GPU, node="node-a", device="cpu:0", queue=state.queue_name("node-a", "cpu:0"),
+                  total_bytes=GIB, used_bytes=8 * MIB, free_bytes=GIB - 8 * MIB, last_heartbeat=time.time(),
+                  started_at=time.time() - 3600)
+    state.write_heartbeat(r, g, [rep], ttl=60)
+    snap, _ = SnapshotReader(r, PolicyConfig()).read(cat, time.time())
+    [replica] = snap.replicas
+    [gpu] = snap.gpus
+    assert (replica.bytes, type(replica.bytes), replica.in_flight) == (8 * MIB, int, 0)
+    assert (gpu.total_bytes, type(gpu.free_bytes)) == (GIB, int)
+    plan(snap, time.time(), PolicyState())
+    r.close()
