@@ -92,8 +92,11 @@ class Replica:
     @classmethod
     def from_json(cls, raw: str | bytes) -> Replica:
         data = json.loads(raw)
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        known = cls.__dataclass_fields__
+        # another writer's JSON may spell a count 8388608.0: the record's int fields hold ints (the policy's
+        # natively built records check their field types)
+        return cls(**{k: int(v) if isinstance(v, float) and known[k].type == "int" else v
+                      for k, v in data.items() if k in known})
 
     def public(self) -> dict[str, Any]:
         return asdict(self)

@@ -290,12 +290,10 @@ class SnapshotReader:
                 if rep.host:  # an adapter, inside the base replica its record names ("model@version")
                     base_id, _, base_version = rep.host.rpartition("@")
                     host = model_key(catalog, base_id, base_version) if base_id in catalog else rep.host
-                # whole bytes: the policy's records check their fields' types (natively built), and a record
-                # written by another worker may carry 1e9 where this one writes 1000000000
-                held = int(max(rep.bytes, rep.total_bytes))
+                held = max(rep.bytes, rep.total_bytes)
                 replicas.append(ReplicaState(model=key, gpu=g.id, state=rep.state, bytes=held,
                                              since=rep.created_at or rep.since, version=rep.version,
-                                             last_request=rep.last_used, in_flight=int(rep.in_flight),
+                                             last_request=rep.last_used, in_flight=rep.in_flight,
                                              ready_at=rep.ready_at, host=host))
         nodes: list[NodeState] = []
         staged: list[StagedState] = []
@@ -332,7 +330,7 @@ class SnapshotReader:
             models = self._models
         self._models = models
         waiting_since = self._waiting(catalog, fleet, now)
-        gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=int(g.total_bytes), free_bytes=int(g.free_bytes),
+        gpus = tuple(GpuState(id=g.id, node=g.node, total_bytes=g.total_bytes, free_bytes=g.free_bytes,
                               joined_at=g.started_at, alive=True) for g in fleet.placeable())
         snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
                         intents=tuple(intents), recent_evictions=dict(self.recent_evictions),

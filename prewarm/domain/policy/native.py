@@ -33,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 # checked when one is made: a ReplicaState with bytes=1.5 is a TypeError, not a wrong sum later.
 MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "plan_call", "steps", "staging", "refresh",
            "words", "experts", "duels", "ahead", "partners", "history", "arrivals", "types")
-SOURCES = MODULES
 PACKAGE = "prewarm.domain.policy"
 # Other domain modules the policy imports (dependency-free): type-checked with the build and hashed into it.
 CORE = (HERE.parent / "states.py",)
@@ -43,7 +42,7 @@ _active: Path | None = None  # the build in use, once activate() succeeded
 
 def source_hash() -> str:
     h = hashlib.sha256(repr(MODULES).encode())  # what is compiled, too: a build without one of them never matches
-    for name in SOURCES:
+    for name in MODULES:
         h.update(name.encode())
         h.update((HERE / f"{name}.py").read_bytes())
     for path in CORE:
