@@ -13,8 +13,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from prewarm import sentinel
+from prewarm.config_errors import MASK, ConfigError, redacted
 from prewarm.domain import policy_names
 from prewarm.domain.slo import ColdStartSlo
 
@@ -127,10 +128,6 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
 
 
-class ConfigError(ValueError):
-    """A PREWARM_* variable that cannot be used; the message names it and says what to write."""
-
-
 def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     """A duration variable (2, 2s, 5m, 1h), more than 0 seconds; the error names the variable."""
     raw = env.get(name)
@@ -236,29 +233,6 @@ def parse_slo(text: str | None) -> ColdStartSlo | None:
         raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: the target must be positive and the window at "
                          "least 1m (the scheduler measures it per minute)")
     return ColdStartSlo(metric, target, window)
-
-
-MASK = "***"
-# URL query parameters redis-py passes on as connection options that hold a secret (a password, the TLS
-# key's passphrase ssl_password): masked by `redacted` like the password in the netloc.
-_SECRET_QUERY = re.compile(r"pass|secret|token", re.IGNORECASE)
-
-
-def redacted(url: str) -> str:
-    """`url` with its password (if any), and any query parameter holding a secret, replaced by ***: fit for
-    messages, logs and repr."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        # by hand on the netloc: a sentinel:// URL lists several hosts, which urlsplit's port cannot read
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        url = urlunsplit(parts._replace(netloc=f"{userinfo.partition(':')[0]}:{MASK}@{hosts}"))
-    base, mark, rest = url.partition("?")  # by hand: urlunsplit would drop unix:///'s empty netloc
-    query, hash_, fragment = rest.partition("#")
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if not any(_SECRET_QUERY.search(k) for k, _ in pairs):
-        return url
-    masked = urlencode([(k, MASK if _SECRET_QUERY.search(k) else v) for k, v in pairs], safe="*")
-    return f"{base}{mark}{masked}{hash_}{fragment}"
 
 
 DEFAULT_WEB_HOST = "127.0.0.1"  # loopback: exposing the web is the operator's explicit choice
@@ -388,8 +362,6 @@ class Settings:
     def __post_init__(self) -> None:
         policy_names.check(self.policy)
         if self.redis_url is not None:
-            from prewarm import sentinel  # here, not at the top: prewarm.sentinel imports this module
-
             if sentinel.is_sentinel(self.redis_url):
                 sentinel.parse(self.redis_url)  # a bad sentinel:// URL is refused now, in words
         if not 0.0 <= self.speculative_share <= 1.0:

@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 import redis
 
 from prewarm import replicated, sentinel
-from prewarm.config import Settings, redacted
+from prewarm.config import Settings
+from prewarm.config_errors import redacted
 from prewarm.redis_server import EmbeddedRedis
 
 _owned: EmbeddedRedis | None = None

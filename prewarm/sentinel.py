@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 from redis.sentinel import Sentinel
 
-from prewarm.config import ConfigError
+from prewarm.config_errors import ConfigError, redacted
 
 SCHEMES = ("sentinel", "sentinels")
 DEFAULT_PORT = 26379
@@ -63,8 +63,6 @@ def is_sentinel(url: str | None) -> bool:
 
 
 def _refuse(url: str, why: str) -> ConfigError:
-    from prewarm.config import redacted
-
     return ConfigError(f"PREWARM_REDIS_URL={redacted(url)!r}: {why}; write {FORM} "
                        "(sentinels:// for TLS, ?sentinel_password=... for sentinels with their own password)")
 

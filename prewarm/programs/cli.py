@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        from prewarm.config import ConfigError
+        from prewarm.config_errors import ConfigError
         from prewarm.runtime import redis_failure
 
         # a PREWARM_* variable (its name and what to write), Redis down or the password refused: one line

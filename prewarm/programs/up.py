@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prewarm.config import Settings, redacted, repo_root
+from prewarm.config import Settings, repo_root
+from prewarm.config_errors import redacted
 
 
 def _procfile(path: Path) -> dict[str, str]:

@@ -8,7 +8,8 @@ import pytest
 
 from prewarm import sentinel
 from prewarm.celery_app import make_celery
-from prewarm.config import ConfigError, Settings, redacted
+from prewarm.config import Settings
+from prewarm.config_errors import ConfigError, redacted
 
 
 def test_the_documented_form_parses() -> None:

@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from prewarm.config import Settings, redacted, repo_root
+from prewarm.config import Settings, repo_root
+from prewarm.config_errors import redacted
 from web.cli import bind_host, is_loopback, open_hooks_refusal
 
 SECRETS = {"PREWARM_ADMIN_TOKEN": "admin-sekrit-0815", "PREWARM_HOOK_TOKEN": "hook-sekrit-4711",
