@@ -40,19 +40,16 @@ from __future__ import annotations
 import csv
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from prewarm.domain.states import LOADING, READY
 
 from .trace import Trace
-
-if TYPE_CHECKING:
-    from .engine import Replica, Simulation
 
 # the engine's event kind for an adapter load's end: after loads and stages, before timers and ticks at one instant
 ADAPTER_DONE = 2
@@ -153,10 +150,83 @@ class Slot:
     gone: bool = False  # unloaded (its completion event, if any, is stale)
 
 
+class ReplicaView(Protocol):
+    """What AdapterSlots reads and writes of a base's replica (simulator.engine.Replica): a Protocol, not an
+    import, as engine imports this module. Annotations only: the engine's own objects are passed."""
+
+    @property
+    def model(self) -> int: ...
+
+    @property
+    def gpu(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+    last_request: float | None
+
+
+class SimulationView(Protocol):
+    """What AdapterSlots reads and writes of its simulator.engine.Simulation (a Protocol for the same reason
+    as ReplicaView). Read-only members are properties, so the engine's plain lists and dicts match them."""
+
+    now: float
+    cold: int
+    avoided: int
+
+    @property
+    def trace(self) -> Trace: ...
+
+    @property
+    def policy(self) -> object: ...
+
+    @property
+    def events(self) -> list[tuple[float, int, int, tuple]]: ...
+
+    @property
+    def replicas(self) -> Sequence[Mapping[int, ReplicaView]]: ...
+
+    @property
+    def ready_count(self) -> list[int]: ...
+
+    @property
+    def waiting(self) -> list[list[float]]: ...
+
+    @property
+    def stalled(self) -> dict[int, None]: ...
+
+    @property
+    def last_arrival(self) -> list[float | None]: ...
+
+    @property
+    def req_per_model(self) -> list[int]: ...
+
+    @property
+    def cold_per_model(self) -> list[int]: ...
+
+    @property
+    def loads_per_model(self) -> list[int]: ...
+
+    @property
+    def waits(self) -> list[float]: ...
+
+    @property
+    def sizes(self) -> list[int]: ...
+
+    @property
+    def load_s(self) -> list[float]: ...
+
+    def push(self, t: float, kind: int, payload: tuple) -> None: ...
+
+    def serve(self, t: float, m: int, policy: Any) -> None: ...
+
+    def _dispatch(self, ev: tuple[float, int, int, tuple], end: float) -> None: ...
+
+
 class AdapterSlots:
     """The slots of every base replica of one Simulation, and the adapter requests' path through them."""
 
-    def __init__(self, sim: Simulation, view: AdapterView) -> None:
+    def __init__(self, sim: SimulationView, view: AdapterView) -> None:
         self.sim = sim
         self.host = view.host
         self.max_adapters = view.max_adapters
@@ -355,7 +425,7 @@ class AdapterSlots:
             hook(now, s)
 
     # ---- bases --------------------------------------------------------------------------------
-    def base_ready(self, now: float, r: Replica) -> None:
+    def base_ready(self, now: float, r: ReplicaView) -> None:
         """A replica of a base turned ready: the adapters its waiting requests named load into it (the
         engine's on-demand loads), and those requests are served when they are in."""
         b = r.model
@@ -364,7 +434,7 @@ class AdapterSlots:
         for arrived, a in waiters:
             self._route(now, a, b, (arrived, True))
 
-    def base_evicted(self, r: Replica) -> None:
+    def base_evicted(self, r: ReplicaView) -> None:
         """A base replica was evicted: its adapters go with its engine; their waiting requests wait again."""
         b = r.model
         held = self.slots.pop((b, r.gpu), {})
