@@ -33,7 +33,7 @@ from gpu_worker.runtimes.warmup import WarmupPolicy
 from gpu_worker.stage_book import StageBook
 from prewarm import priority as priorities
 from prewarm import state
-from prewarm.catalog import ADAPTER_RUNTIME, ModelEntry, TokenWarmupInput
+from prewarm.catalog_entries import ADAPTER_RUNTIME, ModelEntry, TokenWarmupInput
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES

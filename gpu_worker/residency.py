@@ -54,7 +54,7 @@ from gpu_worker.sleeping_engines import Sleeper, SleepingEngines
 from gpu_worker.stage_book import StageBook
 from gpu_worker.worker_catalog import CatalogReload
 from prewarm import keys
-from prewarm.catalog import Catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.config import DeviceSpec
 from prewarm.domain import states as rs
 

@@ -29,7 +29,7 @@ from typing import Any
 from gpu_worker.errors import LoadFailed
 from gpu_worker.held import LocalGpu, LocalReplica
 from prewarm import state
-from prewarm.catalog import ModelEntry
+from prewarm.catalog_entries import ModelEntry
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 

@@ -12,7 +12,8 @@ from gpu_worker.errors import (
     CatalogRefused,
     UnknownModel,
 )
-from prewarm.catalog import Catalog, CatalogError, ModelEntry, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import Catalog, CatalogError, ModelEntry
 
 log = logging.getLogger("prewarm.worker")
 

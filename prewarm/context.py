@@ -19,7 +19,8 @@ import redis
 from celery import Celery
 
 from prewarm import runtime
-from prewarm.catalog import Catalog, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.celery_app import make_celery
 from prewarm.config import Settings
 from prewarm.dispatch import Dispatcher

@@ -20,7 +20,7 @@ import redis
 
 from prewarm import priority as priorities
 from prewarm import state
-from prewarm.catalog import Catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.domain import states as rs
 from prewarm.domain.policy.types import GIB, PolicyConfig
 from prewarm.store import load_times

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from prewarm import keys
-from prewarm.catalog import Catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.store import lookup_counts, memory_time
 
 GIB = 1024**3

@@ -11,7 +11,7 @@ import time
 import redis
 
 from prewarm import state
-from prewarm.catalog import Catalog, ModelEntry
+from prewarm.catalog_entries import Catalog, ModelEntry
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.domain.policy.placement import Room, rank, roomiest

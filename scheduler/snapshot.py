@@ -28,7 +28,7 @@ import redis
 
 from prewarm import events, keys, state, traffic
 from prewarm import priority as priorities
-from prewarm.catalog import Catalog, ModelEntry
+from prewarm.catalog_entries import Catalog, ModelEntry
 from prewarm.domain import states as rs
 from prewarm.domain.policy import (
     GpuState,

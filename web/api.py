@@ -34,7 +34,7 @@ from flask import Blueprint, jsonify, request
 from flask.typing import ResponseReturnValue
 
 from prewarm import eta, events, roi, state, traffic
-from prewarm.catalog import ModelEntry
+from prewarm.catalog_entries import ModelEntry
 from prewarm.domain import states as rs
 from prewarm.services import drain, operator
 from prewarm.store import cold_starts, eta_promises, load_times, overlays, slo_state

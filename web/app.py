@@ -17,7 +17,7 @@ from flask import Flask, Response, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
-from prewarm.catalog import CatalogError
+from prewarm.catalog_entries import CatalogError
 from prewarm.context import Context
 from web import api, console, hooks, metrics, openapi, sessions
 from web.hook_wsgi import HookFastPath

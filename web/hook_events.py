@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from prewarm import traffic
-from prewarm.catalog import Catalog, CatalogError
+from prewarm.catalog_entries import Catalog, CatalogError
 from prewarm.context import Context
 from web import group_commit
 from web.schemas import EVENT_COUNT_MAX, MAX_BATCH, sane_ts

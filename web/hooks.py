@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from prewarm import events, traffic
 from prewarm import priority as priorities
-from prewarm.catalog import ModelEntry
+from prewarm.catalog_entries import ModelEntry
 from prewarm.services import routing
 from prewarm.store import overlays
 from web import hook_events, hook_wsgi, metrics

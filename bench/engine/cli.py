@@ -64,7 +64,8 @@ def fmt_adapter_report(r: dict[str, Any]) -> str:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
-    from prewarm.catalog import CatalogError, load_catalog
+    from prewarm.catalog import load_catalog
+    from prewarm.catalog_entries import CatalogError
     from prewarm.config import Settings
 
     try:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prewarm.catalog import ModelEntry, TokenWarmupInput
+from prewarm.catalog_entries import ModelEntry, TokenWarmupInput
 
 NO_HOST_TIER = {
     "vllm": "none on CPU: vLLM's sleep mode (its host tier) is not supported there; on CUDA it is sleep level 1",

@@ -39,7 +39,7 @@ from gpu_worker.runtimes.errors import (
 )
 from gpu_worker.runtimes.warmup import run_until_stable
 from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes, not_warmed
-from prewarm.catalog import MAX_INPUT_TOKENS  # the catalog's bound on a warmup input: one rule for both
+from prewarm.catalog_bounds import MAX_INPUT_TOKENS  # the catalog's warmup bound: one rule for both
 from prewarm.safetensors_header import SafetensorsError
 
 MAX_NEW_TOKENS = 256

@@ -29,7 +29,8 @@ from gpu_worker.runtimes import CheckCancel, Progress
 from gpu_worker.runtimes.cuda_graphs import GraphSet, plan
 from gpu_worker.runtimes.warmup import WarmupPolicy, run_until_stable
 from gpu_worker.runtimes.warmup_memory import OverBudget, WarmupMemory, input_bytes, not_warmed
-from prewarm.catalog import MAX_INPUT_ELEMENTS, ModelEntry, WarmupInput, check_input_shape
+from prewarm.catalog_bounds import MAX_INPUT_ELEMENTS, check_input_shape
+from prewarm.catalog_entries import ModelEntry, WarmupInput
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
 
 log = logging.getLogger("prewarm.worker")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from prewarm import events, keys, state
-from prewarm.catalog import CatalogError
+from prewarm.catalog_entries import CatalogError
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.services import drain, operator

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from prewarm import keys, rooms, state, traffic
-from prewarm.catalog import Catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.dispatch import Dispatched, order_preload
 from prewarm.domain import drain as rule
 from prewarm.domain import states as rs

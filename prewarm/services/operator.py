@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from prewarm import rooms, state
-from prewarm.catalog import ModelEntry
+from prewarm.catalog_entries import ModelEntry
 from prewarm.dispatch import Dispatched
 from prewarm.domain.states import READY
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import redis
 
 from prewarm import eta, keys, rooms, state
-from prewarm.catalog import ModelEntry
+from prewarm.catalog_entries import ModelEntry
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.store import cold_starts, eta_promises, lookup_counts

@@ -19,7 +19,8 @@ import requests
 from flask.testing import FlaskClient
 
 from prewarm import keys, state
-from prewarm.catalog import CatalogError, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import CatalogError
 from prewarm.store import eta_promises, load_times
 from prewarm.store.ready import replica_ready
 from tests.model_files import tiny_catalog

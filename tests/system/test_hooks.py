@@ -16,7 +16,7 @@ import redis
 from flask.testing import FlaskClient
 
 from prewarm import celery_app, events, keys, state, traffic
-from prewarm.catalog import Catalog
+from prewarm.catalog_entries import Catalog
 from tests.model_files import HOSTILE, write_hostile_header
 from tests.procs import wait_for
 from tests.web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, queued_tasks, replica

@@ -23,7 +23,8 @@ from gpu_worker.runtimes.errors import (
 )
 from gpu_worker.runtimes.hf import HFRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
-from prewarm.catalog import ModelEntry, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import ModelEntry
 from prewarm.safetensors_header import read_weight_set
 
 FAST = WarmupPolicy(min_passes=3, max_passes=4, max_seconds=2.0)

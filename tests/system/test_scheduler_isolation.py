@@ -18,7 +18,7 @@ import pytest
 
 from gpu_worker.sized_catalog import write_sized_catalog
 from prewarm import events, keys, metrics_defs
-from prewarm.catalog import Catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.config import Settings
 from prewarm.context import Context
 from scheduler.live import Scheduler

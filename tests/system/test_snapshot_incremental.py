@@ -18,7 +18,8 @@ import redis
 
 from gpu_worker.sized_catalog import write_sized_catalog
 from prewarm import keys, state, traffic
-from prewarm.catalog import Catalog, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import Catalog
 from prewarm.config import Settings
 from prewarm.context import Context
 from prewarm.domain.policy import PolicyConfig, Snapshot

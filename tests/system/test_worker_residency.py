@@ -363,7 +363,7 @@ def test_builder_errors_and_bad_infer_inputs(r: redis.Redis, tmp_path: Path) -> 
         w.infer(g, "ok-lm", {"shape": [1, 4], "dtype": "complex"})
     with pytest.raises(BadRequest, match="max_seq"):
         w.infer(g, "ok-lm", {"shape": [1, 65]})
-    # The catalog's bounds on a warmup input bound a request's too (prewarm.catalog.check_input_shape).
+    # The catalog's bounds on a warmup input bound a request's too (prewarm.catalog_bounds.check_input_shape).
     with pytest.raises(BadRequest, match=r"inputs shape \[4096, 4096\] has 16,777,216 elements; at most 4,194,304"):
         w.infer(g, "ok-lm", {"shape": [4096, 4096]})
     with pytest.raises(BadRequest, match=r"has 9 dims; at most 8 \(MAX_INPUT_DIMS\)"):

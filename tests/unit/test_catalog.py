@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from prewarm.catalog import CatalogError, load_catalog, parse_catalog
+from prewarm.catalog import load_catalog, parse_catalog
+from prewarm.catalog_entries import CatalogError
 from prewarm.safetensors_header import INDEX_FILENAME
 from tests.model_files import HOSTILE, hostile_json, model_files, tiny_catalog, write_hostile_header
 
@@ -241,7 +242,7 @@ def test_a_huge_warmup_shape_refuses_that_entry_naming_the_field_and_the_bound(c
 
 
 def test_the_largest_allowed_warmup_shape_loads(cat: Path) -> None:
-    from prewarm.catalog import MAX_INPUT_ELEMENTS
+    from prewarm.catalog_bounds import MAX_INPUT_ELEMENTS
 
     _edit(cat, "shape = [1, 16]", f"shape = [{MAX_INPUT_ELEMENTS // 64}, 64]")
     assert load_catalog(cat).get("tiny-lm").warmup[0].shape == (MAX_INPUT_ELEMENTS // 64, 64)

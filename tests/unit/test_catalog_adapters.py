@@ -12,7 +12,8 @@ from safetensors.numpy import save_file
 
 from gpu_worker.demo_hf import tiny_llama_config
 from gpu_worker.demo_lora import adapter_tensors, write_lora_adapter
-from prewarm.catalog import ADAPTER_RUNTIME, CatalogError, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import ADAPTER_RUNTIME, CatalogError
 
 BASE = """
 [[models]]

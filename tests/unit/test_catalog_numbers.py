@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from prewarm.catalog import CatalogError, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import CatalogError
 from tests.model_files import tiny_catalog
 
 RATE = "max_rate_per_replica must be a finite number between 0.001 and 1,000,000 (requests/s), got "

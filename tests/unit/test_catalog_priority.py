@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from prewarm import priority as priorities
-from prewarm.catalog import CatalogError, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import CatalogError
 from tests.model_files import tiny_catalog
 
 

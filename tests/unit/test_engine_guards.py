@@ -33,7 +33,8 @@ from gpu_worker.runtimes.errors import CheckpointError, EngineFailed
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.vllm_engine import NO_HOST_TIER_CPU, VllmRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
-from prewarm.catalog import CatalogError, ModelEntry, load_catalog
+from prewarm.catalog import load_catalog
+from prewarm.catalog_entries import CatalogError, ModelEntry
 from prewarm.config import DeviceSpec
 from prewarm.engines import VLLM_HOST_TIER_CPU, VLLM_HOST_TIER_CUDA, engine_status
 from tests.model_files import tiny_catalog
