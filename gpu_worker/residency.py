@@ -48,6 +48,7 @@ from gpu_worker.host_cache import HostCache
 from gpu_worker.host_cache_ops import HostCacheOps
 from gpu_worker.lifecycle import EVICT_WAIT_SECONDS, Lifecycle
 from gpu_worker.publication import Publication
+from gpu_worker.replica_runtimes import ReplicaRuntimes
 from gpu_worker.runtimes.engine_records import EngineRecords
 from gpu_worker.runtimes.torch_module import make_input, summarize
 from gpu_worker.sleeping_engines import Sleeper, SleepingEngines
@@ -64,11 +65,11 @@ __all__ = ["EVICT_WAIT_SECONDS", "LocalGpu", "LocalReplica", "NodeWorker", "Stag
 log = logging.getLogger("prewarm.worker")
 
 
-class NodeWorker(CatalogReload, Publication, Lifecycle, HostCacheOps, SleepingEngines):
+class NodeWorker(CatalogReload, Publication, Lifecycle, ReplicaRuntimes, HostCacheOps, SleepingEngines):
     """Every GPU this process serves; the operations behind the Celery tasks. Its rooms: the catalog
-    (worker_catalog.py), publication to Redis (publication.py), the replica lifecycle (lifecycle.py),
-    the node's host cache (host_cache_ops.py) and vLLM's host tier (sleeping_engines.py); what it holds
-    per GPU is in held.py."""
+    (worker_catalog.py), publication to Redis (publication.py), the replica lifecycle (lifecycle.py), the
+    replicas' runtimes and infer (replica_runtimes.py), the node's host cache (host_cache_ops.py) and vLLM's
+    host tier (sleeping_engines.py); what it holds per GPU is in held.py."""
 
     def __init__(self, r: redis.Redis, catalog_path: Path, node: str, devices: list[DeviceSpec],
                  options: WorkerOptions | None = None, *, worker_id: str | None = None,

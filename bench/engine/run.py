@@ -43,7 +43,7 @@ def _policy() -> Any:
 
 
 def _spec(entry: ModelEntry, device: str) -> Any:
-    """The ReplicaSpec the worker would give `entry` (gpu_worker/lifecycle.py), on `device`."""
+    """The ReplicaSpec the worker would give `entry` (gpu_worker/replica_runtimes.py), on `device`."""
     from gpu_worker.runtimes import ReplicaSpec, TokenWarmup
 
     warm = tuple(TokenWarmup(w.prompt_tokens, w.batch) for w in entry.warmup if isinstance(w, TokenWarmupInput))
@@ -53,7 +53,7 @@ def _spec(entry: ModelEntry, device: str) -> Any:
 
 
 def _make(entry: ModelEntry, device: str, host_cache: Any = None, lora: Any = None) -> Any:
-    """The runtime the worker would make for `entry` (gpu_worker/lifecycle.py), on `device`; `lora` (vllm):
+    """The runtime the worker would make for `entry` (gpu_worker/replica_runtimes.py), on `device`; `lora` (vllm):
     the engine's LoRA slots, as the worker gives a base whose catalog has adapters."""
     if entry.runtime == "torch":
         from gpu_worker.device import make_device

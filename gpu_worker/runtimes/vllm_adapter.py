@@ -19,7 +19,7 @@ record names that base replica in its `host` field ("model@version") and publish
 - release: POST /v1/unload_lora_adapter (vLLM forgets the name; its slot is free for another adapter);
   nothing to do when the base engine is gone already. Idempotent.
 
-The worker (gpu_worker/lifecycle.py) refuses an adapter whose base has no ready replica on the GPU, or
+The worker (gpu_worker/replica_runtimes.py) refuses an adapter whose base has no ready replica on the GPU, or
 whose base replica's slots (max_adapters) are all taken; vLLM itself would accept more names than its
 slots and swap them in and out on demand, which is exactly the load a preload is meant to have done.
 """
