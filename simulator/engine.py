@@ -243,6 +243,7 @@ class Simulation:
         self.loads = 0
         self.loads_per_model = [0] * self.n_models  # an adapter trace's engine starts are its bases'
         self.queued_loads = 0  # loads that waited for a load slot
+        self.cancelled_loads = 0  # loads cancelled in flight (cancel_load)
         self.bytes_loaded = 0
         self.mem_total = 0.0  # byte-seconds
         self.mem_idle = 0.0
@@ -332,6 +333,43 @@ class Simulation:
         if self.ad is not None:
             self.ad.base_evicted(r)  # its adapters go with its engine
         self.last_evicted[m] = t
+        return True
+
+    def cancel_load(self, m: int, gi: int) -> bool:
+        """Cancel model m's load on GPU gi (holding a slot or queued for one), as the worker's evict does a
+        load in flight: its bytes are freed, the link's other loads speed up, a queued load takes the slot.
+        False (nothing done) if gi has no load of m in flight."""
+        g = self.gpus[gi]
+        r = g.residents.get(m)
+        if r is None or r.state == READY:
+            return False
+        t = self.now
+        if r.state == PENDING:
+            g.queue.remove(r)
+        else:
+            g.link.advance(t, self.shared)
+            g.link.jobs.remove(r)
+        if r.source is not None:
+            r.source.readers -= 1
+            r.source = None
+        del g.residents[m]
+        g.used -= r.bytes
+        del self.replicas[m][gi]
+        self._close(r, t)
+        self.cancelled_loads += 1
+        self.last_evicted[m] = t
+        if self.waiting[m] and not self.replicas[m]:
+            self.stalled[m] = None  # its waiting requests need another load: the policy is asked again
+        started = []
+        while g.queue and not self.slots_busy(gi):
+            q = self._next_queued(g)
+            q.state = LOADING
+            g.link.jobs.append(q)
+            started.append(q)
+        self._reschedule(g.link, _LOAD_DONE, gi)
+        if self.policy is not None:
+            for q in started:
+                self.policy.on_load_start(t, q)
         return True
 
     def _close(self, r: Replica, t: float) -> None:
@@ -565,6 +603,7 @@ class Simulation:
             "unserved": unserved,
             "loads": self.loads,
             "queued_loads": self.queued_loads,
+            "cancelled_loads": self.cancelled_loads,
             "bytes_loaded": self.bytes_loaded,
             "evictions": self.evictions,
             "memory_gib_hours": {

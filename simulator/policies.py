@@ -100,7 +100,8 @@ class Prewarm(_Base):
     called every config.tick_s of virtual time and right away on a cold request that has no load
     in flight (as live, where a cold route lookup starts an on-demand preload and wakes the leader
     scheduler for an extra tick). The simulator plays the
-    worker: Preload starts a load on the named GPU, Evict removes a ready replica. With a host tier
+    worker: Preload starts a load on the named GPU, Evict removes a ready replica or cancels a load in
+    flight (a fill giving way to a demand load). With a host tier
     (host_bytes > 0) the snapshot also carries each node's cache (`nodes`) and its contents
     (`staged`); Stage starts a stage if the node has room and does not hold the model yet (else it
     is ignored), Unstage drops a completed stage."""
@@ -239,7 +240,7 @@ class Prewarm(_Base):
                 continue
             if isinstance(a, Evict):
                 gi = self.gpu_index[a.gpu]
-                if s.evict(m, gi):
+                if s.evict(m, gi) or s.cancel_load(m, gi):  # a load in flight is cancelled, as the worker does
                     self.evicted_at[a.model] = t
                     self.rs.pop((m, gi), None)
             elif isinstance(a, Preload):

@@ -74,7 +74,7 @@ class World:
             self.log.append((now, a))
             if isinstance(a, Evict):
                 r = self.replicas.pop((a.model, a.gpu))
-                assert r.state == "ready"
+                assert r.state == "ready" or a.kind == "yield"  # a yield cancels a load in flight
                 self.evicted_at[a.model] = now
             else:
                 assert isinstance(a, Preload)
@@ -369,6 +369,62 @@ def test_fill_replicas_are_the_first_victims_and_are_not_filled_again() -> None:
     w = fill_world(20)
     w.evicted_at["c"] = 0.0
     assert [a.model for a in w.tick(500.0)] == ["b"]
+
+
+def yield_world(cfg: PolicyConfig = CFG) -> World:
+    """One 20 GiB GPU; x (4 GiB, 8 s) and d (2 GiB, 9 s) never requested: the fill takes x (the shorter load)."""
+    w = World([spec("x", 4, load_s=8.0), spec("d", 2, load_s=9.0)], [gpu("n1/cuda:0", 20)], cfg=cfg)
+    assert [(a.model, a.kind) for a in w.tick(0.0)] == [("x", "fill")]
+    return w
+
+
+def test_a_fill_still_loading_gives_its_link_to_a_demand_load() -> None:
+    """d is requested at 1 s while the fill of x loads on the only GPU: x's load is cancelled (an evict of kind
+    "yield", which the worker and the simulator carry out on a load in flight) and d's demand load goes there,
+    the link its own. With fill_yields off, d shares the link with x instead. A load of a model that has been
+    requested is no fill: it is never cancelled for another's demand."""
+    w = yield_world()
+    w.traffic.add("d", 1.0)
+    acts = w.tick(1.0)
+    assert [(type(a).__name__, a.model, a.kind, a.gpu) for a in acts] == [
+        ("Evict", "x", "yield", "n1/cuda:0"), ("Preload", "d", "demand", "n1/cuda:0")]
+    assert "never requested" in acts[0].reason and "d" in acts[0].reason
+    assert w.held("x") == [] and w.evicted_at == {"x": 1.0}
+    assert w.tick(2.0) == []  # x is on record as evicted: the fill does not take it again at once
+
+    w = yield_world(PolicyConfig(fill_yields=False))
+    w.traffic.add("d", 1.0)
+    assert [(type(a).__name__, a.model, a.kind) for a in w.tick(1.0)] == [("Preload", "d", "demand")]
+    assert w.held("x") == ["n1/cuda:0"]
+
+    w = yield_world()
+    w.traffic.add("x", 0.5)  # x is asked for while it loads: a demand of its own now
+    w.traffic.add("d", 1.0)
+    assert [(type(a).__name__, a.model, a.kind) for a in w.tick(1.0)] == [("Preload", "d", "demand")]
+    assert w.held("x") == ["n1/cuda:0"]
+
+
+def test_a_demand_load_takes_the_gpu_whose_link_carries_only_a_fill() -> None:
+    """Two GPUs, each loading one model: a fill (x) on one, a requested model (r) on the other. A demand load
+    for d counts the fill's link as idle (the fill gives way) and goes there, cancelling x; r's load, a demand,
+    is left alone."""
+    w = World([spec("x", 4, load_s=8.0), spec("r", 4, load_s=8.0), spec("d", 2, load_s=9.0)],
+              [gpu("a/cuda:0", 20), gpu("b/cuda:0", 20)], cfg=PolicyConfig(fill_free_memory=False))
+    w.traffic.add("r", 0.0)
+    w.add_replica("x", "a/cuda:0", since=0.0, state="loading")
+    w.add_replica("r", "b/cuda:0", since=0.0, state="loading")
+    w.traffic.add("d", 1.0)
+    acts = w.tick(1.0)
+    assert [(type(a).__name__, a.model, a.kind, a.gpu) for a in acts] == [
+        ("Evict", "x", "yield", "a/cuda:0"), ("Preload", "d", "demand", "a/cuda:0")]
+    assert w.held("r") == ["b/cuda:0"]
+    # a GPU whose link is idle goes first, though the fill's GPU is the tighter fit: no fill is cancelled
+    # where none need be
+    w = World([spec("x", 4, load_s=8.0), spec("d", 2, load_s=9.0)],
+              [gpu("a/cuda:0", 20), gpu("b/cuda:0", 40)], cfg=PolicyConfig(fill_free_memory=False))
+    w.add_replica("x", "a/cuda:0", since=0.0, state="loading")
+    w.traffic.add("d", 1.0)
+    assert [(type(a).__name__, a.model, a.gpu) for a in w.tick(1.0)] == [("Preload", "d", "b/cuda:0")]
 
 
 def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:

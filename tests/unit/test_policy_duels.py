@@ -173,8 +173,10 @@ def test_where_lru_is_the_best_order_the_layer_follows_it() -> None:
     on, cold = compare(stream, 3)
     ex = on.state.experts
     assert ex.leader == "lru" and ex.duels.leader == "lru"
-    assert cold["on-demand-lru"] < 0.5 * cold["off"]  # LRU is the better order here: 121 against 354
-    assert cold["on"] <= 1.25 * cold["on-demand-lru"]  # and the layer gets near it (151)
+    assert cold["on-demand-lru"] < 0.5 * cold["off"]  # LRU is the better order here: 121 against 355
+    # and the layer gets near it: 152 (151 before fills gave their links to demand loads, which moved the
+    # start of this 3 GiB fleet by one cold start)
+    assert cold["on"] <= 1.3 * cold["on-demand-lru"]
     # within 150 requests: the first half hour alone (150 of the 1,800) already puts it on trial
     head = [x for x in stream if x[0] < 1800]
     early = Prewarm(ON)

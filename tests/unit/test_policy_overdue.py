@@ -64,7 +64,7 @@ def test_the_gpu_an_overdue_model_will_take_is_held_from_other_loads() -> None:
         return _snap(PolicyConfig(overdue_wait_s=overdue), [("n1/cuda:0", 4)],
                      [("a", "n1/cuda:0", 3, "loading", NOW - 1)],
                      {"a": (3, 2.0), "big": (4, 4.0), "small": (1, 1.0)},
-                     {"big": NOW - 40, "small": NOW - 1}, traffic={"small": 5})
+                     {"big": NOW - 40, "small": NOW - 1}, traffic={"small": 5, "a": 1})
     assert _acts(snap(OFF)) == [("Preload", "small", "n1/cuda:0")]
     assert _acts(snap(30.0)) == []
 

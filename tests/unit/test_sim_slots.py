@@ -298,3 +298,28 @@ def test_sweep_best_baseline_excludes_prewarm_and_oracle() -> None:
 def test_sweep_refuses_missing_traces(tmp_path, capsys) -> None:
     assert sweep_main(["--traces", str(tmp_path), "--samples", "nope"]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_a_cancelled_load_frees_its_slot_and_bytes_and_its_waiting_requests_are_placed_again() -> None:
+    # One GPU, 1 slot. A@0 loads (10 s); B@1 is queued behind it. At B's miss A's load is cancelled (as the
+    # worker does on an evict): B takes the slot at 1 and is ready at 11 (wait 10); A's request still waits,
+    # so the policy places A again when B's load ends: 11 + 10 = 21 (wait 21). A ready replica is not a load
+    # in flight: cancel_load refuses it.
+    sim = sim_of([(0.0, "A"), (1.0, "B")], SIZES, TEN, slots=1)
+    seen = {}
+
+    class Cancel(POLICIES["on-demand-lru"]):  # type: ignore[misc, valid-type]
+        def on_miss(self, t, m):
+            super().on_miss(t, m)
+            if m == 1:
+                seen["queued"] = self.fleet.replicas[1][0].state
+                seen["cancelled"] = self.fleet.cancel_load(0, 0)
+                seen["used"] = self.fleet.gpus[0].used
+                seen["b"] = self.fleet.replicas[1][0].state
+
+    sim.run(Cancel())
+    assert seen == {"queued": "pending", "cancelled": True, "used": 1 * GIB, "b": "loading"}
+    assert sorted(sim.waits) == pytest.approx([10.0, 21.0])
+    assert sim.cancelled_loads == 1 and sim.results()["cancelled_loads"] == 1
+    assert sim.loads == 3 and sim.cold == 2
+    assert not sim.cancel_load(1, 0)  # B is ready

@@ -78,12 +78,16 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
     ld_host = promote_seconds(spec, cfg) if staged_on else ld_storage
     best: tuple | None = None
     order = sorted(f.gpus)
+    yields = kind == "demand" and cfg.fill_yields  # fills give way to it (PlanCall.yield_link)
     if not speculative:
         # an idle GPU with room on a node without this model costs nothing (no victims, no link
         # contention): take rank()'s first, with no need to cost evictions elsewhere
         # (a GPU hosting the model is on a node in nodes_with)
-        idle = [Room(gid, f.gpus[gid].node, f.avail(gid), 0) for gid in order
-                if f.loading[gid] == 0 and f.gpus[gid].node not in nodes_with
+        # (a link that carries only fills is idle for a demand load: they give way, PlanCall.yield_link; one
+        # with none goes first, rank()'s fewest loads, so that no fill is cancelled where none need be)
+        idle = [Room(gid, f.gpus[gid].node, f.avail(gid), f.loading[gid]) for gid in order
+                if (f.loading[gid] == 0 or (yields and f.loading[gid] == len(v.yielding(gid))))
+                and f.gpus[gid].node not in nodes_with
                 and v.held.get(gid, spec.id) == spec.id]
         easy = rank(idle, size, staged_on, {gid for gid in order if (spec.id, gid) in f.evicting})
         if easy:
@@ -102,6 +106,8 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
         if cfg.max_loads_per_gpu and f.loading[gid] >= cfg.max_loads_per_gpu:
             continue
         k = f.loading[gid]
+        if k and yields:
+            k -= len(v.yielding(gid))  # fills give way to a demand load (PlanCall.yield_link)
         ld = ld_host if g.node in staged_on else ld_storage
         contention = ld * (rate * k + v.loading_rate(gid)) if k else 0.0
         if staged_on:

@@ -309,7 +309,8 @@ def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
     load that may come while it runs). Only into memory no load needs (no eviction; a GPU at most
     speculative_share full after the load, within the idle-memory budget), one load per GPU whose
     link is idle, and only while no request waits for a replica: a fill load must not take bandwidth
-    from a demand load. A fill replica is the first victim of every eviction order (never requested:
+    from a demand load, and one still loading when a demand load comes to its GPU is cancelled
+    (PlanCall.yield_link). A fill replica is the first victim of every eviction order (never requested:
     value 0; and first whatever the no-regret layer's leader), so it costs a later load nothing but
     its link time; a model filled once and evicted unrequested is not filled again (its eviction is
     in `recent_evictions`: the room it had is one loads need)."""

@@ -62,6 +62,10 @@ class PolicyConfig:
     # Free memory no load needs takes catalog models never requested, shortest load first, one per
     # idle link while no request waits (a first request need not be cold; they are the first victims)
     fill_free_memory: bool = True
+    # A fill loading on a GPU that a demand load goes to is cancelled (an Evict of kind "yield"), and a GPU whose
+    # link carries only fills counts as idle for a demand load: a guess must not halve a demand load's
+    # bandwidth (PlanCall.yield_link; measured in docs/simulation.md, "Fills give way to demand loads")
+    fill_yields: bool = True
     prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
     # Partners (partners.py): a model that starts (its first request, or one after partner_gap_s idle)
     # is a sign for the models that started within partner_window_s of at least partner_min_count and
@@ -82,7 +86,7 @@ class PolicyConfig:
     # it would replace, failed as soon as its victims cost more or its windows serve a larger share of requests
     # cold, passed only after 12 windows each at 10 % cheaper and no colder (duels.py); greedy-dual ranks real
     # victims by keys kept on the real fleet (experts.py). So built, the whole sweep with the layer on is within
-    # 1 % of off at every point (+0.4 % at most, ServeGen 72 h × 8; −1.8 % on ServeGen 72 h × 32 seed 0).
+    # 1 % of off at every point (+0.83 % at most, Azure 1,350 × 8 seed 1; measured with fills giving way).
     # Judged by ghost fleets' misses instead (expert_duels=False), ServeGen 72 h × 16 seed 0: greedy-dual led
     # the ghosts by 18 % and following it gave +15 %. See docs/simulation.md.
     no_regret: bool = True
@@ -302,7 +306,7 @@ class Preload:
 class Evict:
     model: str
     gpu: str
-    kind: str  # "make_room" | "idle_budget" | "refresh"
+    kind: str  # "make_room" | "idle_budget" | "refresh" | "yield" (a fill's load in flight, cancelled)
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"

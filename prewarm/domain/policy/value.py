@@ -232,6 +232,18 @@ class Values:
         self.st.experts.order(expert, tr, self.now, self.cfg, v,  # type: ignore[arg-type]
                               lambda x: x in quiet or tr.last_arrival(x) is None)
 
+    def yielding(self, gpu: str) -> list[ReplicaState]:
+        """The loads in flight on `gpu` that give way to a demand load (PolicyConfig.fill_yields): fills, of
+        models never requested and not waited for, a guess a demand load should not share its link with."""
+        f = self.fleet
+        out: list[ReplicaState] = []
+        for m in f.loading_models[gpu]:
+            r = f.on_gpu[gpu].get(m)
+            if r is not None and (m, gpu) not in f.evicting and self.tr.last_arrival(m) is None \
+                    and m not in self.s.waiting:
+                out.append(r)
+        return out
+
     def expects_demand(self, model: str) -> bool:
         """False for a model in a quiet stretch of its timeline or never requested: what the
         idle-memory budget counts."""
