@@ -151,7 +151,7 @@ class Slot:
 
 
 class ReplicaView(Protocol):
-    """What AdapterSlots reads and writes of a base's replica (simulator.engine.Replica): a Protocol, not an
+    """What AdapterSlots reads and writes of a base's replica (simulator.fleet.Replica): a Protocol, not an
     import, as engine imports this module. Annotations only: the engine's own objects are passed."""
 
     @property

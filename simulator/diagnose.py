@@ -34,7 +34,8 @@ import numpy as np
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.states import PENDING, READY
 
-from .engine import Replica, Simulation
+from .engine import Simulation
+from .fleet import Replica
 from .policies import POLICIES, Prewarm
 from .trace import FORMATS, GIB, load_profile, parse_bytes, read_trace
 

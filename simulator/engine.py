@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -46,6 +44,7 @@ from prewarm.domain.states import LOADING, PENDING, READY
 
 from .adapters import ADAPTER_DONE as _ADAPTER_DONE
 from .adapters import AdapterSlots, AdapterView
+from .fleet import Gpu, HostCopy, Link, Node, Replica
 from .trace import GIB, Trace
 
 # Loads made before any request asked (the ROI's cold starts avoided, as prewarm.store.load_kinds live):
@@ -55,90 +54,6 @@ AHEAD_KINDS = frozenset(("speculative", "new_gpu", "scale", "prewarm", "prefetch
 
 # after the trace ends, ticks go on this long while requests wait (those still waiting are unserved)
 DRAIN_S = 600.0
-
-@dataclass(eq=False, slots=True)
-class Replica:
-    model: int
-    gpu: int
-    bytes: int
-    since: float  # load start
-    state: str = LOADING  # PENDING (queued for a load slot), LOADING or READY (prewarm.domain.states)
-    ready_at: float = math.nan
-    last_request: float | None = None
-    remaining: float = 0.0  # seconds of load work left at full speed
-    kind: str = ""
-    source: HostCopy | None = None  # the staged copy a promotion reads (None: read from storage)
-
-
-@dataclass(eq=False, slots=True)
-class HostCopy:
-    """A model's bytes in a node's host cache: "staging" while read from storage, then "staged"."""
-
-    model: int
-    node: int
-    bytes: int
-    since: float  # stage start
-    state: str = "staging"  # "staging" | "staged"
-    ready_at: float = math.nan
-    remaining: float = 0.0  # seconds of stage work left at full speed
-    readers: int = 0  # promotions in flight reading this copy
-
-
-@dataclass(slots=True)
-class Link:
-    """Jobs sharing one link (a GPU's loads, a node's stages): processor sharing, k jobs each at
-    1/k speed (`shared` False: each at full speed)."""
-
-    jobs: list = field(default_factory=list)  # Replica / HostCopy: each with `remaining` seconds at full speed
-    last_update: float = 0.0
-    version: int = 0  # bumped at every reschedule: a completion event of an older version is stale
-
-    def advance(self, t: float, shared: bool) -> None:
-        k = len(self.jobs)
-        if k and t > self.last_update:
-            step = (t - self.last_update) / (k if shared else 1)
-            for j in self.jobs:
-                j.remaining -= step
-        self.last_update = t
-
-    def finished(self, t: float, shared: bool) -> list:
-        """Advance to `t` and take out the jobs that are done."""
-        self.advance(t, shared)
-        done = [j for j in self.jobs if j.remaining <= 1e-9]
-        self.jobs = [j for j in self.jobs if j.remaining > 1e-9]
-        return done
-
-    def next_done(self, shared: bool) -> float | None:
-        """New version; when the first job finishes at the current sharing, or None."""
-        self.version += 1
-        if not self.jobs:
-            return None
-        k = len(self.jobs) if shared else 1
-        return self.last_update + max(0.0, min(j.remaining for j in self.jobs)) * k
-
-
-@dataclass(slots=True)
-class Gpu:
-    index: int
-    id: str
-    node: str
-    capacity: int
-    used: int = 0
-    residents: dict[int, Replica] = field(default_factory=dict)
-    link: Link = field(default_factory=Link)  # its loads holding a load slot
-    queue: deque[Replica] = field(default_factory=deque)  # loads waiting for a slot (FIFO)
-    ni: int = 0  # index of its node in Simulation.nodes
-
-
-@dataclass(slots=True)
-class Node:
-    index: int
-    id: str
-    capacity: int  # host cache budget (0: no staging tier)
-    used: int = 0  # bytes of staging and staged copies
-    cached: dict[int, HostCopy] = field(default_factory=dict)  # model -> copy
-    link: Link = field(default_factory=Link)  # its stages in flight
-
 
 class Policy(Protocol):
     name: str
@@ -360,6 +275,12 @@ class Simulation:
         self.last_evicted[m] = t
         if self.waiting[m] and not self.replicas[m]:
             self.stalled[m] = None  # its waiting requests need another load: the policy is asked again
+        self._fill_slots(gi, t)
+        return True
+
+    def _fill_slots(self, gi: int, t: float) -> None:
+        """Freed slots go to the queued loads (_next_queued's order); the link's next completion is rescheduled."""
+        g = self.gpus[gi]
         started = []
         while g.queue and not self.slots_busy(gi):
             q = self._next_queued(g)
@@ -370,7 +291,6 @@ class Simulation:
         if self.policy is not None:
             for q in started:
                 self.policy.on_load_start(t, q)
-        return True
 
     def _close(self, r: Replica, t: float) -> None:
         self.mem_total += r.bytes * (t - r.since)
@@ -392,16 +312,7 @@ class Simulation:
             return
         t = self.now
         done = g.link.finished(t, self.shared)
-        started = []
-        while g.queue and not self.slots_busy(gi):  # freed slots go to the oldest queued loads
-            q = self._next_queued(g)
-            q.state = LOADING
-            g.link.jobs.append(q)
-            started.append(q)
-        self._reschedule(g.link, _LOAD_DONE, gi)
-        if self.policy is not None:
-            for q in started:
-                self.policy.on_load_start(t, q)
+        self._fill_slots(gi, t)
         for r in done:
             r.state = READY
             r.ready_at = t

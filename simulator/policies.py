@@ -41,7 +41,8 @@ from prewarm.domain.policy import (
 )
 from prewarm.domain.states import READY
 
-from .engine import Replica, Simulation
+from .engine import Simulation
+from .fleet import Replica
 from .policy_base import _Base
 
 

@@ -13,7 +13,8 @@ import pytest
 from prewarm.domain.policy import Stage, Unstage
 from simulator.cli import main as cli_main
 from simulator.cli import simulate
-from simulator.engine import HostCopy, Simulation
+from simulator.engine import Simulation
+from simulator.fleet import HostCopy
 from simulator.policies import POLICIES, _Base
 from simulator.trace import GIB, Trace, load_azure_minute, load_requests, parse_bytes
 

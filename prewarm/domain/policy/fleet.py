@@ -140,10 +140,16 @@ class Fleet:
 
     # ---- the tentative effect of this call's actions -----------------------------------------
     def evict(self, r: ReplicaState, speculative: bool) -> None:
-        """r leaves its GPU (`speculative`: it counted against the GPU's speculative share)."""
+        """r leaves its GPU (`speculative`: it counted against the GPU's speculative share); a load in flight
+        is cancelled, and its share of the link goes too."""
         self.used[r.gpu] -= r.bytes
         self.pending_intent[r.gpu] -= r.bytes
         self.evicting.add((r.model, r.gpu))
+        if r.state != READY:
+            self.loading[r.gpu] -= 1
+            lm = self.loading_models[r.gpu]
+            if r.model in lm:
+                lm.remove(r.model)
         gl = self.of_model.get(r.model, [])
         if r.gpu in gl:
             gl.remove(r.gpu)
@@ -153,23 +159,6 @@ class Fleet:
         vl = self.victims.get(r.gpu)
         if vl is not None:
             self.victims[r.gpu] = [x for x in vl if x[2] is not r]
-
-    def cancel(self, r: ReplicaState, speculative: bool) -> None:
-        """r's load in flight is cancelled: its bytes and its share of the link go (`speculative`: it counted
-        against the GPU's speculative share). Its bytes are credited as an eviction's are."""
-        self.used[r.gpu] -= r.bytes
-        self.pending_intent[r.gpu] -= r.bytes
-        self.evicting.add((r.model, r.gpu))
-        self.loading[r.gpu] -= 1
-        lm = self.loading_models[r.gpu]
-        if r.model in lm:
-            lm.remove(r.model)
-        gl = self.of_model.get(r.model, [])
-        if r.gpu in gl:
-            gl.remove(r.gpu)
-        del self.on_gpu[r.gpu][r.model]
-        if speculative:
-            self.spec[r.gpu] -= r.bytes
 
     def preload(self, spec: ModelSpec, gpu: str, speculative: bool) -> None:
         self.used[gpu] += spec.size_bytes

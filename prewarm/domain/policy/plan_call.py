@@ -45,7 +45,7 @@ class PlanCall(Values):
         cancels a load in flight on an evict; the model is then on record as evicted, so the fill does not
         take it again at once."""
         for r in self.yielding(gpu):
-            self.fleet.cancel(r, self.is_speculative(r))
+            self.fleet.evict(r, self.is_speculative(r))
             self.evicted_now.append(r.model)
             self.actions.append(Evict(r.model, gpu, "yield",
                                       f"{r.model} (never requested) was loading on {gpu}; a demand load of {model} "

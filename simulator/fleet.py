@@ -1,0 +1,94 @@
+"""The simulated fleet's records (simulator.engine plays them): a replica on a GPU, a model's copy in a
+node's host cache, the load link that replicas or copies share, a GPU and a node."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from prewarm.domain.states import LOADING
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    model: int
+    gpu: int
+    bytes: int
+    since: float  # load start
+    state: str = LOADING  # PENDING (queued for a load slot), LOADING or READY (prewarm.domain.states)
+    ready_at: float = math.nan
+    last_request: float | None = None
+    remaining: float = 0.0  # seconds of load work left at full speed
+    kind: str = ""
+    source: HostCopy | None = None  # the staged copy a promotion reads (None: read from storage)
+
+
+@dataclass(eq=False, slots=True)
+class HostCopy:
+    """A model's bytes in a node's host cache: "staging" while read from storage, then "staged"."""
+
+    model: int
+    node: int
+    bytes: int
+    since: float  # stage start
+    state: str = "staging"  # "staging" | "staged"
+    ready_at: float = math.nan
+    remaining: float = 0.0  # seconds of stage work left at full speed
+    readers: int = 0  # promotions in flight reading this copy
+
+
+@dataclass(slots=True)
+class Link:
+    """Jobs sharing one link (a GPU's loads, a node's stages): processor sharing, k jobs each at
+    1/k speed (`shared` False: each at full speed)."""
+
+    jobs: list = field(default_factory=list)  # Replica / HostCopy: each with `remaining` seconds at full speed
+    last_update: float = 0.0
+    version: int = 0  # bumped at every reschedule: a completion event of an older version is stale
+
+    def advance(self, t: float, shared: bool) -> None:
+        k = len(self.jobs)
+        if k and t > self.last_update:
+            step = (t - self.last_update) / (k if shared else 1)
+            for j in self.jobs:
+                j.remaining -= step
+        self.last_update = t
+
+    def finished(self, t: float, shared: bool) -> list:
+        """Advance to `t` and take out the jobs that are done."""
+        self.advance(t, shared)
+        done = [j for j in self.jobs if j.remaining <= 1e-9]
+        self.jobs = [j for j in self.jobs if j.remaining > 1e-9]
+        return done
+
+    def next_done(self, shared: bool) -> float | None:
+        """New version; when the first job finishes at the current sharing, or None."""
+        self.version += 1
+        if not self.jobs:
+            return None
+        k = len(self.jobs) if shared else 1
+        return self.last_update + max(0.0, min(j.remaining for j in self.jobs)) * k
+
+
+@dataclass(slots=True)
+class Gpu:
+    index: int
+    id: str
+    node: str
+    capacity: int
+    used: int = 0
+    residents: dict[int, Replica] = field(default_factory=dict)
+    link: Link = field(default_factory=Link)  # its loads holding a load slot
+    queue: deque[Replica] = field(default_factory=deque)  # loads waiting for a slot (FIFO)
+    ni: int = 0  # index of its node in Simulation.nodes
+
+
+@dataclass(slots=True)
+class Node:
+    index: int
+    id: str
+    capacity: int  # host cache budget (0: no staging tier)
+    used: int = 0  # bytes of staging and staged copies
+    cached: dict[int, HostCopy] = field(default_factory=dict)  # model -> copy
+    link: Link = field(default_factory=Link)  # its stages in flight
