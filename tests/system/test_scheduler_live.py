@@ -187,3 +187,23 @@ def test_idle_memory_budget_reaches_the_live_policy_and_a_bad_one_is_refused(red
         assert Scheduler(ctx, ident="s1").config.idle_memory_budget == share, text
     with pytest.raises(ValueError, match=r"PREWARM_IDLE_MEMORY_BUDGET='1.5': write a share of each GPU from 0 to 1"):
         Settings.from_env({**base, "PREWARM_IDLE_MEMORY_BUDGET": "1.5"})
+
+
+def test_a_fill_still_loading_gives_its_link_to_a_demand_load_live(ctx: Context) -> None:
+    """The only GPU's link carries a fill (other, never requested, loading); hot is then asked for. The tick
+    sends an evict of other (kind yield: the worker cancels a load in flight on an evict) and hot's preload,
+    both to that GPU's queue, and records why."""
+    now = time.time()
+    g = state.Gpu(id=state.gpu_id("node-a", "cpu:0"), node="node-a", device="cpu:0",
+                  queue=state.queue_name("node-a", "cpu:0"), total_bytes=1 * GIB, used_bytes=16 * MIB,
+                  free_bytes=1 * GIB - 16 * MIB, last_heartbeat=now, started_at=now - 3600)
+    fill = state.Replica("other", "v1", g.id, "loading", bytes=4 * MIB, total_bytes=16 * MIB, progress=0.25,
+                         since=now - 1, created_at=now - 1, reason="fill")
+    state.write_heartbeat(ctx.r, g, [fill], ttl=30)
+    ramp(ctx.r, "hot", now)
+    res = Scheduler(ctx, ident="s1").tick(now)
+    assert res.leader, res
+    tasks = [(t["task"], json.loads(t["argsrepr"].replace("'", '"'))[0]) for t in queued_tasks(ctx.r, g.queue)]
+    assert ("prewarm.evict", "other") in tasks and ("prewarm.preload", "hot") in tasks, tasks
+    ev = [e for e in events.read(ctx.r) if e.model == "other" and e.actor == "scheduler"]
+    assert ev and "never requested" in ev[0].reason and "hot" in ev[0].reason, ev
