@@ -45,12 +45,9 @@ class PlanCall(Values):
         cancels a load in flight on an evict; the model is then on record as evicted, so the fill does not
         take it again at once."""
         for r in self.yielding(gpu):
-            self.fleet.evict(r, self.is_speculative(r))
-            self.evicted_now.append(r.model)
-            self.actions.append(Evict(r.model, gpu, "yield",
-                                      f"{r.model} (never requested) was loading on {gpu}; a demand load of {model} "
-                                      f"goes there: it gives way, so that the link is the demand load's alone",
-                                      {}, r.version))
+            # never requested, so greedy-dual holds no keys for it: do_evict's step there changes nothing
+            self.do_evict(r, "yield", f"{r.model} (never requested) was loading on {gpu}; a demand load of {model} "
+                          f"goes there: it gives way, so that the link is the demand load's alone", {})
 
     def do_preload(self, spec: ModelSpec, gpu: str, kind: str, reason: str, numbers: dict[str, float]) -> None:
         self.fleet.preload(spec, gpu, kind == "speculative")
