@@ -41,7 +41,8 @@ def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: i
             try:
                 total = sum(int(row[i]) for i in counts if row[i])
             except (ValueError, IndexError) as e:
-                raise ValueError(f"{source}:{n}: a count that is not a whole number ({e})") from None
+                raise ValueError(f"{source}:{n}: a count that is not a whole number, or a row shorter than the "
+                                 f"header ({e})") from None
             rows.append((total, n, row))
     rows.sort(key=lambda x: (-x[0], x[1]))  # busiest first; ties in file order
     kept = [row for _total, _n, row in rows[:top:every]]
@@ -58,8 +59,8 @@ def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: i
         for row in kept:
             model = row[name]
             rnd = random.Random(int(hashlib.sha256(model.encode()).hexdigest()[:8], 16))
-            gib = rnd.uniform(min_gib, max_gib)
-            w.writerow([model, int(gib * GIB), round(default_load_seconds(int(gib * GIB)), 3)])
+            size = int(rnd.uniform(min_gib, max_gib) * GIB)
+            w.writerow([model, size, round(default_load_seconds(size), 3)])
     return len(kept)
 
 

@@ -38,8 +38,9 @@ first hour, the incumbent's record was the fleet's warm-up, greedy-dual's trial 
 A trial is a bet on the worse order while it runs, and its windows are a sample: so a candidate whose victims
 cost more than the incumbent's after TRIAL_FAIL_AFTER windows each fails at once, one passes only after
 TRIAL_WINDOWS windows each and at least TRIAL_MARGIN cheaper per request (and, below, with a share of its
-requests cold TRIAL_MARGIN lower), and each further failure doubles the candidate's wait. Before (3 windows, no margin, and greedy-dual ranking real victims by its ghost's keys):
-ServeGen 72 h × 16 seed 0 had +30 % cold starts with the layer on.
+requests cold TRIAL_MARGIN lower), and each further failure doubles the candidate's wait. Before (3 windows,
+no margin, and greedy-dual ranking real victims by its ghost's keys): ServeGen 72 h × 16 seed 0 had +30 % cold
+starts with the layer on.
 
 The victims' returns are what an order decides, not all it changes: on a saturated fleet most cold requests
 wait for loads in flight, and an order can take victims that come back less while the fleet it grows serves
