@@ -42,7 +42,7 @@ _EMPTY: dict[str, int] = {}
 class _ModelTraffic:
     __slots__ = (
         "first_second", "last_second", "total", "active_minutes", "last_minute",
-        "rate_p", "rate_s", "rate_l", "rate_t",
+        "fed", "rate_p", "rate_s", "rate_l", "rate_t",
         "hist", "oob", "gaps_seen", "weight",
         "stable_version", "stable_hist", "stable_oob", "stable_rpm", "starts",
     )
@@ -50,7 +50,8 @@ class _ModelTraffic:
     def __init__(self, bins: int) -> None:
         self.last_second: int | None = None
         self.first_second = 0
-        self.total = 0.0
+        self.total = 0.0  # halved with the histogram (requests per active minute is a recent figure)
+        self.fed = 0.0  # every request fed, never halved: what a record following the stream counts
         self.active_minutes = 0.0
         self.last_minute = -1
         self.rate_p = 0.0
@@ -187,6 +188,7 @@ class TrafficHistory:
             m.rate_s += count / self.short_window_s * math.exp(-dt / self.short_window_s)
             m.rate_l += count / self.long_window_s * math.exp(-dt / self.long_window_s)
         m.total += count
+        m.fed += count
         minute = second // 60
         if minute > m.last_minute:
             m.active_minutes += 1
@@ -330,9 +332,10 @@ class TrafficHistory:
         return tau - span * e / (1.0 - e)
 
     def total(self, model: str) -> float:
-        """Requests fed for the model so far (the no-regret layer's ghosts count the new ones)."""
+        """Requests fed for the model so far (the no-regret layer and the loads-ahead record count the new
+        ones): never halved, unlike the count behind requests_per_active_minute, which is."""
         m = self._m.get(model)
-        return 0.0 if m is None else m.total
+        return 0.0 if m is None else m.fed
 
     def requests_per_active_minute(self, model: str) -> float:
         m = self._m.get(model)
