@@ -4,8 +4,9 @@ still judged) and the demand order that counts waiting seconds (steps.demand_wei
 
 from __future__ import annotations
 
-from prewarm.domain.policy import PolicyConfig, Preload, TrafficHistory, plan
+from prewarm.domain.policy import Evict, PolicyConfig, Preload, TrafficHistory, plan
 from prewarm.domain.policy.ahead import MIN_SCORED, AheadRecord
+from prewarm.domain.policy.memo import PolicyState
 from tests.unit.test_policy import hourly_world
 from tests.unit.test_policy_overdue import NOW, _snap
 
@@ -138,3 +139,28 @@ def test_a_bets_link_time_is_charged_when_it_settles_won_lost_or_dropped() -> No
     assert (rec.won, rec.lost_total) == (4.0, 12.0)
     rec.feed(tr, 100.0 + HALF + 1.0, HALF, one)  # s4 settles by nobody's request: its link time all the same
     assert rec.lost_total == 15.0 and not rec.bets
+
+
+def test_a_load_ahead_evicted_unused_can_no_longer_win_its_bet() -> None:
+    """s was loaded ahead (a bet against its victim v) and never asked for; a demand load of big needs its
+    memory, so plan() evicts it. Its bet can now only be lost: a later request for s finds no replica and scores
+    no win (before, it did: on ServeGen 72 h × 16 such phantom wins kept the gate open for loads ahead a third of
+    which served a request), a return of v still scores the loss. A shadow bet has no replica to lose."""
+    snap = _snap(CFG, [("n1/cuda:0", 4)], [("s", "n1/cuda:0", 3, "ready", NOW - 600)],
+                 {"s": (3, 2.0), "big": (4, 4.0), "v": (1, 2.0)}, {"big": NOW - 40})
+    st = PolicyState()
+    st.ahead.feed(snap.traffic, NOW - 700, HALF, one)
+    st.ahead.bet("s", ("v",), NOW - 700, shadow=False, ready=NOW - 600)
+    st.ahead.bet("w", ("v2",), NOW - 700, shadow=True, ready=NOW - 600)
+    acts = [(type(a).__name__, a.model) for a in plan(snap, NOW, st) if isinstance(a, (Evict, Preload))]
+    assert acts == [("Evict", "s"), ("Preload", "big")]
+    assert "s" not in st.ahead.pending and "w" in st.ahead.pending
+    st.ahead.gone("w")  # a shadow's target was never loaded: nothing changes
+    assert "w" in st.ahead.pending
+    won, lost = st.ahead.won, st.ahead.lost
+    snap.traffic.add("s", NOW + 5.0)
+    st.ahead.feed(snap.traffic, NOW + 10.0, HALF, one)
+    assert st.ahead.won == won and len(st.ahead.bets) == 2  # no win, still open on its victim
+    snap.traffic.add("v", NOW + 15.0)
+    st.ahead.feed(snap.traffic, NOW + 20.0, HALF, one)
+    assert st.ahead.won == won and st.ahead.lost > lost and list(st.ahead.pending) == ["w"]
