@@ -264,8 +264,8 @@ class Settings:
     idle_memory_budget: float | None = None
     # PREWARM_MAX_DEMAND_WAIT: a request waiting this long is served next (PolicyConfig.overdue_wait_s)
     max_demand_wait: float | None = None
-    # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py, duels.py): off unless set to 1
-    no_regret: bool = False
+    # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py, duels.py): on unless set to 0
+    no_regret: bool = True
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
     secret_key: str | None = None
     # wrong tries of the admin token (console login or API bearer), and apart of the hook token, allowed
@@ -322,7 +322,7 @@ class Settings:
             max_loads_per_gpu=env_int(e, "PREWARM_MAX_LOADS_PER_GPU", 2),
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
-            no_regret=env_flag(e, "PREWARM_NO_REGRET", False),
+            no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),
             login_max_failures_global=env_int(e, "PREWARM_LOGIN_MAX_FAILURES_GLOBAL", 100),

@@ -57,11 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-demand-wait", default=None,
                    help="prewarm only: a request waiting this long (e.g. 60s) is served next, before the "
                    "most valuable loads (PREWARM_MAX_DEMAND_WAIT; default off)")
-    p.add_argument("--no-regret", choices=["on", "off"], default="off",
+    p.add_argument("--no-regret", choices=["on", "off"], default="on",
                    help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert whose order wins "
                    "the duels of the real evictions, and then proves itself in a trial, orders evictions "
-                   "(default off: prewarm's own order alone, see docs/simulation.md \"The layer off by default\"; "
-                   "duels.py)")
+                   "(default on; off: prewarm's own order alone; docs/simulation.md, duels.py)")
     p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
                    help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
                    "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")

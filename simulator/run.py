@@ -32,7 +32,7 @@ def simulate(
     slo: ColdStartSlo | None = None,
     idle_memory_budget: float | None = None,
     max_demand_wait: float | None = None,
-    no_regret: bool = False,
+    no_regret: bool = True,
     adapter_slot_replicas: bool = True,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);

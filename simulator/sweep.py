@@ -137,8 +137,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an earlier sweep.json: its rows of every sweep point and policy not run now are "
                    "kept, so that e.g. --policies prewarm --keep docs/simulation-sweep.json reruns prewarm "
                    "alone and writes the whole table")
-    p.add_argument("--no-regret", choices=("on", "off"), default="off",
-                   help="prewarm's no-regret layer (PolicyConfig.no_regret; off by default, as simulate)")
+    p.add_argument("--no-regret", choices=("on", "off"), default="on",
+                   help="prewarm's no-regret layer (PolicyConfig.no_regret; on by default, as simulate)")
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
     p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
 
@@ -170,7 +170,7 @@ class Job:
     gpu_bytes: int
     slots: int
     idle_budget: float | None
-    no_regret: bool = False
+    no_regret: bool = True
 
 
 def run_one(job: Job) -> dict[str, Any]:

@@ -56,9 +56,7 @@ def preloaded(ctx: Context, queue: str) -> list[str]:
                   if t["task"] == "prewarm.preload")
 
 
-def test_a_spec_that_makes_the_plan_raise_leaves_only_that_model_out(ctx: Context, monkeypatch) -> None:
-    # with the no-regret layer on (PREWARM_NO_REGRET=1; off by default), so that its status line is written too
-    monkeypatch.setattr(ctx, "settings", dataclasses.replace(ctx.settings, no_regret=True))
+def test_a_spec_that_makes_the_plan_raise_leaves_only_that_model_out(ctx: Context) -> None:
     g = announce(ctx.r, "node-a", "cpu:0")
     announce(ctx.r, "node-b", "cpu:0")
     now = time.time()
@@ -73,7 +71,7 @@ def test_a_spec_that_makes_the_plan_raise_leaves_only_that_model_out(ctx: Contex
     assert sorted(m for q in queues for m in preloaded(ctx, q)) == ["floor", "hot"]
     assert res.dispatched == 2
     assert ctx.r.hget(keys.SCHEDULER_STATUS, "left_out") == b"bad"
-    # the no-regret layer (turned on above) and the loads-ahead record say where they stand, for the console
+    # the no-regret layer (on by default) and the loads-ahead record say where they stand, for the console
     assert ctx.r.hget(keys.SCHEDULER_STATUS, "expert").startswith(b"expert prewarm leads")
     assert ctx.r.hget(keys.SCHEDULER_STATUS, "loads_ahead").startswith(b"loads ahead on")
     [ev] = events.read(ctx.r, kind="plan_failed")

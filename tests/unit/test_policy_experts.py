@@ -82,9 +82,7 @@ def test_equal_records_never_move_the_lead_and_unknown_experts_are_refused() -> 
     with pytest.raises(ValueError, match="unknown"):
         Experts(("prewarm", "belady"))
     assert Experts().names == EXPERTS and Experts().leader == "prewarm"
-    # off by default (a trial's turns passed an order that then cost 5x on an unseen-style trace: types.py), and
-    # judged by duels where it is turned on
-    assert not PolicyConfig().no_regret and PolicyConfig().expert_duels
+    assert PolicyConfig().no_regret and PolicyConfig().expert_duels  # on by default, judged by duels
 
 
 def test_misses_decay_with_the_half_life() -> None:

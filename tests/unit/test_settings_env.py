@@ -67,9 +67,9 @@ def test_the_drain_grace_is_a_duration() -> None:
         Settings.from_env({"PREWARM_DRAIN_GRACE": "-1"})
 
 
-def test_the_no_regret_layer_is_off_unless_set_on() -> None:
-    """PREWARM_NO_REGRET (issue 26): off by default (unset or blank), 1/on turns it on, junk is refused."""
-    assert not Settings.from_env({}).no_regret and not Settings.from_env({"PREWARM_NO_REGRET": " "}).no_regret
+def test_the_no_regret_layer_is_on_unless_set_off() -> None:
+    """PREWARM_NO_REGRET (issue 26): on by default (unset or blank), 0/off turns it off, junk is refused."""
+    assert Settings.from_env({}).no_regret and Settings.from_env({"PREWARM_NO_REGRET": " "}).no_regret
     assert Settings.from_env({"PREWARM_NO_REGRET": "on"}).no_regret
     assert not Settings.from_env({"PREWARM_NO_REGRET": "0"}).no_regret
     assert not Settings.from_env({"PREWARM_NO_REGRET": "off"}).no_regret

@@ -41,11 +41,13 @@ keys kept on the real fleet (RealGreedyDual: its frequencies, priorities and clo
 keeps them), not by its ghost's: the ghost holds other models than the fleet, and a real resident it had
 dropped went first whatever its traffic (forced to lead on ServeGen 24 h × 16 seed 0, greedy-dual's order
 gave 57,759 cold starts with the ghost's keys, 55,319 with the real ones; prewarm's own 51,213).
-The layer is off by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=1, `simulate --no-regret on` turn it
-on): on the whole sweep it is within 1 % of off at every point, but on a trace built like the one the issue
-keeps outside the project (60 ServeGen streams, 2–7 GiB models, 14 days, one or two 40 GiB GPUs) a trial passed
-greedy-dual and the layer had 4.8× / 5.1× the cold starts of prewarm's own order (docs/simulation.md, "The layer
-off by default"): a one-step regret judged in short turns does not bound the regret of an order's whole course.
+The layer is on by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=0, `simulate --no-regret off` turn it
+off): on the whole sweep it is within 1 % of off at every point, and on a trace built like the one the issue keeps
+outside the project (60 ServeGen streams, 2–7 GiB models, 14 days, 1 / 2 / 4 × 40 GiB) within 0.6 %. It was off
+for a while: the count it took new requests from halved with a busy model's histogram (TrafficHistory.total), so
+it saw 102,269 of those 1,817,083 requests, greedy-dual's real keys stopped counting the busy models, and the
+layer led that fleet to 4.8× the cold starts of prewarm's own order (docs/simulation.md, "The layer on
+again").
 
 How the record is used (`leader`): the incumbent is prewarm's own order; another expert takes the lead
 only when its decayed misses are below the incumbent's by `expert_margin` (hysteresis, so that two

@@ -82,17 +82,17 @@ class PolicyConfig:
     # The no-regret layer (experts.py, duels.py; issue 26): the eviction orders of prewarm, greedy-dual
     # (FaasCache), LRU and the forecast rule; the one whose victims the real fleet's requests show to be the
     # better (duels at each eviction, then a trial of the real evictions' cost; decayed with this half-life)
-    # orders real evictions. Off by default (PREWARM_NO_REGRET=1: on): a new lead is tried in turns with the order
+    # orders real evictions. On by default (PREWARM_NO_REGRET=0: off): a new lead is tried in turns with the order
     # it would replace, failed as soon as its victims cost more or its windows serve a larger share of requests
     # cold, passed only after 12 windows each at 10 % cheaper and 10 % less cold (duels.py); greedy-dual ranks real
     # victims by keys kept on the real fleet (experts.py). So built, the whole sweep with the layer on is within
     # 1 % of off at every point (+0.83 % at most, Azure 1,350 × 8 seed 1; measured with fills giving way).
     # Judged by ghost fleets' misses instead (expert_duels=False), ServeGen 72 h × 16 seed 0: greedy-dual led
     # the ghosts by 18 % and following it gave +15 %. See docs/simulation.md.
-    # Off by default since the trial's turns were seen to pass an order that then costs 5x: on 60 ServeGen streams
-    # with 2-7 GiB models, 14 days, one 40 GiB GPU, 843,055 cold starts with the layer against 175,127 without it
-    # (FaasCache 482,848); two GPUs 162,986 against 32,106 (docs/simulation.md, "The layer off by default").
-    no_regret: bool = False
+    # On 60 ServeGen streams with 2-7 GiB models, 14 days, 1 / 2 / 4 GPUs of 40 GiB: 176,389 / 31,958 / 1,741 cold
+    # starts with the layer, 176,389 / 31,775 / 1,738 without (FaasCache 482,848 / 46,910 / 6,191). It had been
+    # 843,055 on one GPU while the layer's request count halved with busy models' histograms (history.py).
+    no_regret: bool = True
     expert_halflife_s: float = 3600.0
     expert_margin: float = 0.05
     # with the layer on: loads ahead only while prewarm's ghost is within the margin of the leader's. Off:
