@@ -9,6 +9,9 @@ import numpy as np
 from prewarm.domain.policy import GIB, PolicyConfig
 from prewarm.domain.policy.duels import (
     BAN_HALFLIVES,
+    COURSE_BAN_HALFLIVES,
+    COURSE_MARGIN,
+    COURSE_MIN_HALFLIVES,
     MIN_SCORED,
     TRIAL_EVICTIONS,
     TRIAL_FAIL_AFTER,
@@ -104,6 +107,37 @@ def test_the_lead_moves_only_past_the_margin_and_a_failed_trial_goes_back_and_si
     d.took(("y",), now=later)
     turns = run_trial(d, {"lru": 5, "prewarm": 1}, window)
     assert d.leader == "prewarm" and d.reverts == 2 and d.banned["lru"] >= later + 2 * BAN_HALFLIVES * 120.0
+
+
+def test_a_leader_whose_course_serves_more_requests_cold_than_the_home_order_did_goes_back() -> None:
+    """A trial's turns each start from the fleet the other order left, so a pass does not prove the course that
+    follows it. The course is judged too: the share of requests served cold since the pass, against the home
+    order's while it led. More than COURSE_MARGIN above it once the leader has led COURSE_MIN_HALFLIVES, the lead
+    goes home and the order sits out COURSE_BAN_HALFLIVES half-lives. Within the margin it keeps the lead."""
+    for course_cold, back in ((12, False), (40, True)):
+        d = Duels(NAMES)
+        for i in range(1000):
+            d.request(-1.0, "hot", 1, one, i % 10 == 0)  # the home order's course: 10 % served cold
+        d.won["greedy-dual"], d.lost["greedy-dual"] = 3 * MIN_SCORED, MIN_SCORED
+        assert d.choose(2.0, now=0.0)
+        t0 = run_trial(d, {"greedy-dual": 1, "prewarm": 5}, TRIAL_WINDOW_HALFLIVES * d.halflife) * (
+            TRIAL_WINDOW_HALFLIVES * d.halflife)
+        assert d.leader == "greedy-dual" and d.trial is None  # passed
+        assert 12 / 100 < (1 + COURSE_MARGIN) * 0.1 < 40 / 100
+        went_home = None
+        for minute in range(int(3 * COURSE_MIN_HALFLIVES * d.halflife / 60)):
+            t = t0 + 60.0 * minute
+            for i in range(100):
+                d.request(t, "hot", 1, one, i < course_cold)
+            if d.choose(2.0, now=t):
+                went_home = t
+                break
+        if not back:
+            assert went_home is None and d.leader == "greedy-dual" and d.reverts == 0
+            continue
+        assert went_home is not None and went_home >= t0 + COURSE_MIN_HALFLIVES * d.halflife
+        assert d.leader == "prewarm" and d.reverts == 1 and d.fails["greedy-dual"] == 1
+        assert d.banned["greedy-dual"] == went_home + COURSE_BAN_HALFLIVES * d.halflife
 
 
 def test_a_candidate_better_by_less_than_the_margin_runs_the_whole_trial_and_goes_back() -> None:

@@ -56,6 +56,16 @@ disproved (ServeGen 72 h × 8 seed 0 with the fill taking all free memory: greed
 requests cold against prewarm's 0.980 and 31 % cheaper victims, led from hour 35 to the end and had 516,157
 cold starts, +4.6 %; with the margin on both, 493,094). See docs/simulation.md.
 
+A pass is not the end of the judging. Each turn of a trial starts from the fleet the other order left, so an
+order can pass by living off the other's fleet and then do worse on its own. So the whole course is judged too:
+the share of requests served cold since the pass (decayed over COURSE_HALFLIVES half-lives), against the home
+order's share while it led. More than COURSE_MARGIN above it, once the leader has led COURSE_MIN_HALFLIVES, the lead
+goes home and the order sits out COURSE_BAN_HALFLIVES half-lives, doubled at each further failure. A bad course
+then costs at most a few hours at each of a logarithmic number of tries. On the 14-day stream view, with the
+request count still halving (history.py), greedy-dual passed at hour 17.6 and led its fleet to 4.8× the cold
+starts of prewarm's own order. Counted right, greedy-dual passes there only on four GPUs, where its course
+stays within the margin (1,741 cold starts against 1,738 for prewarm's own order).
+
 Cost: O(models with new requests) per plan() call (their open duels), plus one sort of a GPU's victims per
 expert at each eviction plan() makes to place a load. Pure: no I/O, no clock.
 """
@@ -79,6 +89,12 @@ TRIAL_FAIL_AFTER = 1
 # (1 - this) times the incumbent's share of its requests cold: a trial's windows are a sample of the traffic, and
 # a tie on either is no reason to leave the order that leads
 TRIAL_MARGIN = 0.1
+# The whole-course guard (see the module docstring): a leader that passed its trial is judged on the share of
+# requests its fleet serves cold, decayed with this many half-lives (6 h at 1 h) ...
+COURSE_HALFLIVES = 6.0
+COURSE_MIN_HALFLIVES = 2.0  # ... once it has led this long
+COURSE_MARGIN = 0.25  # ... against the home order's share while it led; above it by this much, the lead goes home
+COURSE_BAN_HALFLIVES = 24.0  # ... and the order sits out this long, doubled at each further failure
 
 
 def _opened(d: Duel) -> float:
@@ -164,6 +180,11 @@ class Duels:
         self.banned: dict[str, float] = {}  # expert -> until when it may not lead (its trial failed)
         self.fails: dict[str, int] = {}  # expert -> trials it failed (each doubles its next wait)
         self.trial: Trial | None = None  # while a new lead is on trial
+        # the whole course: requests and cold ones (decayed with COURSE_HALFLIVES) while the home order led,
+        # and while the leader that passed its trial has led, since `lead_since`
+        self.home = {"requests": 0.0, "cold": 0.0}
+        self.course = {"requests": 0.0, "cold": 0.0}
+        self.lead_since = 0.0
         self._new_record()
 
     def _new_record(self) -> None:
@@ -187,6 +208,10 @@ class Duels:
         self.requests *= d
         if self.trial is not None:
             self.trial.decay(d)
+        dc = d ** (1.0 / COURSE_HALFLIVES)
+        for rec in (self.home, self.course):
+            rec["requests"] *= dc
+            rec["cold"] *= dc
 
     def per_request(self) -> float:
         """What the leader's evictions cost, per request: the reloads of victims that came back (on trial:
@@ -235,6 +260,11 @@ class Duels:
             trial.requests[self.leader] += n
             if cold:
                 trial.cold[self.leader] += n
+        else:
+            rec = self.home if self.leader == self.names[0] else self.course
+            rec["requests"] += n
+            if cold:
+                rec["cold"] += n
         got = self.evicted.pop(m, None)
         if got is not None and t >= got[0]:
             c = cost(m)
@@ -267,6 +297,12 @@ class Duels:
         """Judge a trial that has its evictions, else hand the lead to the expert whose record clears the
         margin by most; True when the lead changed."""
         trial = self.trial
+        if trial is None and self.leader != self.names[0] and self._course_worse(now):
+            self._fail(self.leader, now, COURSE_BAN_HALFLIVES)
+            self.leader = self.names[0]
+            self.reverts += 1
+            self._new_record()
+            return True
         if trial is not None:
             if now < trial.window_end:
                 return False
@@ -281,13 +317,13 @@ class Duels:
             if (trial.per_request(c) > (1.0 - TRIAL_MARGIN) * trial.per_request(b)
                     or trial.cold_share(c) > (1.0 - TRIAL_MARGIN) * trial.cold_share(b)):
                 # following it cost more on the same traffic: back to the last leader, the candidate sits out
-                fails = self.fails.get(trial.candidate, 0) + 1
-                self.fails[trial.candidate] = fails
-                self.banned[trial.candidate] = now + BAN_HALFLIVES * 2.0 ** (fails - 1) * self.halflife
+                self._fail(trial.candidate, now, BAN_HALFLIVES)
                 self.leader = trial.before
                 self.reverts += 1
                 return True
             self.leader = trial.candidate
+            self.course = {"requests": 0.0, "cold": 0.0}
+            self.lead_since = now
             return False
         best, best_gain = "", 0.0
         for n in self.names:
@@ -306,6 +342,23 @@ class Duels:
         self.switches += 1
         self._new_record()
         return True
+
+    def _fail(self, n: str, now: float, halflives: float) -> None:
+        """`n` failed (a trial or its course): it sits out `halflives` half-lives, doubled per earlier failure."""
+        fails = self.fails.get(n, 0) + 1
+        self.fails[n] = fails
+        self.banned[n] = now + halflives * 2.0 ** (fails - 1) * self.halflife
+
+    @staticmethod
+    def _share(rec: dict[str, float]) -> float:
+        return rec["cold"] / rec["requests"] if rec["requests"] > 0 else 0.0
+
+    def _course_worse(self, now: float) -> bool:
+        """The leader has led COURSE_MIN_HALFLIVES since its trial and its fleet served a share of requests
+        cold more than COURSE_MARGIN above the home order's."""
+        if now - self.lead_since < COURSE_MIN_HALFLIVES * self.halflife or self.course["requests"] < MIN_SCORED:
+            return False
+        return self._share(self.course) > (1.0 + COURSE_MARGIN) * self._share(self.home)
 
     def why(self) -> str:
         parts = ", ".join(f"{n} would have saved {self.won[n]:.1f} and cost {self.lost[n]:.1f}"
