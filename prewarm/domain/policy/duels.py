@@ -368,12 +368,16 @@ class Duels:
                  f"{t.per_request(t.before):.4f}, {t.candidate}'s {t.per_request(t.candidate):.4f}; "
                  f"requests served cold: {t.cold_share(t.before):.1%} and {t.cold_share(t.candidate):.1%}); "
                  if t is not None else "")
-        return (f"expert {self.leader} leads ({trial}its victims' returns cost {self.per_request():.4f} cold "
+        course = (f"since its trial {self._share(self.course):.1%} of requests served cold, against "
+                  f"{self._share(self.home):.1%} under {self.names[0]}; "
+                  if t is None and self.leader != self.names[0] else "")
+        return (f"expert {self.leader} leads ({trial}{course}its victims' returns cost {self.per_request():.4f} cold "
                 f"requests per request; against the others' on this fleet, decayed: {parts})")
 
     def describe(self) -> dict[str, object]:
         return {"leader": self.leader, "switches": self.switches, "reverts": self.reverts,
                 "on_trial": self.trial is not None, "per_request": round(self.per_request(), 5),
+                "cold_share": {"course": round(self._share(self.course), 4), "home": round(self._share(self.home), 4)},
                 "settled": self.settled,
                 "open_duels": len(self.duels),
                 "won": {n: round(v, 2) for n, v in self.won.items()},
