@@ -43,7 +43,7 @@ dropped went first whatever its traffic (forced to lead on ServeGen 24 h × 16 s
 gave 57,759 cold starts with the ghost's keys, 55,319 with the real ones; prewarm's own 51,213).
 The layer is on by default (PolicyConfig.no_regret; PREWARM_NO_REGRET=0, `simulate --no-regret off` turn it
 off): on the whole sweep it is within 1 % of off at every point, and on a trace built like the one the issue keeps
-outside the project (60 ServeGen streams, 2–7 GiB models, 14 days, 1 / 2 / 4 × 40 GiB) within 0.6 %. It was off
+outside the project (60 ServeGen streams, 2–7 GiB models, 14 days, 1 / 2 / 4 × 40 GiB) within 0.2 %. It was off
 for a while: the count it took new requests from halved with a busy model's histogram (TrafficHistory.total), so
 it saw 102,269 of those 1,817,083 requests, greedy-dual's real keys stopped counting the busy models, and the
 layer led that fleet to 4.8× the cold starts of prewarm's own order (docs/simulation.md, "The layer on
