@@ -9,7 +9,8 @@ It keeps every `every`-th row of the `top` busiest (so popularity still varies; 
 ServeGen streams, 1.8 M requests over 14 days) as they are, and gives each model a size drawn uniformly from
 `min_gib`-`max_gib` GiB, seeded by its name, with the profiles' load-time rule (1.5 s + size at 2 GiB/s + 0.1 s
 per GiB, simulator.trace.default_load_seconds). On it the no-regret layer once cost 5x the cold starts of
-prewarm's own order (docs/simulation.md, "The layer off by default").
+prewarm's own order, while the request count it read halved with busy models' histograms (docs/simulation.md,
+"The layer off by default" and "The layer on again").
 """
 
 from __future__ import annotations

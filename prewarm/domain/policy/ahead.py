@@ -127,11 +127,15 @@ class AheadRecord:
         if self.pending.get(b.target) == i:
             del self.pending[b.target]
         for m in (b.target, *b.victims):
-            s = self.by_model.get(m)
-            if s is not None:
-                s.discard(i)
-                if not s:
-                    del self.by_model[m]
+            self._unlink(i, m)
+
+    def _unlink(self, i: int, m: str) -> None:
+        """Bet i no longer settles on requests for m."""
+        s = self.by_model.get(m)
+        if s is not None:
+            s.discard(i)
+            if not s:
+                del self.by_model[m]
 
     def gone(self, target: str) -> None:
         """The replica a load ahead made of `target` was evicted before `target` was asked for: the bet can no
@@ -141,11 +145,7 @@ class AheadRecord:
         if i is None or self.bets[i].shadow:
             return
         del self.pending[target]
-        s = self.by_model.get(target)
-        if s is not None:
-            s.discard(i)
-            if not s:
-                del self.by_model[target]
+        self._unlink(i, target)
         self.bets[i].target = ""  # settled by its victims alone; _close finds no target to unlink
 
     def _lose(self, c: float) -> None:
