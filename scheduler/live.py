@@ -243,7 +243,7 @@ class Scheduler:
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
             "left_out": ",".join(sorted(result.left_out)), "expert": self._expert(),
-            "loads_ahead": self._loads_ahead(),
+            "loads_ahead": self._loads_ahead(), "fills": self._fills(),
             "failover_hold": "1" if self.failover.holding(now) else "0"})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
@@ -261,6 +261,14 @@ class Scheduler:
         if st is None or not self.config.ahead_gate:
             return ""
         return str(st.ahead.why())
+
+    def _fills(self) -> str:
+        """Whether the fill takes all free memory on this traffic, and the first-request record behind it
+        (firsts.py), else ""."""
+        st = getattr(self.policy, "state", None)
+        if st is None or not self.config.fill_free_memory:
+            return ""
+        return str(st.firsts.why())
 
     def _drain_round(self, fleet: state.Fleet, now: float) -> list[drain.Replacement]:
         """services.drain's round: replacements for the draining nodes' replicas that need a home."""

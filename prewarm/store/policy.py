@@ -40,8 +40,10 @@ def running(r: redis.Redis) -> Running | None:
     return Running(h["name"], since, h.get("scheduler", ""))
 
 
-def judgement(r: redis.Redis) -> tuple[str, str]:
-    """(which expert's eviction order leads and why, whether loads ahead go on and why), as the leader wrote
-    them at its last tick; "" each where its policy has no such layer (or no tick yet)."""
-    expert, ahead = r.hmget(keys.SCHEDULER_STATUS, ["expert", "loads_ahead"])
-    return ((expert or b"").decode(errors="replace"), (ahead or b"").decode(errors="replace"))
+def judgement(r: redis.Redis) -> tuple[str, str, str]:
+    """(which expert's eviction order leads and why, whether loads ahead go on and why, whether fills take all
+    free memory and why), as the leader wrote them at its last tick; "" each where its policy has no such
+    record (or no tick yet)."""
+    got = r.hmget(keys.SCHEDULER_STATUS, ["expert", "loads_ahead", "fills"])
+    expert, ahead, fills = ((v or b"").decode(errors="replace") for v in got)
+    return expert, ahead, fills

@@ -283,15 +283,19 @@ def test_the_fleet_says_which_expert_orders_evictions_and_whether_loads_ahead_go
     hash, written each tick: test_scheduler_isolation), in /api/fleet and on the console's fleet page."""
     publish_gpu(r, GPU_A)
     assert client.get("/api/fleet").get_json()["policy"]["expert"] == ""  # no scheduler has led yet
+    assert client.get("/api/fleet").get_json()["policy"]["fills"] == ""
     assert 'id="expert-line"' not in client.get("/fleet").get_data(as_text=True)
     running_policy.swap(r, "prewarm", "s1")
     why = "expert lru leads (lru on trial against prewarm in turns (prewarm's victims cost 0.2000, lru's 0.1000)"
-    r.hset(keys.SCHEDULER_STATUS, mapping={"expert": why, "loads_ahead": "loads ahead held back: on this traffic"})
+    fills = "fills keep to the speculative share: 1.0 asked for while resident, 5.0 evicted unasked (decayed)"
+    r.hset(keys.SCHEDULER_STATUS, mapping={"expert": why, "loads_ahead": "loads ahead held back: on this traffic",
+                                           "fills": fills})
     policy = client.get("/api/fleet").get_json()["policy"]
     assert policy["expert"] == why and policy["loads_ahead"].startswith("loads ahead held back")
+    assert policy["fills"] == fills
     page = client.get("/fleet").get_data(as_text=True)
     assert "eviction order: expert lru leads (lru on trial against prewarm" in page
-    assert "loads ahead held back" in page
+    assert "loads ahead held back" in page and 'id="fills-line"' in page and fills in page
 
 
 def test_a_gpu_whose_heartbeat_is_late_is_marked_in_the_fleet(client: FlaskClient, r: redis.Redis) -> None:

@@ -318,6 +318,41 @@ def test_the_idle_budget_evicts_the_least_valuable_idle_replicas_until_within_it
     assert w.ready("q_small") == ["n1/cuda:0"] and w.ready("busy") == ["n1/cuda:0"]
 
 
+def test_where_first_requests_come_often_a_fill_outranks_a_quiet_resident() -> None:
+    """idle_world, and ten 20 GiB models (too large to fill) never requested. For half an hour from 3 h, one of
+    them gets its first request every 5 minutes: the first-request record (firsts.py) then values an
+    unrequested model above q_big and q_small (requested once, 3 h ago). A first request for new (5 GiB, 3 GiB
+    free) evicts q_big only and keeps never (the fill). With first_request_value off, never is worth 0 and goes
+    first, then q_big, as in test_a_load_that_needs_memory_takes_the_idle_replicas_first_least_valuable_first."""
+    def world(cfg: PolicyConfig) -> World:
+        w = idle_world(cfg)
+        w.models.update({f"u{i}": spec(f"u{i}", 20) for i in range(10)})
+        arrivals = {10800 + 300 * (i + 1): [(f"u{i}", 1)] for i in range(6)}
+        w.run(10800.0, 12600.0, arrivals)
+        assert not any(isinstance(a, Evict) for _t, a in w.log)
+        w.traffic.add("new", 12601.0)
+        return w
+
+    w = world(CFG)
+    assert w.state is not None and w.state.firsts.rate() > 1e-4  # per second per unrequested model
+    assert [(type(a).__name__, a.model) for a in w.tick(12601.5)] == [("Evict", "q_big"), ("Preload", "new")]
+    w = world(PolicyConfig(first_request_value=False))
+    assert [(type(a).__name__, a.model) for a in w.tick(12601.5)] == [
+        ("Evict", "never"), ("Evict", "q_big"), ("Preload", "new")]
+
+
+def test_while_fills_do_not_pay_the_fill_keeps_to_the_speculative_share() -> None:
+    """fill_world(20): with fills evicted unasked on record (more than were asked for while resident), the fill's
+    room is speculative_share (60 % = 12 GiB, 7 GiB after c) instead of all free memory (15 GiB)."""
+    w = fill_world(20)
+    assert [a.model for a in w.tick(0.0)] == ["c"]
+    assert w.state is not None
+    w.state.firsts.wasted = 6.0
+    w.state.firsts.used = 2.0
+    acts = w.tick(1.0)
+    assert [a.model for a in acts] == ["b"] and acts[0].numbers["room_gib"] == pytest.approx(7.0)
+
+
 def fill_world(gib: float, cfg: PolicyConfig = CFG) -> World:
     """One GPU and three models never requested: a (1 GiB, 3 s), b (2 GiB, 2 s), c (5 GiB, 1 s)."""
     return World([spec("a", 1, load_s=3.0), spec("b", 2, load_s=2.0), spec("c", 5, load_s=1.0)],
@@ -325,24 +360,24 @@ def fill_world(gib: float, cfg: PolicyConfig = CFG) -> World:
 
 
 def test_ample_free_memory_takes_unrequested_models_shortest_load_first_one_per_idle_link() -> None:
-    """20 GiB: the fill's room is speculative_share (60 %) = 12 GiB, which holds all three (8 GiB):
-    c (the shortest load) at 0 s; while it loads the link is busy, so nothing more; then b at 1 s
-    (c ready), a at 3 s (b ready)."""
+    """20 GiB: the fill's room is all free memory (fill_share; no fill outcome on record yet), which holds all
+    three (8 GiB): c (the shortest load) at 0 s; while it loads the link is busy, so nothing more; then b at 1 s
+    (c ready; 15 GiB free), a at 3 s (b ready)."""
     w = fill_world(20)
     assert [(a.model, a.kind) for a in w.tick(0.0)] == [("c", "fill")]
     assert w.tick(0.5) == []  # c loading: the link is not idle
     acts = w.tick(1.0)
     assert [(a.model, a.kind) for a in acts] == [("b", "fill")]
-    assert acts[0].numbers["room_gib"] == pytest.approx(7.0) and "no request yet" in acts[0].reason
+    assert acts[0].numbers["room_gib"] == pytest.approx(15.0) and "no request yet" in acts[0].reason
     assert [a.model for a in w.tick(3.0)] == ["a"]
     assert w.tick(6.0) == []
 
 
 def test_where_memory_holds_some_unrequested_models_the_fill_takes_what_fits_shortest_load_first() -> None:
-    """Issue 26, item 3. 10 GiB: room 6 GiB (60 %) < the 8 GiB of unrequested models: c (5 GiB, the
-    shortest load) at 0 s; 1 GiB left: b (2 GiB) does not fit, a (1 GiB) does, at 1 s; then nothing.
+    """Issue 26, item 3. 6.5 GiB: room 6.5 GiB < the 8 GiB of unrequested models: c (5 GiB, the
+    shortest load) at 0 s; 1.5 GiB left: b (2 GiB) does not fit, a (1 GiB) does, at 1 s; then nothing.
     On 20 GiB an idle-memory budget of 35 % (7 GiB) bounds it the same way: c, then b (2 GiB)."""
-    w = fill_world(10)
+    w = fill_world(6.5)
     assert [(a.model, a.kind) for a in w.tick(0.0)] == [("c", "fill")]
     assert [(a.model, a.kind) for a in w.tick(1.0)] == [("a", "fill")]
     assert w.tick(4.0) == [] and w.tick(6.0) == []
@@ -353,11 +388,13 @@ def test_where_memory_holds_some_unrequested_models_the_fill_takes_what_fits_sho
 
 
 def test_fill_replicas_are_the_first_victims_and_are_not_filled_again() -> None:
-    """The fills c (5 GiB) and e (1 GiB) on a 10 GiB GPU; e is then requested. A first request for d
-    (5 GiB, 4 GiB free) evicts c (never requested: the first victim), not e. A model evicted unrequested
-    is not filled again: on a fresh 20 GiB GPU with c's eviction on record the fill skips it."""
+    """The fills c (5 GiB) and e (1 GiB) on a 10 GiB GPU (the fill held to 60 %: fill_share); e is then
+    requested. A first request for d (5 GiB, 4 GiB free) evicts c (never requested: the first victim), not e.
+    A model evicted unrequested is not filled again: on a fresh 20 GiB GPU with c's eviction on record the fill
+    skips it."""
     w = World([spec("a", 1, load_s=3.0), spec("b", 2, load_s=2.0), spec("c", 5, load_s=1.0),
-               spec("d", 5, load_s=1.0), spec("e", 1, load_s=1.0)], [gpu("n1/cuda:0", 10)])
+               spec("d", 5, load_s=1.0), spec("e", 1, load_s=1.0)], [gpu("n1/cuda:0", 10)],
+              cfg=PolicyConfig(fill_share=0.6))
     assert [a.model for a in w.tick(0.0)] == ["c"]
     assert [a.model for a in w.tick(1.0)] == ["e"]
     w.traffic.add("e", 10.0)
@@ -581,9 +618,9 @@ def test_plan_is_deterministic_and_state_is_only_a_cache() -> None:
                             recent_evictions=s.recent_evictions, config=s.config)
 
     logs = []
-    # the no-regret layer's record is the one part of the state that is not a cache (a fresh state has no
-    # record): off here, so that everything else is shown to be one
-    cfg = PolicyConfig(no_regret=False)
+    # the no-regret layer's and the first-request records are the parts of the state that are not a cache (a
+    # fresh state has no record): off here, so that everything else is shown to be one
+    cfg = PolicyConfig(no_regret=False, first_request_value=False, fill_share=0.6)
     for cls, keep in ((World, True), (World, True), (World, False), (LiveStyle, True)):
         w = cls(models, [gpu("a/cuda:0", 6), gpu("b/cuda:0", 6)], cfg=cfg, keep_state=keep)
         w.run(0.0, 4 * 3600.0, arrivals)

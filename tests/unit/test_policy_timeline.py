@@ -13,7 +13,9 @@ from tests.unit.test_policy import World, gpu, spec
 
 # the no-regret layer off: its record is the one part of the state that is not a cache (a fresh state has none)
 # the no-regret layer and the loads-ahead record are records, not caches: a fresh state has neither
-CFG = PolicyConfig(tick_s=6.0, no_regret=False, ahead_gate=False)
+# the records that are not caches (the no-regret layer's, the loads-ahead and first-request records: a fresh state
+# has none) are off, so that the rest is shown to be a cache
+CFG = PolicyConfig(tick_s=6.0, no_regret=False, ahead_gate=False, first_request_value=False, fill_share=0.6)
 
 
 def _traffic(rnd: random.Random, models: list[str], seconds: int) -> dict[int, list[tuple[str, int]]]:

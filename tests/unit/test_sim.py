@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from prewarm.domain.policy import Stage, Unstage
+from prewarm.domain.policy import PolicyConfig, Stage, Unstage
 from simulator.cli import main as cli_main
 from simulator.cli import simulate
 from simulator.engine import Simulation
@@ -31,12 +31,13 @@ def trace(events: list[tuple[float, str]], span: float | None = None) -> Trace:
 
 
 def run(policy: str, events: list[tuple[float, str]], sizes_gib: dict[str, float], load_s: dict[str, float],
-        gpus: int = 1, gpu_gib: float = 2.0, contention: str = "none", span: float | None = None) -> Simulation:
+        gpus: int = 1, gpu_gib: float = 2.0, contention: str = "none", span: float | None = None,
+        config: PolicyConfig | None = None) -> Simulation:
     tr = trace(events, span)
     sizes = np.array([int(sizes_gib[m] * GIB) for m in tr.models], dtype=np.int64)
     loads = np.array([load_s[m] for m in tr.models], dtype=float)
     sim = Simulation(tr, sizes, loads, gpus, int(gpu_gib * GIB), contention)
-    sim.run(POLICIES[policy]())
+    sim.run(POLICIES[policy]() if config is None else POLICIES[policy](config))  # type: ignore[call-arg]
     return sim
 
 
@@ -252,9 +253,9 @@ def test_requests_still_waiting_when_the_trace_ends_are_served_by_later_ticks() 
     """A and B (1 GiB, 10 s loads) are asked for at 99.5 s of a 100 s trace on a 1 GiB GPU. A loads
     on its miss; B waits: A is ready at 109.5 s and evictable at 109.5 + 10 (min residency), so the
     tick at 110 s evicts it and loads B, ready at 120 s. Before, ticks stopped at the trace's end and
-    B's request counted as never served."""
+    B's request counted as never served. (No fill: it would have loaded A or B into the empty GPU long before.)"""
     sim = run("prewarm", [(99.5, "A"), (99.5, "B")], {"A": 1.0, "B": 1.0}, {"A": 10.0, "B": 10.0},
-              gpu_gib=1.0, span=100.0)
+              gpu_gib=1.0, span=100.0, config=PolicyConfig(fill_free_memory=False))
     assert sim.results()["unserved"] == 0
     assert sorted(sim.waits) == pytest.approx([10.0, 20.5])
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .ahead import AheadRecord
 from .arrivals import ArrivalModel
 from .experts import Experts
+from .firsts import FirstRequests
 from .types import ModelSpec, PolicyConfig
 
 
@@ -64,6 +65,9 @@ class PolicyState:
     # the catalog's models with no request yet, (load s, model) shortest first, and their ids
     unrequested: list[tuple[float, str]] = field(default_factory=list)
     unrequested_ids: set[str] = field(default_factory=set)
+    # how often they get their first request, and whether fills are asked for before they go (firsts.py): a
+    # record, not a cache, as the no-regret layer's and the loads-ahead records below
+    firsts: FirstRequests = field(default_factory=FirstRequests)
     # the catalog's models with a max_replica_age (refresh.py), and the models mapping they were read from
     aged: tuple[str, ...] = ()
     aged_of: Mapping[str, ModelSpec] | None = None

@@ -34,6 +34,8 @@ class PlanCall(Values):
         self.fleet.evict(r, self.is_speculative(r))
         if self.fleet.count(r.model) == 0:
             self.st.ahead.gone(r.model)  # a load ahead evicted unused can no longer win its bet (ahead.py)
+            if self.tr.last_arrival(r.model) is None:
+                self.st.firsts.wasted += 1.0  # a fill evicted before its first request (firsts.py)
         if self.cfg.no_regret:  # greedy-dual's clock and frequencies follow the real fleet (experts.py)
             self.st.experts.gd.evicted(r.model, self.fleet.count(r.model) == 0)
         self.evicted_now.append(r.model)

@@ -30,9 +30,11 @@ Order of work in one call (each step sees the tentative effect of the previous o
    back while the record says they saved less than `prefetch_margin` times what they cost;
 6b. refresh (refresh.py): a replica older than its model's max_replica_age is replaced
    make-before-break: a fresh replica loads where room and a link are free, then the old one goes;
-7. fill: free memory up to speculative_share of each GPU takes catalog models not requested yet,
-   what fits, one per idle link, shortest load first, while no request waits: a first request need not
-   be cold; they are the first victims, and one evicted unrequested is not filled again (steps.step_fill);
+7. fill: free memory takes catalog models not requested yet (all of it while fills pay on this traffic,
+   else up to speculative_share of each GPU: firsts.py), what fits, one per idle link, shortest load first,
+   while no request waits: a first request need not be cold. A fill is worth the measured rate of first
+   requests (firsts.py), so it goes before every resident worth more and after the quiet ones worth less;
+   one evicted unrequested is not filled again (steps.step_fill);
 8. staging tier (only when the snapshot has host caches): models this call evicted and hot models
    that got no GPU are staged in a node's host memory, best value per byte first, replacing staged
    models worth `stage_margin` times less; a load of a staged model goes to its node (a promotion,

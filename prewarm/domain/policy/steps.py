@@ -306,20 +306,27 @@ def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
     takes what fits). `unrequested`: (load time, model) of the catalog's models with no request yet,
     shortest first: with no traffic one is as likely to be asked for as another, so the shortest load
     buys the most first requests per second of link time (and frees its link soonest for a demand
-    load that may come while it runs). Only into memory no load needs (no eviction; a GPU at most
-    speculative_share full after the load, within the idle-memory budget), one load per GPU whose
-    link is idle, and only while no request waits for a replica: a fill load must not take bandwidth
-    from a demand load, and one still loading when a demand load comes to its GPU is cancelled
-    (PlanCall.yield_link). A fill replica is the first victim of every eviction order (never requested:
-    value 0; and first whatever the no-regret layer's leader), so it costs a later load nothing but
-    its link time; a model filled once and evicted unrequested is not filled again (its eviction is
-    in `recent_evictions`: the room it had is one loads need)."""
+    load that may come while it runs). Only into memory no load needs (no eviction; within the
+    idle-memory budget; a GPU at most fill_share full after the load while fills pay on this traffic,
+    speculative_share full while they do not: firsts.py), one load per GPU whose link is idle, and only
+    while no request waits for a replica: a fill load must not take bandwidth from a demand load, and one
+    still loading when a demand load comes to its GPU is cancelled (PlanCall.yield_link). In prewarm's
+    order a fill replica is worth the measured rate of first requests (PolicyConfig.first_request_value):
+    it goes before every resident worth more, so it costs a later load nothing but its link time, and
+    after the quiet residents less likely to be asked for than an unrequested model is (in the other
+    experts' orders it is first, as a never-requested model). A model filled once and evicted unrequested
+    is not filled again (its eviction is in `recent_evictions`: the room it had is one loads need)."""
     cfg = pl.cfg
     f = pl.fleet
     idle = [g for g in sorted(f.gpus) if f.loading[g] == 0]
     if not idle or pl.s.waiting:
         return
     budget = cfg.idle_memory_budget
+    # all free memory while fills pay on this traffic, else the speculative share (firsts.py)
+    share = cfg.fill_share if pl.st.firsts.fills_pay() else min(cfg.fill_share, cfg.speculative_share)
+    # the record behind it, where it decides something (a fresh state has none: it is no cache)
+    decides = cfg.fill_share > cfg.speculative_share or cfg.first_request_value
+    record = f"; {pl.st.firsts.why()}" if decides else ""
     evicted = pl.s.recent_evictions
     # the candidates, once for all GPUs: a few per idle link (the list may hold thousands)
     cands: list[tuple[float, str]] = []
@@ -333,7 +340,7 @@ def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
         if not cands:
             break
         total = f.gpus[gid].total_bytes
-        room: float = min(float(f.avail(gid)), cfg.speculative_share * total - f.used[gid])
+        room: float = min(float(f.avail(gid)), share * total - f.used[gid])
         if budget is not None:
             held = sum(r.bytes for m, r in f.on_gpu[gid].items()
                        if (m, gid) not in f.evicting and not pl.expects_demand(m))
@@ -347,6 +354,7 @@ def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
             pl.do_preload(spec, gid, "fill",
                           f"{gid} has {room / GIB:.1f} GiB no load needs and an idle link; {m} has no "
                           f"request yet (the shortest load that fits, {ld:.1f} s, of the catalog's "
-                          f"unrequested models) → preload on {gid}", {"load_s": ld, "room_gib": room / GIB})
+                          f"unrequested models{record}) → preload on {gid}",
+                          {"load_s": ld, "room_gib": room / GIB, "fill_share": share})
             del cands[i]
             break

@@ -14,6 +14,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 
+from .firsts import FirstRequests
 from .types import ModelSpec
 from .value import Values, load_seconds
 
@@ -128,6 +129,8 @@ def advance(pl: Values) -> None:
         st.unrequested = sorted((load_seconds(sp, pl.cfg), m) for m, sp in snap.models.items()
                                 if tr.last_arrival(m) is None)
         st.unrequested_ids = {m for _ld, m in st.unrequested}
+        st.firsts = FirstRequests()
+        st.firsts.observe(now, 0, len(st.unrequested), pl.cfg.expert_halflife_s)
     else:
         since = tr.changed_since(st.seq)
         changed = tr.models() if since is None else since
@@ -136,6 +139,10 @@ def advance(pl: Values) -> None:
         if asked:
             st.unrequested = [x for x in st.unrequested if x[1] not in asked]
             st.unrequested_ids -= asked
+        st.firsts.observe(now, len(asked), len(st.unrequested), pl.cfg.expert_halflife_s)
+        if asked:
+            of_model = pl.fleet.of_model
+            st.firsts.used += sum(1 for m in asked if of_model.get(m))  # a fill (or a floor) met its first request
         if st.models is not snap.models:
             # (held, not just its id: a freed mapping's id can be reused by the next one)
             assert st.models is not None

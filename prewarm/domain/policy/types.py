@@ -60,12 +60,23 @@ class PolicyConfig:
     # the least valuable go first. None: unlimited (PREWARM_IDLE_MEMORY_BUDGET).
     idle_memory_budget: float | None = None
     # Free memory no load needs takes catalog models never requested, shortest load first, one per
-    # idle link while no request waits (a first request need not be cold; they are the first victims)
+    # idle link while no request waits (a first request need not be cold; see fill_share, first_request_value)
     fill_free_memory: bool = True
     # A fill loading on a GPU that a demand load goes to is cancelled (an Evict of kind "yield"), and a GPU whose
     # link carries only fills counts as idle for a demand load: a guess must not halve a demand load's
     # bandwidth (PlanCall.yield_link; measured in docs/simulation.md, "Fills give way to demand loads")
     fill_yields: bool = True
+    # The fill takes free memory up to this share of a GPU while fills pay on this traffic (firsts.py: at least as
+    # many asked for while resident as evicted unasked, decayed), and up to speculative_share while they do not.
+    # Fixed at speculative_share, most first requests on Azure 1,350 × 32 came cold (1,762 cold starts; oracle
+    # 930); all free memory always cost ServeGen × 32 and Azure 1,350 × 16 up to 1.6 % (docs/simulation.md,
+    # "First requests, valued and measured")
+    fill_share: float = 1.0
+    # In prewarm's value order a model never requested is worth the rate at which the catalog's never-requested
+    # models get their first request (firsts.py), not 0: a fill outranks a resident that is less likely to be
+    # asked for than an unrequested model is (Azure: 0.05-0.35 per hour; ServeGen: 0.01-0.04). Off: 0, so fills
+    # are the first victims of prewarm's order as of every other expert's
+    first_request_value: bool = True
     prefetch_margin: float = 2.0  # speculative load must be worth this many times what it evicts
     # Partners (partners.py): a model that starts (its first request, or one after partner_gap_s idle)
     # is a sign for the models that started within partner_window_s of at least partner_min_count and

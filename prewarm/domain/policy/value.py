@@ -142,8 +142,13 @@ class Values:
         if e is None or e.spec is not spec or e.cell != int(max(0.0, now - e.anchor) // self.grid_s):
             e = self.value_inputs(model, spec)
             if e is None:  # never requested, or dropped from the catalog
-                self._loss[model] = 0.0
-                return 0.0
+                first = 0.0
+                if spec is not None and self.cfg.first_request_value and self.tr.last_arrival(model) is None:
+                    # as likely to be asked for as any unrequested model (firsts.py); the link term as below
+                    link = self._link_rate if self._link_rate is not None else self.link_rate()
+                    first = self.st.firsts.rate() * (1.0 + link * load_seconds(spec, self.cfg))
+                self._loss[model] = first
+                return first
         # return rate: the idle-time model's, or the measured recent rate if higher (the
         # histogram's 1-minute bins cannot tell 1 request/s from 1 every 30 s)
         if now >= e.steady_from:
