@@ -101,7 +101,8 @@ class PolicyConfig:
     # Judged by ghost fleets' misses instead (expert_duels=False), ServeGen 72 h × 16 seed 0: greedy-dual led
     # the ghosts by 18 % and following it gave +15 %. See docs/simulation.md.
     # On 60 ServeGen streams with 2-7 GiB models, 14 days, 1 / 2 / 4 GPUs of 40 GiB: 175,551 / 32,027 / 1,741 cold
-    # starts with the layer, 175,551 / 31,963 / 1,738 without (FaasCache 482,848 / 46,910 / 6,191). It had been
+    # starts with the layer, 175,551 / 31,963 / 1,738 without (FaasCache 482,848 / 46,910 / 6,191; with the
+    # first-request rules above, fill_share and first_request_value, 175,602 / 32,036 / 1,756). It had been
     # 843,055 on one GPU while the layer's request count halved with busy models' histograms (history.py).
     no_regret: bool = True
     expert_halflife_s: float = 3600.0
