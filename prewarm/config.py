@@ -266,6 +266,9 @@ class Settings:
     max_demand_wait: float | None = None
     # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py, duels.py): on unless set to 0
     no_regret: bool = True
+    # PREWARM_FILL_SHARE: the share of each GPU the fill of never-requested models may take while fills pay
+    # (PolicyConfig.fill_share; firsts.py); 0: no fill
+    fill_share: float = 1.0
     # signs console session cookies; None: a random key kept in Redis (keys.SESSION_SECRET)
     secret_key: str | None = None
     # wrong tries of the admin token (console login or API bearer), and apart of the hook token, allowed
@@ -323,6 +326,7 @@ class Settings:
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
             no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
+            fill_share=env_float(e, "PREWARM_FILL_SHARE", 1.0),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),
             login_max_failures_global=env_int(e, "PREWARM_LOGIN_MAX_FAILURES_GLOBAL", 100),
@@ -367,6 +371,9 @@ class Settings:
         if not 0.0 <= self.speculative_share <= 1.0:
             raise ConfigError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")
+        if not 0.0 <= self.fill_share <= 1.0:
+            raise ConfigError(f"PREWARM_FILL_SHARE={self.fill_share}: write a share from 0 to 1, e.g. 1 (all free "
+                             "memory while fills pay) or 0 (no fill)")
         if self.secret_key is not None and len(self.secret_key) < MIN_SECRET_KEY_CHARS:
             raise ConfigError(f"PREWARM_SECRET_KEY: {len(self.secret_key)} characters is too short to sign "
                              f"sessions; use at least {MIN_SECRET_KEY_CHARS} random characters, e.g. the output of "

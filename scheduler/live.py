@@ -94,7 +94,8 @@ class Scheduler:
                                              max_loads_per_gpu=ctx.settings.max_loads_per_gpu,
                                              idle_memory_budget=ctx.settings.idle_memory_budget,
                                              overdue_wait_s=ctx.settings.max_demand_wait,
-                                             no_regret=ctx.settings.no_regret)
+                                             no_regret=ctx.settings.no_regret,
+                                             fill_share=ctx.settings.fill_share)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
         self.failover = FailoverGuard(ctx, self.ident)  # a Redis failover: hold, reconcile (scheduler.failover)

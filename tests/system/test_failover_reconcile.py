@@ -31,7 +31,8 @@ TTL = 3.0
 def ctx(redis_url: str, tmp_path: Path) -> Context:
     catalog = write_sized_catalog(tmp_path / "models", {"alpha": 16 * MIB, "beta": 16 * MIB})
     env = {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_LEADER_TTL": "5",
-           "PREWARM_HEARTBEAT_TTL": str(TTL), "PREWARM_SPECULATIVE_SHARE": "0",  # plans nothing by itself
+           "PREWARM_HEARTBEAT_TTL": str(TTL), "PREWARM_SPECULATIVE_SHARE": "0",
+           "PREWARM_FILL_SHARE": "0",  # plans nothing by itself
            "PREWARM_DATA_DIR": str(tmp_path / "var")}
     return Context(Settings.from_env(env))
 

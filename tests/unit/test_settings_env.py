@@ -15,6 +15,11 @@ def test_durations_take_units() -> None:
     assert Settings.from_env({}).tick_seconds == 2.0  # unset: the default
 
 
+def test_the_fill_share_is_a_setting_default_all_free_memory() -> None:
+    assert Settings.from_env({}).fill_share == 1.0
+    assert Settings.from_env({"PREWARM_FILL_SHARE": "0"}).fill_share == 0.0
+
+
 @pytest.mark.parametrize("name, raw, words", [
     ("PREWARM_TICK_SECONDS", "2x", "PREWARM_TICK_SECONDS='2x': cannot read '2x' as a duration"),
     ("PREWARM_TICK_SECONDS", "0", "PREWARM_TICK_SECONDS='0': write a duration above 0"),
@@ -23,6 +28,8 @@ def test_durations_take_units() -> None:
     ("PREWARM_MAX_LOADS_PER_GPU", "0", "PREWARM_MAX_LOADS_PER_GPU='0': write a whole number of 1 or more"),
     ("PREWARM_EVENT_LOG_MAX", "5e3", "PREWARM_EVENT_LOG_MAX='5e3': write a whole number"),
     ("PREWARM_SPECULATIVE_SHARE", "nan", "PREWARM_SPECULATIVE_SHARE='nan': write a finite number"),
+    ("PREWARM_FILL_SHARE", "all", "PREWARM_FILL_SHARE='all': write a number"),
+    ("PREWARM_FILL_SHARE", "1.5", "PREWARM_FILL_SHARE=1.5: write a share from 0 to 1"),
     ("PREWARM_GPU_HOUR_COST", "two", "PREWARM_GPU_HOUR_COST='two': write a number"),
 ])
 def test_a_bad_value_is_refused_naming_its_variable(name: str, raw: str, words: str) -> None:
