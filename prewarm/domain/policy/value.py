@@ -145,8 +145,7 @@ class Values:
                 first = 0.0
                 if spec is not None and self.cfg.first_request_value and self.tr.last_arrival(model) is None:
                     # as likely to be asked for as any unrequested model (firsts.py); the link term as below
-                    link = self._link_rate if self._link_rate is not None else self.link_rate()
-                    first = self.st.firsts.rate() * (1.0 + link * load_seconds(spec, self.cfg))
+                    first = self.st.firsts.rate() * (1.0 + self.link_rate() * load_seconds(spec, self.cfg))
                 self._loss[model] = first
                 return first
         # return rate: the idle-time model's, or the measured recent rate if higher (the
