@@ -51,6 +51,14 @@ class FirstRequests:
         self.last_now = max(self.last_now, now)
         self.unrequested = unrequested
 
+    def fills_asked(self, n: int) -> None:
+        """`n` fill replicas (or floors) met their model's first request while resident."""
+        self.used += n
+
+    def fill_evicted(self) -> None:
+        """A never-requested model's last replica was evicted or cancelled before its first request."""
+        self.wasted += 1.0
+
     def fills_pay(self) -> bool:
         """Whether fills pay on this traffic: at least as many asked for while resident as evicted (or cancelled)
         unasked; with fewer than MIN_SCORED outcomes on record, they do."""

@@ -35,7 +35,7 @@ class PlanCall(Values):
         if self.fleet.count(r.model) == 0:
             self.st.ahead.gone(r.model)  # a load ahead evicted unused can no longer win its bet (ahead.py)
             if self.tr.last_arrival(r.model) is None:
-                self.st.firsts.wasted += 1.0  # a fill evicted before its first request (firsts.py)
+                self.st.firsts.fill_evicted()  # before its first request (firsts.py)
         if self.cfg.no_regret:  # greedy-dual's clock and frequencies follow the real fleet (experts.py)
             self.st.experts.gd.evicted(r.model, self.fleet.count(r.model) == 0)
         self.evicted_now.append(r.model)

@@ -142,7 +142,7 @@ def advance(pl: Values) -> None:
         st.firsts.observe(now, len(asked), len(st.unrequested), pl.cfg.expert_halflife_s)
         if asked:
             of_model = pl.fleet.of_model
-            st.firsts.used += sum(1 for m in asked if of_model.get(m))  # a fill (or a floor) met its first request
+            st.firsts.fills_asked(sum(1 for m in asked if of_model.get(m)))
         if st.models is not snap.models:
             # (held, not just its id: a freed mapping's id can be reused by the next one)
             assert st.models is not None
