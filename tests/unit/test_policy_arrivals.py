@@ -146,3 +146,23 @@ def test_build_many_gives_each_model_bit_for_bit_what_the_per_model_build_gave(c
     assert all(_same(a, b) for a, b in zip(back[::-1], many, strict=True))
     # the models differ from one another (the comparison is not of constants)
     assert len({am.segments for am in many}) > 20 and len({am.p.tobytes() for am in many}) > 100
+
+
+@pytest.mark.parametrize("cfg", [
+    PolicyConfig(),
+    PolicyConfig(grid_s=60.0, hist_bins=120, window_s=30.0, p_prefetch=0.5, release_min_gap_s=90.0),
+    PolicyConfig(grid_s=10.0, hist_bin_s=30.0, hist_bins=60, tail_mean_s=600.0, prior_weight=0.5, p_release=0.2),
+    PolicyConfig(window_s=3000.0, tail_mean_s=900.0),  # the last fifth of the points read the tail
+])
+def test_the_one_model_path_gives_the_2d_paths_bits(cfg: PolicyConfig) -> None:
+    """A replay's tick rebuilds a model or two, in Python floats (_build_one); a starting scheduler builds
+    thousands in 2-D numpy (_build_rows): each model must come out the same either way."""
+    inputs = _histograms(random.Random(11), cfg.hist_bins, 600)
+    rows = arrivals._build_rows(inputs, arrivals._Grid(cfg))
+    ones = [arrivals._build_one(h, oob, ld, arrivals._grid_for(cfg)) for h, oob, ld in inputs]
+    assert [i for i, (a, b) in enumerate(zip(rows, ones, strict=True)) if not _same(a, b)] == []
+    # build_many takes the one-model path for a few models and the 2-D one for many: both meet the reference
+    few = inputs[:arrivals.ONE_BY_ONE]
+    assert all(_same(a, reference_build(h, oob, ld, cfg))
+               for (h, oob, ld), a in zip(few, arrivals.build_many(few, cfg), strict=True))
+    assert len({am.segments for am in ones}) > 20 and len({am.p.tobytes() for am in ones}) > 100

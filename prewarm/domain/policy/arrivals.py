@@ -17,6 +17,7 @@ per (histogram version, load time).
 from __future__ import annotations
 
 import math
+import struct
 from array import array
 from dataclasses import dataclass
 
@@ -81,6 +82,55 @@ class _Grid:
         self.grid_exact = lo == self.grid
         self.grid_den = self.edges[j + 1] - lo
         self.grid_dx = self.grid - lo
+        # the same numbers as Python floats, for the one-model path (_build_one)
+        self.prior_mass_l: list[float] = self.prior_mass.tolist()
+        self.grid_l: list[float] = self.grid.tolist()
+        self.edges_l: list[float] = self.edges.tolist()
+        self.grid_j_l: list[int] = j.tolist()
+        self.grid_exact_l: list[bool] = self.grid_exact.tolist()
+        self.grid_den_l: list[float] = self.grid_den.tolist()
+        self.grid_dx_l: list[float] = self.grid_dx.tolist()
+        self.need = max(1, int(math.ceil(cfg.release_min_gap_s / cfg.grid_s)))
+        self.row = struct.Struct(f"{len(self.grid_l)}d")  # a row of doubles: array("d", list) parses each
+        self.ahead: dict[float, _Ahead] = {}  # load seconds -> where the grid + lead + window falls
+
+    def ahead_for(self, load_s: float) -> _Ahead:
+        hit = self.ahead.get(load_s)
+        if hit is None:
+            if len(self.ahead) >= AHEAD_CACHE:
+                self.ahead.clear()  # a catalog's load times are few; a bound, not an eviction policy
+            hit = self.ahead[load_s] = _Ahead(self, load_s)
+        return hit
+
+
+# load times whose _Ahead is kept (each a few hundred numbers)
+AHEAD_CACHE = 4096
+
+
+class _Ahead:
+    """For one load time: the points grid + lead + window_s at which the one-model path reads the survival
+    function, worked out as _build_rows does (the row-free part of its _interp_rows, and the exponential
+    tail beyond the histogram's span, which only the lead decides)."""
+
+    def __init__(self, gd: _Grid, load_s: float) -> None:
+        cfg = gd.cfg
+        self.lead = load_s + cfg.tick_s + 5.0
+        x = gd.grid + self.lead + cfg.window_s  # the same operations as _build_rows's row, so the same bits
+        inside = x <= gd.span
+        self.m = int(inside.sum())  # x grows with the grid: the first m points lie inside the span
+        xi = x[:self.m]
+        n = len(gd.edges)
+        j = np.searchsorted(gd.edges, xi, side="right") - 1
+        at_edge = j >= n - 1
+        jc = np.clip(j, 0, n - 2)
+        lo = gd.edges[jc]
+        exact = at_edge | (lo == xi) | (j < 0)
+        # an exact point reads one edge's value: the first edge below the range, the last at its end
+        self.node: list[int] = np.where(j < 0, 0, np.where(at_edge, n - 1, jc)).tolist()
+        self.exact: list[bool] = exact.tolist()
+        self.den: list[float] = (gd.edges[jc + 1] - lo).tolist()
+        self.dx: list[float] = (xi - lo).tolist()
+        self.beyond: list[float] = np.exp(-np.maximum(x[self.m:] - gd.span, 0.0) / cfg.tail_mean_s).tolist()
 
 
 _grid: _Grid | None = None  # one config at a time in practice (the live scheduler's, or a simulation's)
@@ -113,10 +163,143 @@ def build_many(
     a starting scheduler builds 10,000 at once, where one by one cost ~30 numpy calls each. Row by row
     the arithmetic is the per-model formulas' (the same operations in the same order; np.interp's
     piecewise-linear rule is `_interp_rows`), so each model comes out bit for bit as built alone."""
+    gd = _grid_for(cfg)
+    if len(inputs) <= ONE_BY_ONE:
+        return [_build_one(h, oob, ld, gd) for h, oob, ld in inputs]
     out: list[ArrivalModel] = []
     for i in range(0, len(inputs), BATCH):
-        out.extend(_build_rows(inputs[i:i + BATCH], _grid_for(cfg)))
+        out.extend(_build_rows(inputs[i:i + BATCH], gd))
     return out
+
+
+# Up to this many models are built one by one in plain float arithmetic (_build_one): a replay's tick
+# rebuilds one or two models at a time, where the 2-D path's ~40 numpy calls cost more than the numbers.
+ONE_BY_ONE = 6
+
+
+def _doubles(row: struct.Struct, xs: list[float]) -> array[float]:
+    out = array("d")
+    out.frombytes(row.pack(*xs))
+    return out
+
+
+def _pairwise_sum(a: tuple[float, ...], lo: int, n: int) -> float:
+    """sum(a[lo:lo + n]) added up as numpy's add.reduce does (its pairwise summation: eight running sums
+    in blocks of at most 128, halves above), so that the total has the same bits as h.sum(axis=1)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = lo + 8
+        end = lo + n - n % 8
+        while i < end:
+            r0 += a[i]
+            r1 += a[i + 1]
+            r2 += a[i + 2]
+            r3 += a[i + 3]
+            r4 += a[i + 4]
+            r5 += a[i + 5]
+            r6 += a[i + 6]
+            r7 += a[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < lo + n:
+            res += a[i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)
+
+
+def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _Grid) -> ArrivalModel:
+    """_build_rows of one model in Python floats: the same operations in the same order on the same numbers
+    (sums reversed as numpy's cumsum adds, the total as its pairwise sum, the exponential tail from numpy's
+    exp in _Ahead), so the same bits; test_policy_arrivals.py holds the two paths to that."""
+    cfg = gd.cfg
+    nb = cfg.hist_bins
+    total = 0.0 if hist is None else _pairwise_sum(hist, 0, nb)
+    n = total + oob
+    w0 = cfg.prior_weight
+    denom = n + w0
+    tail_mass = (oob + w0 * gd.prior_oob) / denom
+    pm = gd.prior_mass_l
+    s_edges = [0.0] * (nb + 1)
+    acc = 0.0
+    for i in range(nb - 1, -1, -1):
+        acc += ((0.0 if hist is None else hist[i]) + pm[i]) / denom
+        s_edges[i] = acc + tail_mass
+    s_edges[nb] = 0.0 + tail_mass
+    ah = gd.ahead_for(load_s)
+    g = cfg.grid_s
+    nk = len(gd.grid_l)
+    gj, gexact, gden, gdx = gd.grid_j_l, gd.grid_exact_l, gd.grid_den_l, gd.grid_dx_l
+    node, aexact, aden, adx, beyond = ah.node, ah.exact, ah.den, ah.dx, ah.beyond
+    m = ah.m
+    s_d: list[float] = []
+    p: list[float] = []
+    for i in range(nk):
+        j = gj[i]
+        y0 = s_edges[j]
+        sd = y0 if gexact[i] else (s_edges[j + 1] - y0) / gden[i] * gdx[i] + y0
+        s_d.append(sd)
+        if i < m:
+            k = node[i]
+            yk = s_edges[k]
+            sa = yk if aexact[i] else (s_edges[k + 1] - yk) / aden[i] * adx[i] + yk
+        else:
+            sa = tail_mass * beyond[i - m]
+        p.append((sd - sa) / sd if sd > 1e-12 else 0.0)
+    p_tail = 1.0 - math.exp(-(ah.lead + cfg.window_s) / cfg.tail_mean_s) if tail_mass > 1e-12 else 0.0
+
+    # From the end: the mean residual life (trapezoids of S summed backwards as numpy's cumsum of the
+    # reversed row, plus the tail) and the labels as _build_rows gives them: 1 hot, 2 cold (p < p_release
+    # for `need` points ahead, the tail counting as an endless run of its own), 0 neither.
+    mrl = [0.0] * nk
+    labels = [0] * nk
+    tm = tail_mass * cfg.tail_mean_s
+    need = gd.need
+    p_pre, p_rel = cfg.p_prefetch, cfg.p_release
+    run = need if p_tail < p_rel else 0  # low points from i on, capped at need
+    acc = 0.0
+    nxt = s_edges[nb]
+    for i in range(nk - 1, -1, -1):
+        sd = s_d[i]
+        acc += (sd + nxt) * 0.5 * g
+        nxt = sd
+        mrl[i] = (acc + tm) / sd if sd > 1e-12 else INF
+        pi = p[i]
+        run = (run + 1 if run < need else need) if pi < p_rel else 0
+        labels[i] = 1 if pi >= p_pre else (2 if run >= need else 0)
+    names = ("", "hot", "cold")
+    segments: list[tuple[float, float, str]] = []
+    start = 0
+    for i in range(1, nk + 1):
+        if i == nk or labels[i] != labels[start]:
+            lab = labels[start]
+            if lab:
+                segments.append((float(start * g), float(i * g), names[lab]))
+            start = i
+    span = gd.span
+    tail_label = "hot" if p_tail >= cfg.p_prefetch else ("cold" if p_tail < cfg.p_release else "")
+    if tail_label:
+        if segments and segments[-1][2] == tail_label and segments[-1][1] == span:
+            segments[-1] = (segments[-1][0], INF, tail_label)
+        else:
+            segments.append((span, INF, tail_label))
+    return ArrivalModel(
+        grid_s=g,
+        p=_doubles(gd.row, p),
+        mrl=_doubles(gd.row, mrl),
+        p_tail=p_tail,
+        mrl_tail=cfg.tail_mean_s if tail_mass > 1e-12 else INF,
+        segments=tuple(segments),
+        samples=n,
+    )
 
 
 def _interp_rows(x: np.ndarray, edges: np.ndarray, ys: np.ndarray) -> np.ndarray:
