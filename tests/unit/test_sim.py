@@ -543,3 +543,21 @@ def test_cli_host_tier_flags_go_into_the_fleet_and_the_table(tmp_path, capsys) -
     assert "promotions" in capsys.readouterr().out
     cli_main(["simulate", str(p), "--format", "requests", "--policies", "on-demand-lru"])
     assert "promotions" not in capsys.readouterr().out
+
+
+def test_a_replay_tunes_the_collector_and_leaves_it_as_it_was() -> None:
+    """simulate() runs each replay with rarer young-generation passes and what existed before frozen out of
+    them (simulator.run.replay_gc); afterwards the interpreter's settings are back, nothing left frozen."""
+    import gc
+
+    from simulator.run import REPLAY_GC_THRESHOLD, replay_gc
+
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    with replay_gc():
+        assert gc.get_threshold() == REPLAY_GC_THRESHOLD
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError), replay_gc():
+        raise RuntimeError("a replay that fails")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
