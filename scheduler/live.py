@@ -51,6 +51,7 @@ from prewarm.services import drain
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
 from scheduler.failover import FailoverGuard
+from scheduler.heap import Heap
 from scheduler.isolation import Isolation
 from scheduler.leader import Leadership
 from scheduler.snapshot import SnapshotReader
@@ -110,6 +111,7 @@ class Scheduler:
         self.steering = None if slo_target is None else Steering(slo_target, self.config, ctx.settings.event_log_max)
         self._accounted_at: float | None = None  # memory-time is accounted up to here (memory_time)
         self._kept: dict[tuple[str, str, str], float] = {}  # (model, gpu, kind) -> last `keep` event logged
+        self.heap = Heap()  # the process's collector, settled by run()'s ticks (settled_tick)
 
     def _reset(self) -> None:
         # A fresh history and policy cache whenever we (re)gain the lead: what a previous term fed may be
@@ -398,6 +400,14 @@ class Scheduler:
                 log.exception("tick failed")
             return None
 
+    def settled_tick(self) -> TickResult | None:
+        """The periodic tick of a scheduler process (run): safe_tick, then the collector settled once a new
+        reader has built its records (heap.py), so that a full pass over them does not land in a later tick."""
+        res = self.safe_tick()
+        with self._tick_lock:
+            self.heap.settle(self.reader)
+        return res
+
     def wake(self, models: Sequence[str]) -> TickResult | None:
         """A cold route lookup asked for a plan now: tick at once if this process leads; a standby ignores it
         (its periodic tick is what takes over the lead). None: ignored, or the tick failed."""
@@ -454,12 +464,12 @@ class Scheduler:
         from apscheduler.schedulers.blocking import BlockingScheduler
 
         sched = BlockingScheduler()
-        sched.add_job(self.safe_tick, "interval", seconds=self.ctx.settings.tick_seconds, max_instances=1,
+        sched.add_job(self.settled_tick, "interval", seconds=self.ctx.settings.tick_seconds, max_instances=1,
                       coalesce=True)
         log.info("scheduler %s ticking every %.1f s (leader lock TTL %.0f s), woken at once by cold route "
                  "lookups; policy %s (%s)", self.ident, self.ctx.settings.tick_seconds, self.ctx.settings.leader_ttl,
                  self.ctx.settings.policy, "native build" if policy_native.active() else "pure Python (python -m prewarm.domain.policy build)")
-        self.safe_tick()
+        self.settled_tick()
         self.start_listener()
         try:
             sched.start()

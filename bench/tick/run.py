@@ -89,6 +89,7 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
             redis_cpu = _redis_cpu(r)
             res = sched.tick()
             redis_cpu_s.append(_redis_cpu(r) - redis_cpu)
+            sched.heap.settle(sched.reader)  # as the scheduler's process does after each tick (settled_tick)
             if not res.leader:
                 raise RuntimeError("the benchmark's scheduler did not get the leader lock: is another "
                                    "scheduler running against this Redis?")

@@ -207,3 +207,21 @@ def test_a_fill_still_loading_gives_its_link_to_a_demand_load_live(ctx: Context)
     assert ("prewarm.evict", "other") in tasks and ("prewarm.preload", "hot") in tasks, tasks
     ev = [e for e in events.read(ctx.r) if e.model == "other" and e.actor == "scheduler"]
     assert ev and "never requested" in ev[0].reason and "hot" in ev[0].reason, ev
+
+
+def test_the_process_tick_settles_the_collector_once_per_reader(ctx: Context) -> None:
+    """run()'s periodic tick (settled_tick) settles the collector after a reader's first tick (scheduler.heap),
+    not on every tick, and again once a new reader (Redis lost and back, a new lead) has built its records."""
+    import gc
+
+    before = gc.get_threshold()
+    sched = Scheduler(ctx, ident="s1")
+    try:
+        assert sched.settled_tick() is not None and sched.heap.settles == 1 and gc.get_freeze_count() > 0
+        first = sched.reader
+        assert sched.settled_tick() is not None and sched.heap.settles == 1
+        sched.reader = None  # as safe_tick does when Redis goes away
+        assert sched.settled_tick() is not None and sched.reader is not first and sched.heap.settles == 2
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
