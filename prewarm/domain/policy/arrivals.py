@@ -74,24 +74,20 @@ class _Grid:
         self.grid = np.arange(0.0, self.span, cfg.grid_s)
         # _interp_rows at the grid, the part that does not depend on the rows (the grid lies inside the
         # histogram's span, so no grid point is below the first edge or at the last): worked out once
-        n = len(self.edges)
-        j = np.searchsorted(self.edges, self.grid, side="right") - 1
-        assert j.min() >= 0 and j.max() < n - 1, "the timeline's grid must lie inside the histogram's span"
-        lo = self.edges[j]
+        j, at_edge, _jc, lo, exact = _interp_points(self.grid, self.edges)
+        assert j.min() >= 0 and not at_edge.any(), "the timeline's grid must lie inside the histogram's span"
         self.grid_j, self.grid_j1 = j, j + 1
-        self.grid_exact = lo == self.grid
+        self.grid_exact = exact
         self.grid_den = self.edges[j + 1] - lo
         self.grid_dx = self.grid - lo
         # the same numbers as Python floats, for the one-model path (_build_one)
         self.prior_mass_l: list[float] = self.prior_mass.tolist()
-        self.grid_l: list[float] = self.grid.tolist()
-        self.edges_l: list[float] = self.edges.tolist()
         self.grid_j_l: list[int] = j.tolist()
         self.grid_exact_l: list[bool] = self.grid_exact.tolist()
         self.grid_den_l: list[float] = self.grid_den.tolist()
         self.grid_dx_l: list[float] = self.grid_dx.tolist()
         self.need = max(1, int(math.ceil(cfg.release_min_gap_s / cfg.grid_s)))
-        self.row = struct.Struct(f"{len(self.grid_l)}d")  # a row of doubles: array("d", list) parses each
+        self.row = struct.Struct(f"{len(self.grid)}d")  # a row of doubles: array("d", list) parses each
         self.ahead: dict[float, _Ahead] = {}  # load seconds -> where the grid + lead + window falls
 
     def ahead_for(self, load_s: float) -> _Ahead:
@@ -120,11 +116,7 @@ class _Ahead:
         self.m = int(inside.sum())  # x grows with the grid: the first m points lie inside the span
         xi = x[:self.m]
         n = len(gd.edges)
-        j = np.searchsorted(gd.edges, xi, side="right") - 1
-        at_edge = j >= n - 1
-        jc = np.clip(j, 0, n - 2)
-        lo = gd.edges[jc]
-        exact = at_edge | (lo == xi) | (j < 0)
+        j, at_edge, jc, lo, exact = _interp_points(xi, gd.edges)
         # an exact point reads one edge's value: the first edge below the range, the last at its end
         self.node: list[int] = np.where(j < 0, 0, np.where(at_edge, n - 1, jc)).tolist()
         self.exact: list[bool] = exact.tolist()
@@ -236,7 +228,7 @@ def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _G
     s_edges[nb] = 0.0 + tail_mass
     ah = gd.ahead_for(load_s)
     g = cfg.grid_s
-    nk = len(gd.grid_l)
+    nk = len(gd.grid_j_l)
     gj, gexact, gden, gdx = gd.grid_j_l, gd.grid_exact_l, gd.grid_den_l, gd.grid_dx_l
     node, aexact, aden, adx, beyond = ah.node, ah.exact, ah.den, ah.dx, ah.beyond
     m = ah.m
@@ -284,13 +276,7 @@ def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _G
             if lab:
                 segments.append((float(start * g), float(i * g), names[lab]))
             start = i
-    span = gd.span
-    tail_label = "hot" if p_tail >= cfg.p_prefetch else ("cold" if p_tail < cfg.p_release else "")
-    if tail_label:
-        if segments and segments[-1][2] == tail_label and segments[-1][1] == span:
-            segments[-1] = (segments[-1][0], INF, tail_label)
-        else:
-            segments.append((span, INF, tail_label))
+    _add_tail(segments, p_tail, gd.span, cfg)
     return ArrivalModel(
         grid_s=g,
         p=_doubles(gd.row, p),
@@ -302,16 +288,25 @@ def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _G
     )
 
 
+def _interp_points(x: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """np.interp's rule at the points x, the part that does not depend on the values: j, the edge at or
+    below each point (edges[j] <= x < edges[j + 1]; -1 below the first); at_edge, at or beyond the last;
+    jc, j clipped to a bin; lo, that bin's lower edge; exact, whether the point reads one edge's value."""
+    n = len(edges)
+    j = np.searchsorted(edges, x, side="right") - 1
+    at_edge = j >= n - 1
+    jc = np.clip(j, 0, n - 2)
+    lo = edges[jc]
+    exact = at_edge | (lo == x) | (j < 0)
+    return j, at_edge, jc, lo, exact
+
+
 def _interp_rows(x: np.ndarray, edges: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """np.interp(x[i], edges, ys[i]) for every row i (x: one row for all, or one per row of ys), computed
     as numpy's compiled interp does: below the first edge its value, at or beyond the last the last value,
     at an edge that edge's value, else slope × (x − edge) + value with slope = Δy / Δedge."""
     n = len(edges)
-    j = np.searchsorted(edges, x, side="right") - 1  # edges[j] <= x < edges[j + 1]
-    at_edge = j >= n - 1
-    jc = np.clip(j, 0, n - 2)
-    lo = edges[jc]
-    exact = at_edge | (lo == x) | (j < 0)
+    j, at_edge, jc, lo, exact = _interp_points(x, edges)
     if x.ndim == 1:
         y0, y1 = ys[:, jc], ys[:, jc + 1]
     else:  # the same gather as np.take_along_axis(ys, jc, axis=1), without its Python-level wrapper
@@ -329,6 +324,17 @@ def _interp_grid(gd: _Grid, ys: np.ndarray) -> np.ndarray:
     y0 = ys[:, gd.grid_j]
     slope = (ys[:, gd.grid_j1] - y0) / gd.grid_den
     return np.where(gd.grid_exact, y0, slope * gd.grid_dx + y0)
+
+
+def _add_tail(segments: list[tuple[float, float, str]], p_tail: float, span: float, cfg: PolicyConfig) -> None:
+    """The tail beyond the grid, an endless run of its own label: it extends the last segment when that
+    segment has the same label and reaches the grid's end, else it is a segment of its own."""
+    tail_label = "hot" if p_tail >= cfg.p_prefetch else ("cold" if p_tail < cfg.p_release else "")
+    if tail_label:
+        if segments and segments[-1][2] == tail_label and segments[-1][1] == span:
+            segments[-1] = (segments[-1][0], INF, tail_label)
+        else:
+            segments.append((span, INF, tail_label))
 
 
 def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd: _Grid) -> list[ArrivalModel]:
@@ -377,7 +383,7 @@ def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd:
     nk = p.shape[1]
     hot = p >= cfg.p_prefetch
     tail_low = np.array([pt < cfg.p_release for pt in p_tails])
-    need = max(1, int(math.ceil(cfg.release_min_gap_s / cfg.grid_s)))
+    need = gd.need
     low = np.concatenate([p < cfg.p_release, np.repeat(tail_low[:, None], need, axis=1)], axis=1).astype(np.int64)
     cs = np.concatenate([np.zeros((k, 1), dtype=np.int64), np.cumsum(low, axis=1)], axis=1)
     cold = (cs[:, need:need + nk] - cs[:, :nk]) >= need
@@ -403,12 +409,7 @@ def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd:
             (float(a * g), float(e * g), names[lab]) for a, e, lab in zip(starts, ends, kinds, strict=True) if lab
         ]
         p_tail = p_tails[r]
-        tail_label = "hot" if p_tail >= cfg.p_prefetch else ("cold" if p_tail < cfg.p_release else "")
-        if tail_label:
-            if segments and segments[-1][2] == tail_label and segments[-1][1] == span:
-                segments[-1] = (segments[-1][0], INF, tail_label)
-            else:
-                segments.append((span, INF, tail_label))
+        _add_tail(segments, p_tail, span, cfg)
         pa, ma = array("d"), array("d")
         pa.frombytes(p_rows[r * row_bytes:(r + 1) * row_bytes])
         ma.frombytes(mrl_rows[r * row_bytes:(r + 1) * row_bytes])
