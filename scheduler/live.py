@@ -46,12 +46,12 @@ from prewarm.dispatch import Answer, Dispatched, Order, order_preload
 from prewarm.domain.choice import Policy, make_policy
 from prewarm.domain.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
 from prewarm.domain.policy import native as policy_native
+from prewarm.heap import Heap
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.services import drain
 from prewarm.store import memory_time
 from prewarm.store import policy as running_policy
 from scheduler.failover import FailoverGuard
-from scheduler.heap import Heap
 from scheduler.isolation import Isolation
 from scheduler.leader import Leadership
 from scheduler.snapshot import SnapshotReader
@@ -402,7 +402,7 @@ class Scheduler:
 
     def settled_tick(self) -> TickResult | None:
         """The periodic tick of a scheduler process (run): safe_tick, then the collector settled once a new
-        reader has built its records (heap.py), so that a full pass over them does not land in a later tick."""
+        reader has built its records (prewarm/heap.py), so that a full pass over them does not land in a later tick."""
         res = self.safe_tick()
         with self._tick_lock:
             self.heap.settle(self.reader)

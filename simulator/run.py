@@ -3,44 +3,19 @@ sweep report."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from prewarm.domain.policy import PolicyConfig, native
 from prewarm.domain.slo import ColdStartSlo
+from prewarm.heap import replay_gc
 
 from .adapters import adapter_view
 from .engine import Simulation
 from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
 from .trace import GIB, Trace, load_profile, load_profile_fields
-
-# CPython's collector runs a young-generation pass every 700 net allocations of tracked objects and, now and
-# then, a pass over everything, the trace and the policy's long-lived records included. Rarer young passes,
-# and what exists before the replay frozen out of every pass (gc.freeze): the collector's share of the
-# 1,350-model day's first 8 h fell from 1.1 s of 27 s to 0.15 s, the same decisions.
-REPLAY_GC_THRESHOLD = (50_000, 20, 100)
-
-
-@contextlib.contextmanager
-def replay_gc() -> Iterator[None]:
-    """The collector tuned for one replay, and as it was afterwards."""
-    before = gc.get_threshold()
-    ours = gc.get_freeze_count() == 0  # a caller that froze objects itself keeps them frozen, as it had them
-    if ours:
-        gc.collect()
-        gc.freeze()
-    gc.set_threshold(*REPLAY_GC_THRESHOLD)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-        if ours:
-            gc.unfreeze()
 
 
 def simulate(

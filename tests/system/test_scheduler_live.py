@@ -210,7 +210,7 @@ def test_a_fill_still_loading_gives_its_link_to_a_demand_load_live(ctx: Context)
 
 
 def test_the_process_tick_settles_the_collector_once_per_reader(ctx: Context) -> None:
-    """run()'s periodic tick (settled_tick) settles the collector after a reader's first tick (scheduler.heap),
+    """run()'s periodic tick (settled_tick) settles the collector after a reader's first tick (prewarm.heap),
     not on every tick, and again once a new reader (Redis lost and back, a new lead) has built its records."""
     import gc
 

@@ -547,15 +547,15 @@ def test_cli_host_tier_flags_go_into_the_fleet_and_the_table(tmp_path, capsys) -
 
 def test_a_replay_tunes_the_collector_and_leaves_it_as_it_was() -> None:
     """simulate() runs each replay with rarer young-generation passes and what existed before frozen out of
-    them (simulator.run.replay_gc); afterwards the interpreter's settings are back, nothing left frozen."""
+    them (prewarm.heap.replay_gc); afterwards the interpreter's settings are back, nothing left frozen."""
     import gc
 
-    from simulator.run import REPLAY_GC_THRESHOLD, replay_gc
+    from prewarm.heap import YOUNG_PASS_ALLOCATIONS, replay_gc
 
     before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
     with replay_gc():
-        assert gc.get_threshold() == REPLAY_GC_THRESHOLD
+        assert gc.get_threshold() == (YOUNG_PASS_ALLOCATIONS, *before[1:])
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError), replay_gc():

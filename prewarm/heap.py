@@ -1,4 +1,5 @@
-"""The scheduler process's garbage collector, settled once a tick has built its records.
+"""The garbage collector of a process that holds many long-lived records: the scheduler (Heap) and a
+trace replay (replay_gc).
 
 A leading scheduler holds every model's traffic history, specs and parsed replica records (at 10,000
 models, millions of objects) and allocates a few hundred thousand short-lived ones per tick. CPython's
@@ -11,8 +12,10 @@ first tick: the old frozen objects are unfrozen first, so they are collected lik
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
+from collections.abc import Iterator
 
 # Net allocations of tracked objects between young-generation passes (CPython's default: 700).
 YOUNG_PASS_ALLOCATIONS = 50_000
@@ -29,9 +32,32 @@ class Heap:
         if owner is None or (self._settled_for is not None and self._settled_for() is owner):
             return False
         gc.unfreeze()  # the last reader's records (if any still live) go back to being collected
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(YOUNG_PASS_ALLOCATIONS, *gc.get_threshold()[1:])
+        _settle()
         self._settled_for = weakref.ref(owner)
         self.settles += 1
         return True
+
+
+@contextlib.contextmanager
+def replay_gc() -> Iterator[None]:
+    """A trace replay (simulator.run) with the collector settled as the scheduler's: what exists before it
+    (the trace, the simulator) frozen, young passes rarer; as it was afterwards. The 1,350-model day's first
+    8 h spent 1.1 s of 27 s in the collector before, 0.15 s after, with the same decisions."""
+    before = gc.get_threshold()
+    ours = gc.get_freeze_count() == 0  # a caller that froze objects itself keeps them frozen, as it had them
+    if ours:
+        _settle()
+    else:
+        gc.set_threshold(YOUNG_PASS_ALLOCATIONS, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        if ours:
+            gc.unfreeze()
+
+
+def _settle() -> None:
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_PASS_ALLOCATIONS, *gc.get_threshold()[1:])

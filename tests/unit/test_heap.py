@@ -1,4 +1,4 @@
-"""scheduler.heap: the scheduler process's collector, settled once per snapshot reader."""
+"""prewarm.heap: the scheduler process's collector, settled once per snapshot reader."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler.heap import YOUNG_PASS_ALLOCATIONS, Heap
+from prewarm.heap import YOUNG_PASS_ALLOCATIONS, Heap
 
 
 class Reader:  # stands for a SnapshotReader: any object the heap can hold a weak reference to
