@@ -42,7 +42,7 @@ class Heap:
 def replay_gc() -> Iterator[None]:
     """A trace replay (simulator.run) with the collector settled as the scheduler's: what exists before it
     (the trace, the simulator) frozen, young passes rarer; as it was afterwards. The 1,350-model day's first
-    8 h spent 1.1 s of 27 s in the collector before, 0.15 s after, with the same decisions."""
+    8 h spent 1.1 s of 27 s in the collector before, under 0.2 s after, with the same decisions."""
     before = gc.get_threshold()
     ours = gc.get_freeze_count() == 0  # a caller that froze objects itself keeps them frozen, as it had them
     if ours:
