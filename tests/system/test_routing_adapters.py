@@ -134,6 +134,28 @@ def test_the_snapshot_has_adapters_with_their_host_and_their_traffic_counts_for_
     assert snap.traffic.total("lora-a") == 40 and snap.traffic.total("base-llm") == 41
 
 
+def test_a_reloaded_catalog_is_read_anew_and_the_same_one_is_not_walked_again(ctx: Context, r: redis.Redis) -> None:
+    from prewarm.catalog import load_catalog
+    from prewarm.domain.policy import PolicyConfig
+    from scheduler.snapshot import SnapshotReader
+
+    publish_gpu(r, GPU_A, replicas=[base_replica(GPU_A)])
+    reader = SnapshotReader(r, PolicyConfig())
+    now = time.time()
+    snap, _ = reader.read(ctx.catalog, now)
+    view = reader._catalog
+    assert snap.models["base-llm"].max_adapters == 1 and set(reader.bases) == {"lora-a", "lora-b"}
+    reader.read(ctx.catalog, now + 1)
+    assert reader._catalog is view  # the same catalog: its ids, bases and slots as they were
+    # a reload (a new Catalog) with two slots per base replica and lora-b gone
+    path = ctx.catalog.path
+    text = path.read_text().replace("max_adapters = 1", "max_adapters = 2")
+    path.write_text(text[:text.index('[[models]]\nid = "lora-b"')])
+    snap, _ = reader.read(load_catalog(path), now + 2)
+    assert snap.models["base-llm"].max_adapters == 2 and set(reader.bases) == {"lora-a"}
+    assert "lora-b" not in snap.models
+
+
 def test_the_scheduler_plans_an_adapter_into_its_ready_base_and_never_without_one(ctx: Context,
                                                                                  r: redis.Redis) -> None:
     from prewarm import traffic
