@@ -214,6 +214,27 @@ def test_unchanged_specs_keep_the_models_object_and_a_change_gets_a_new_one(redi
     r.close()
 
 
+def test_an_unchanged_replica_record_keeps_its_state_object_and_a_changed_one_gets_a_new_one(
+        redis_url: str, tmp_path: Path) -> None:
+    r = redis.Redis.from_url(redis_url)
+    cat = catalog(tmp_path / "c", ["hot", "quiet"])
+    hot, quiet = ready("hot", 2.0), ready("quiet", 2.0)
+    heartbeat(r, [hot, quiet])
+    reader = SnapshotReader(r, PolicyConfig())
+    first = {x.model: x for x in reader.read(cat, time.time())[0].replicas}
+    busy = dataclasses.replace(hot, in_flight=3)
+    heartbeat(r, [busy, quiet])  # hot's record changed, quiet's did not
+    second = {x.model: x for x in reader.read(cat, time.time())[0].replicas}
+    assert second["quiet"] is first["quiet"]
+    assert second["hot"] is not first["hot"] and second["hot"].in_flight == 3 and first["hot"].in_flight == 0
+    full = {x.model: x for x in SnapshotReader(r, PolicyConfig()).read(cat, time.time(), full=True)[0].replicas}
+    assert full == second
+    heartbeat(r, [busy])  # quiet evicted: gone from the snapshot, and from the reader's memo
+    assert [x.model for x in reader.read(cat, time.time())[0].replicas] == ["hot"]
+    assert [v[2] for v in reader._states.values()] == ["hot"]
+    r.close()
+
+
 def test_byte_counts_written_as_floats_reach_the_policy_as_whole_bytes(redis_url: str, tmp_path: Path) -> None:
     """A replica record from another writer may carry 8388608.0 where ours writes 8388608: the policy's records
     (natively built, their field types checked) get whole bytes, and plan() runs on them."""
