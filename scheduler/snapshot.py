@@ -117,6 +117,11 @@ class SnapshotReader:
         # kept for the last read's replicas only (the Replica held, so its id is not reused while it is here).
         # Rebuilding ~3,800 of them was ~7 % of each read at 10,000 models and 256 GPUs (prewarm bench tick)
         self._states: dict[int, tuple[state.Replica, str, str, str | None, ReplicaState]] = {}
+        # the last read's current-version specs, what they were made from (the catalog's ids list, the pinned set)
+        # and what they made (models, refs, spec memo): a read with the same ids and pins takes copies and makes
+        # again only the specs of models whose load times were read anew (`measured.fresh`), instead of 10,000
+        # (~10 % of a read at 10,000 models)
+        self._current: tuple[list[str], set[str], dict[str, ModelSpec], dict[str, ModelRef], _SpecMemo] | None = None
         # key -> (catalog entry, (load s, pinned, min replicas, promote s), its ModelSpec, its ModelRef): the
         # specs of the last read (_specs) and of this one (_specs_now), and the last read's models dict
         self._specs: _SpecMemo = {}
@@ -270,12 +275,20 @@ class SnapshotReader:
         fleet = state.read_fleet(self.r, parsed=self._replicas, now=now)
         load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
         pinned = overlays.pinned(self.r)
-        self.refs = {}
-        self._specs_now = {}
-        models: dict[str, ModelSpec] = {}
-        for mid in ids:
+        models: dict[str, ModelSpec]
+        cur = self._current
+        fresh = None if full else self.measured.fresh
+        todo: list[str]
+        if cur is not None and fresh is not None and cur[0] is ids and cur[1] == pinned:
+            models, self.refs, self._specs_now = dict(cur[2]), dict(cur[3]), dict(cur[4])
+            todo = fresh
+        else:
+            models, self.refs, self._specs_now = {}, {}, {}
+            todo = ids
+        for mid in todo:
             models[mid] = self._spec(mid, catalog.get(mid), load_s, pinned, promote_s=promote_s,
                                      slots=slots.get(mid, 0))
+        self._current = (ids, pinned, dict(models), dict(self.refs), dict(self._specs_now))
         replicas_now = {mid: 0 for mid in ids}
         for rep in fleet.replicas():
             if rep.model in replicas_now and rep.state in (*rs.IN_FLIGHT, rs.READY):

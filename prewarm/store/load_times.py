@@ -93,6 +93,12 @@ class Recent:
         self._medians: dict[str, tuple[float | None, float | None]] = {}
         self._epoch: bytes | None = None
         self._n = 0
+        # the last medians() answer and the list it answered: the next answer for the same list is a copy with the
+        # models read anew since brought up to date (the same two dicts when none was)
+        self._last: tuple[list[str], dict[str, float], dict[str, float]] | None = None
+        # the models the last medians() answer computed anew (None: all of them, a new list or a new reader)
+        self.fresh: list[str] | None = None
+        self._need: list[str] = []
 
     def _refresh(self, r: redis.Redis, models: list[str]) -> None:
         pipe = r.pipeline(transaction=True)  # the counter and the log at one instant
@@ -105,6 +111,7 @@ class Recent:
         for m in changed:  # written since: forgotten, whether or not asked about now
             self._measured.pop(m.decode(), None)
         need = [m for m in models if m not in self._measured]
+        self._need = need
         if need:
             # Read after the log: a push between the two lands here or shows in the next read's log.
             self._measured.update(recent(r, need))
@@ -118,20 +125,33 @@ class Recent:
 
     def medians(self, r: redis.Redis, models: list[str]) -> tuple[dict[str, float], dict[str, float]]:
         """median_seconds(self.read(r, models)), each model's computed once per reading of its lists (not
-        10,000 medians every tick)."""
+        10,000 medians every tick). Asked again for the same `models` list, only the models read anew since are
+        looked at (`fresh` names them), and with none the same two dicts come back: they are shared, not to be
+        changed."""
         self._refresh(r, models)
-        load: dict[str, float] = {}
-        promote: dict[str, float] = {}
+        last = self._last
+        todo: list[str]
+        if last is not None and last[0] is models:
+            if not self._need:
+                self.fresh = []
+                return last[1], last[2]
+            load, promote = dict(last[1]), dict(last[2])
+            todo = self.fresh = self._need
+        else:
+            load, promote = {}, {}
+            todo, self.fresh = models, None
         cache = self._medians
-        for m in models:
+        for m in todo:
             got = cache.get(m)
             if got is None:
                 one_load, one_promote = median_seconds({m: self._measured[m]})
                 got = cache[m] = (one_load.get(m), one_promote.get(m))
-            if got[0] is not None:
-                load[m] = got[0]
-            if got[1] is not None:
-                promote[m] = got[1]
+            for out, v in ((load, got[0]), (promote, got[1])):
+                if v is None:
+                    out.pop(m, None)
+                else:
+                    out[m] = v
+        self._last = (models, load, promote)
         return load, promote
 
 

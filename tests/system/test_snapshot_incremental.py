@@ -205,10 +205,22 @@ def test_unchanged_specs_keep_the_models_object_and_a_change_gets_a_new_one(redi
     first, _ = reader.read(cat, time.time())
     second, _ = reader.read(cat, time.time())
     assert second.models is first.models
-    replica_ready(r, ready("hot", 8.0))  # its median load time changes
+    # nothing of the specs' inputs changed: none is made again (the last read's are copied), until a pin does
+    made: list[str] = []
+    spec = reader._spec
+    reader._spec = lambda key, *a, **k: (made.append(key), spec(key, *a, **k))[1]  # type: ignore[method-assign]
+    assert reader.read(cat, time.time())[0].models is first.models and made == []
+    overlays.set_pinned(r, "quiet", True)
+    pinned, _ = reader.read(cat, time.time())
+    assert sorted(made) == ["hot", "other", "quiet"] and pinned.models["quiet"].pinned
+    overlays.set_pinned(r, "quiet", False)
+    assert not reader.read(cat, time.time())[0].models["quiet"].pinned
+    made.clear()
+    replica_ready(r, ready("hot", 8.0))  # its median load time changes: its spec alone is made again
     third, _ = reader.read(cat, time.time())
+    assert made == ["hot"]
     assert third.models is not second.models and id(third.models) != id(second.models)
-    assert third.models["hot"].load_seconds == pytest.approx(5.5) and third.models["quiet"] is second.models["quiet"]
+    assert third.models["hot"].load_seconds == pytest.approx(5.5) and third.models["other"] is second.models["other"]
     full, _ = SnapshotReader(r, PolicyConfig()).read(cat, time.time(), full=True)
     assert third.models == full.models
     r.close()
