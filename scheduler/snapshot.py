@@ -280,7 +280,8 @@ class SnapshotReader:
         fresh = None if full else self.measured.fresh
         todo: list[str]
         if cur is not None and fresh is not None and cur[0] is ids and cur[1] == pinned:
-            models, self.refs, self._specs_now = dict(cur[2]), dict(cur[3]), dict(cur[4])
+            # taken over, not copied: they are the copies the last read kept (never handed to anyone)
+            models, self.refs, self._specs_now = cur[2], cur[3], cur[4]
             todo = fresh
         else:
             models, self.refs, self._specs_now = {}, {}, {}
