@@ -28,6 +28,12 @@ def minute_of(t: float) -> int:
     return int(t // 60 * 60)
 
 
+def window_minutes(now: float, seconds: float) -> range:
+    """The minutes a window [now - seconds, now] touches, its first one partly before it: a window is never
+    shorter than asked (a 1-minute window read just after a minute turns still holds the minute before)."""
+    return range(minute_of(now - seconds), minute_of(now) + 1, 60)
+
+
 # KEYS: the minute's hash, LOAD_KINDS. ARGV: model, ready (1/0), load-kind field, ttl, ahead-of-demand kinds...
 _COUNT = """
 if ARGV[2] == '1' then
@@ -78,10 +84,8 @@ class Window:
 
 def read_window(r: redis.Redis, now: float, seconds: float) -> Window:
     """The minutes from now - seconds to now (whole minutes: the first one partly before), one round trip."""
-    first, last = minute_of(now - seconds + 60), minute_of(now)
     pipe = r.pipeline(transaction=False)
-    minutes = range(first, last + 1, 60)
-    for m in minutes:
+    for m in window_minutes(now, seconds):
         pipe.hgetall(keys.route_minute(m))
     w = Window()
     for raw in pipe.execute():

@@ -16,7 +16,7 @@ import redis
 
 from prewarm import keys, state
 from prewarm.domain import states as rs
-from prewarm.store.lookup_counts import minute_of
+from prewarm.store.lookup_counts import minute_of, window_minutes
 
 MAX_GAP_S = 30.0
 
@@ -65,7 +65,7 @@ class Held:
 def read_window(r: redis.Redis, now: float, seconds: float) -> Held:
     """Per model, memory-time over the window's minutes (as lookup_counts.read_window), one round trip."""
     pipe = r.pipeline(transaction=False)
-    for m in range(minute_of(now - seconds + 60), minute_of(now) + 1, 60):
+    for m in window_minutes(now, seconds):
         pipe.hgetall(keys.memory_minute(m))
     out = Held()
     for raw in pipe.execute():

@@ -129,6 +129,19 @@ def test_steering_reads_the_window_and_resumes_its_level(r: redis.Redis) -> None
     assert len(events.read(r, kind="slo")) == 1  # within the settling time: no second step
 
 
+def test_a_one_minute_window_read_just_after_the_minute_turns_holds_the_minute_before(r: redis.Redis) -> None:
+    """The window is the minutes it touches, never shorter than asked: lookups in the last seconds of a minute
+    still count for a 1-minute window read a second into the next (they were lost there before)."""
+    turn = 1_800_000_000.0  # a whole minute
+    for i in range(slo.MIN_LOOKUPS + 5):
+        lookup_counts.count_lookup(r, "alpha", None, turn - 30 + i)
+    assert lookup_counts.read_window(r, turn + 1, 60).total(lookup_counts.NOT_READY) == slo.MIN_LOOKUPS + 5
+    assert lookup_counts.read_window(r, turn + 61, 60).total(lookup_counts.NOT_READY) == 0  # a minute on: gone
+    steer = Steering(ColdStartSlo("share", 0.05, 60.0), PolicyConfig(speculative_share=0.6))
+    assert steer.tick(r, PolicyConfig(speculative_share=0.6), turn + 1).speculative_share == pytest.approx(0.7)
+    assert [ev.numbers["direction"] for ev in events.read(r, kind="slo")] == ["up"]
+
+
 @pytest.mark.slow
 def test_a_real_scheduler_raises_its_budget_on_cold_lookups(redis_url: str, r: redis.Redis, tmp_path: Path) -> None:
     """Cold route lookups through a real web process (no GPU: every one is cold) breach the line; the real
@@ -137,6 +150,7 @@ def test_a_real_scheduler_raises_its_budget_on_cold_lookups(redis_url: str, r: r
     web = WebProc(redis_url, catalog, tmp_path, workers=1)
     sched = SchedulerProc(redis_url, catalog, tmp_path, env={"PREWARM_COLD_START_SLO": "share=0.05,window=1m"})
     try:
+        wait_for(sched.is_leader, 60, what="the scheduler to lead", log=sched.log)
         for _ in range(slo.MIN_LOOKUPS + 5):
             assert requests.get(f"{web.url}/hooks/route", params={"model": "alpha"}, timeout=10).status_code == 200
         wait_for(lambda: events.read(r, kind="slo"), 60, what="an slo event", log=sched.log)
