@@ -67,8 +67,9 @@ class SloPrewarm(Prewarm):
                     b = COLD_START_DURATION.bucket_of(w)
                     cur.durations[b] = cur.durations.get(b, 0) + 1
             self._waits_seen = len(waits)
-        # the live window: whole minutes from now - window (the first one partly before) to now
-        while self.minutes and self.minutes[0].start < (t - self.slo.window_s + 60) // 60 * 60:
+        # the live window: the minutes it touches, the first one partly before (slo.window_minutes)
+        first = slo.window_minutes(t, self.slo.window_s).start
+        while self.minutes and self.minutes[0].start < first:
             self.minutes.popleft()
         durations: dict[float, int] = {}
         for mi in self.minutes:

@@ -46,6 +46,18 @@ MIN_LOOKUPS = 20  # fewer lookups in a window are no measure of a share
 SETTLE_SHARE = 0.2  # a step up waits this share of a window after the last change
 
 
+def minute_of(t: float) -> int:
+    """The start of the minute holding t (the per-minute counts' key)."""
+    return int(t // 60 * 60)
+
+
+def window_minutes(now: float, seconds: float) -> range:
+    """The minutes a window [now - seconds, now] touches, its first one partly before it: a window is never
+    shorter than asked (a 1-minute window read just after a minute turns still holds the minute before).
+    The live reads (prewarm.store.lookup_counts, memory_time) and the simulator's SLO window alike."""
+    return range(minute_of(now - seconds), minute_of(now) + 1, 60)
+
+
 @dataclass(frozen=True)
 class WindowFigures:
     """One window's route lookups: all counted, those not answered ready, and the cold starts' p95."""

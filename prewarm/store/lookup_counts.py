@@ -19,19 +19,10 @@ import redis
 from redis.client import Pipeline
 
 from prewarm import keys, metrics_defs
+from prewarm.domain.slo import minute_of, window_minutes
 from prewarm.store import load_kinds
 
 READY, NOT_READY, AVOIDED, COLD_START, DURATION = "ready", "not_ready", "avoided", "cold_start", "dur"
-
-
-def minute_of(t: float) -> int:
-    return int(t // 60 * 60)
-
-
-def window_minutes(now: float, seconds: float) -> range:
-    """The minutes a window [now - seconds, now] touches, its first one partly before it: a window is never
-    shorter than asked (a 1-minute window read just after a minute turns still holds the minute before)."""
-    return range(minute_of(now - seconds), minute_of(now) + 1, 60)
 
 
 # KEYS: the minute's hash, LOAD_KINDS. ARGV: model, ready (1/0), load-kind field, ttl, ahead-of-demand kinds...

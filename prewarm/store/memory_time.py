@@ -16,7 +16,7 @@ import redis
 
 from prewarm import keys, state
 from prewarm.domain import states as rs
-from prewarm.store.lookup_counts import minute_of, window_minutes
+from prewarm.domain.slo import minute_of, window_minutes
 
 MAX_GAP_S = 30.0
 

@@ -76,3 +76,13 @@ def test_cli_slo_and_hours(tmp_path, capsys) -> None:
     assert first_hours(full, 1).requests == int((full.times < 3600).sum()) < full.requests
     assert cli_main(["simulate", str(inv), "--slo", "share=2"]) == 2  # a bad line: the message, exit 2
     assert "PREWARM_COLD_START_SLO" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("now", [1_800_000_000.0, 1_800_000_001.0, 1_800_000_059.5])
+@pytest.mark.parametrize("seconds", [60.0, 90.0, 900.0])
+def test_a_window_holds_every_minute_it_touches(now: float, seconds: float) -> None:
+    """The window live and simulated (slo.window_minutes): from the minute holding now - seconds to the one
+    holding now, so it is never shorter than asked, and no minute more."""
+    got = slo.window_minutes(now, seconds)
+    assert got.start <= now - seconds < got.start + 60 and got[-1] <= now < got[-1] + 60
+    assert list(got) == list(range(got.start, got[-1] + 1, 60))
