@@ -18,7 +18,7 @@ from prewarm.domain.policy import (
     plan_with_adapters,
     traffic_keys,
 )
-from prewarm.domain.policy.adapters import ADAPTER_KIND, SLOTS_KIND
+from prewarm.domain.policy.adapters import ADAPTER_KIND, SLOTS_KIND, split
 
 CFG = PolicyConfig(fill_free_memory=False)  # the fill's loads are not what these tests look at
 MB = 1 << 20
@@ -169,3 +169,13 @@ def test_without_adapters_it_is_plan() -> None:
     feed(tr, models, "X", range(900, 1000, 5))
     snap = snapshot(models, [ready("Y")], tr)
     assert plan_with_adapters(snap, 1000.0) == plan(snap, 1000.0)
+
+
+def test_a_catalog_without_adapters_splits_to_none_every_time() -> None:
+    """split() memoises the last catalog: its second answer for one without adapters is None as its first (it
+    was the pair (catalog, {}), so plan_with_adapters took the adapters' path, bases_view and plan_adapters
+    included, on every call after the first)."""
+    whole = {"a": ModelSpec("a", GIB), "b": ModelSpec("b", 2 * GIB)}
+    assert split(whole) is None and split(whole) is None
+    mixed = {**whole, "a-ft": ModelSpec("a-ft", GIB // 100, base="a")}
+    assert split(mixed) == split(mixed) == (whole, {"a-ft": mixed["a-ft"]})

@@ -66,7 +66,7 @@ def traffic_keys(model: str, base: str | None) -> tuple[str, ...]:
 def split(models: Mapping[str, ModelSpec]) -> tuple[Mapping[str, ModelSpec], dict[str, ModelSpec]] | None:
     """(the catalog without its adapters, its adapters), or None when it has none."""
     if _split_of[0] is models:
-        return _split_of[1], _split_of[2]
+        return (_split_of[1], _split_of[2]) if _split_of[2] else None
     adapters = {m: s for m, s in models.items() if s.base is not None}
     whole = {m: s for m, s in models.items() if s.base is None} if adapters else models
     _split_of[:] = [models, whole, adapters]
