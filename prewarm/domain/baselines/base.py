@@ -57,10 +57,22 @@ class Rule:
     def on_miss(self, t: float, m: int) -> None:
         pass
 
+    # True for a rule whose on_miss only places by `place_evicting` with no `only_if`: such a miss fails only
+    # when no GPU's free and ready bytes reach the model's size, and then every larger model's fails too (a
+    # placement in between only takes room), so on_stalled tries none of them (the same placements, without
+    # the GPU scans that could not succeed: on a saturated fleet most of a baseline's time)
+    monotone_misses = False
+
     def on_stalled(self, t: float, models: list[int]) -> None:
+        fleet = self.fleet
+        failed: int | None = None  # the smallest size that found no room in this round
         for m in models:
-            if m in self.fleet.stalled and not self.fleet.replicas[m]:
+            if m in fleet.stalled and not fleet.replicas[m]:
+                if failed is not None and fleet.sizes[m] >= failed:
+                    continue
                 self.on_miss(t, m)
+                if self.monotone_misses and not fleet.replicas[m]:
+                    failed = fleet.sizes[m] if failed is None else min(failed, fleet.sizes[m])
 
     def on_ready(self, t: float, r: Any) -> None:
         pass

@@ -14,6 +14,7 @@ class FaasCache(Rule):
     becomes the priority of the last evicted function."""
 
     name = "faascache"
+    monotone_misses = True
 
     def attach(self, fleet: Fleet) -> None:
         super().attach(fleet)

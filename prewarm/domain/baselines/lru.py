@@ -19,6 +19,7 @@ class OnDemandLRU(Rule):
     completes or another request for it arrives."""
 
     name = "on-demand-lru"
+    monotone_misses = True
 
     def _key(self, r: ReplicaLike) -> float:
         return recency(self.fleet, r)
@@ -71,6 +72,7 @@ class SeedPool(Rule):
     the memory cap, and evict the oldest-loaded model (FIFO by load start, not by last use)."""
 
     name = "seed-pool"
+    monotone_misses = True
 
     def on_miss(self, t: float, m: int) -> None:
         self.fleet.place_evicting(m, lambda r: r.since, kind="demand")
