@@ -145,6 +145,7 @@ class Simulation:
         self.ready_count = [0] * self.n_models
         self.waiting: list[list[float]] = [[] for _ in range(self.n_models)]
         self.stalled: dict[int, None] = {}  # models with waiting requests and no load (ordered)
+        self.victims: list[Replica] = []  # what the last place_evicting evicted (baselines.base.Fleet)
         self.last_arrival: list[float | None] = [None] * self.n_models  # the baselines' LRU clock (base.recency)
         self.events: list[tuple[float, int, int, tuple]] = []
         self._seq = 0
@@ -476,6 +477,7 @@ class Simulation:
         `key(replica)` order reach least far), evicting its victims first. `only_if(replica)` limits
         who may be evicted (always False: free memory only)."""
         best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
+        self.victims = [] if best is None else best[1]
         if best is None:
             return None
         gi, victims = best

@@ -7,6 +7,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from prewarm.domain.baselines.shadow import Link
 from prewarm.domain.states import LOADING
 
 
@@ -36,39 +37,6 @@ class HostCopy:
     ready_at: float = math.nan
     remaining: float = 0.0  # seconds of stage work left at full speed
     readers: int = 0  # promotions in flight reading this copy
-
-
-@dataclass(slots=True)
-class Link:
-    """Jobs sharing one link (a GPU's loads, a node's stages): processor sharing, k jobs each at
-    1/k speed (`shared` False: each at full speed)."""
-
-    jobs: list = field(default_factory=list)  # Replica / HostCopy: each with `remaining` seconds at full speed
-    last_update: float = 0.0
-    version: int = 0  # bumped at every reschedule: a completion event of an older version is stale
-
-    def advance(self, t: float, shared: bool) -> None:
-        k = len(self.jobs)
-        if k and t > self.last_update:
-            step = (t - self.last_update) / (k if shared else 1)
-            for j in self.jobs:
-                j.remaining -= step
-        self.last_update = t
-
-    def finished(self, t: float, shared: bool) -> list:
-        """Advance to `t` and take out the jobs that are done."""
-        self.advance(t, shared)
-        done = [j for j in self.jobs if j.remaining <= 1e-9]
-        self.jobs = [j for j in self.jobs if j.remaining > 1e-9]
-        return done
-
-    def next_done(self, shared: bool) -> float | None:
-        """New version; when the first job finishes at the current sharing, or None."""
-        self.version += 1
-        if not self.jobs:
-            return None
-        k = len(self.jobs) if shared else 1
-        return self.last_update + max(0.0, min(j.remaining for j in self.jobs)) * k
 
 
 @dataclass(slots=True)

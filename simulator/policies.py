@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from prewarm.domain.baselines import RULES
+from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import (
     Action,
     Evict,
@@ -35,8 +36,6 @@ from prewarm.domain.policy import (
     StagedState,
     TrafficHistory,
     Unstage,
-    plan,
-    plan_with_adapters,
     traffic_keys,
 )
 from prewarm.domain.states import READY
@@ -116,7 +115,10 @@ class Prewarm(_Base):
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
         self.history = TrafficHistory.for_config(self.cfg)
-        self.state = PolicyState()
+        # the live scheduler's policy object: plan() with its state, and the whole experts beside it (whole.py)
+        self.policy = PrewarmPolicy(self.cfg)
+        self.state: PolicyState = self.policy.state
+        self.arrivals: list[tuple[str, float, int]] = []  # requests since the last call, as live reports them
         self.names = sim.trace.models
         self.index = {m: i for i, m in enumerate(self.names)}
         self.gpu_index = {g.id: g.index for g in sim.gpus}
@@ -141,6 +143,7 @@ class Prewarm(_Base):
 
     def on_request(self, t: float, m: int, warm: bool) -> None:
         self.history.add(self.names[m], t)
+        self.arrivals.append((self.names[m], t - 0.5, 1))  # (model, second, count): t - 0.5 + 0.5 is t itself
         if warm:
             for gi, r in self.sim.replicas[m].items():
                 if r.state == READY:
@@ -220,7 +223,8 @@ class Prewarm(_Base):
 
     def _plan(self, t: float) -> None:
         snap = self._snapshot()
-        self._apply((plan_with_adapters if self.sim.ad is not None else plan)(snap, t, self.state), t)
+        arrivals, self.arrivals = self.arrivals, []
+        self._apply(self.policy.decide(snap, t, arrivals), t)
 
     def _apply(self, actions: Iterable[Action], t: float) -> None:
         """Play the worker for plan()'s actions (an action the fleet cannot take is ignored)."""

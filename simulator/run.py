@@ -84,6 +84,8 @@ def simulate(
         res["runtime_s"] = round(time.perf_counter() - t0, 2)
         if isinstance(pol, Prewarm) and pol.cfg.no_regret:
             res["experts"] = pol.state.experts.describe()  # who led at the end, how often the lead moved
+        if isinstance(pol, Prewarm) and pol.cfg.no_regret and pol.cfg.whole_experts:
+            res["whole"] = pol.policy.whole.describe()  # which whole policy planned at the end, how often it moved
         if isinstance(pol, Prewarm) and pol.cfg.ahead_gate:
             res["ahead"] = pol.state.ahead.describe()  # what loads ahead won and lost, decayed, at the end
         out["policies"][name] = res
@@ -91,6 +93,8 @@ def simulate(
             build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
             if "experts" in res:
                 build += f"; expert {res['experts']['leader']} leads, {res['experts']['switches']} switch(es)"
+            if "whole" in res:
+                build += f"; whole: {res['whole']['leader']} plans, {res['whole']['switches']} switch(es)"
             if "ahead" in res:
                 a = res["ahead"]
                 build += f"; loads ahead {'on' if a['open'] else 'held back'} (won {a['won']}, lost {a['lost']})"

@@ -21,6 +21,7 @@ from .baselines.live import Arrival, BaselinePolicy
 from .policy.adapters import plan_with_adapters
 from .policy.planner import PolicyState
 from .policy.types import Action, PolicyConfig, Snapshot
+from .whole import WholeExperts
 
 
 class Policy(Protocol):
@@ -30,15 +31,20 @@ class Policy(Protocol):
 
 
 class PrewarmPolicy:
-    """prewarm's own plan(), with its cache kept between ticks (LoRA adapters: plan_with_adapters, issue 29)."""
+    """prewarm's own plan(), with its cache kept between ticks (LoRA adapters: plan_with_adapters, issue 29),
+    or the whole baseline whose shadow fleet leads the real one (whole.py; PolicyConfig.whole_experts)."""
 
     name = DEFAULT
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
         self.state = PolicyState()
+        self.whole = WholeExperts()
 
     def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]:
+        actions = self.whole.decide(snap, now, arrivals)
+        if actions is not None:
+            return actions
         return plan_with_adapters(snap, now, self.state)
 
 

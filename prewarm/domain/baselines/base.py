@@ -33,6 +33,8 @@ class Fleet(Protocol):
 
     def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
                        kind: str = "") -> Any: ...
+    # the replicas the last place_evicting evicted (empty when it found room or placed nothing)
+    victims: Sequence[Any]
 
     def evict(self, m: int, gi: int) -> bool: ...
 

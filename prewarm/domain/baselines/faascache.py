@@ -37,11 +37,10 @@ class FaasCache(Rule):
         def key(r: ReplicaLike) -> float:
             return self.prio.get((r.model, r.gpu), self.clock)
 
-        before = s.resident_keys()
         rep = s.place_evicting(m, key, kind="demand")
         if rep is None:
             return
-        gone = before - s.resident_keys()
+        gone = {(r.model, r.gpu) for r in s.victims}
         if gone:
             self.clock = max(self.clock, max(self.prio.get(k, self.clock) for k in gone))
             for k in gone:

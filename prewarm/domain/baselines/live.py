@@ -107,6 +107,7 @@ class SnapshotFleet:
                 continue
             self._add(LiveReplica(m, g.index, it.bytes or self.sizes[m], now, PENDING))
         self.stalled: dict[int, None] = {}
+        self.victims: list[LiveReplica] = []  # what the last place_evicting evicted
         self.last_arrival = last_arrival  # the policy's, updated as each call's arrivals are delivered
         self.actions: list[Action] = []
 
@@ -124,6 +125,7 @@ class SnapshotFleet:
     def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
                        kind: str = "") -> LiveReplica | None:
         best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads.__getitem__, self.max_loads)
+        self.victims = [] if best is None else best[1]
         if best is None:
             return None
         gi, victims = best

@@ -43,13 +43,14 @@ def choose(gpus: Iterable[GpuLike], m: int, size: int, key: Callable[[Any], floa
         victims = []
         freed = 0
         worst = -math.inf
-        for r in sorted(
-            (r for r in g.residents.values() if r.state == READY and (only_if is None or only_if(r))),
-            key=lambda r: (key(r), r.model),
-        ):
+        # each key read once; (key, model) is unique on a GPU, so the replica itself is never compared
+        ordered = [(key(r), r.model, r) for r in g.residents.values()
+                   if r.state == READY and (only_if is None or only_if(r))]
+        ordered.sort()
+        for k, _m, r in ordered:
             victims.append(r)
             freed += r.bytes
-            worst = max(worst, key(r))
+            worst = max(worst, k)
             if room + freed >= size:
                 break
         if room + freed < size:

@@ -114,6 +114,10 @@ class PolicyConfig:
     # How the lead is judged: True, by duels of the real fleet's evictions against each expert's (duels.py);
     # False, by the ghosts' misses (experts.py)
     expert_duels: bool = True
+    # With the layer on: whole baselines (on-demand LRU, FaasCache) run on shadow fleets of the real one's shape
+    # fed the same requests, and one takes over the plan while its shadow's cold requests stay below the real
+    # fleet's by a margin (prewarm.domain.whole). Off: prewarm's plan always
+    whole_experts: bool = True
     # Loads ahead (speculative, partners) go on while their real record says they pay (ahead.py: each is a
     # bet that its model is asked for before its victims; decayed with expert_halflife_s). Off: always on
     ahead_gate: bool = True

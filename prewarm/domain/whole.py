@@ -1,0 +1,204 @@
+"""Whole experts (issue 26, item 2): prewarm never stays behind a whole baseline policy on this traffic.
+
+The no-regret layer inside plan() (policy/experts.py, duels.py) weighs eviction *orders* on the GPUs prewarm
+chose. That bounds regret against orders, not against policies: on bursty on/off traffic over a small fleet
+whose links saturate, on-demand LRU as a whole (its GPU choice and its order, no loads ahead) had 9,144 cold
+starts where prewarm had 11,656, and no order on prewarm's GPU choices came near it (docs/simulation.md,
+"Synthetic regimes"). So here each whole baseline runs beside the real fleet as the experts of
+"follow the leader" do (Kalai & Vempala, "Efficient algorithms for online decision problems", JCSS 2005;
+Cesa-Bianchi & Lugosi, "Prediction, Learning, and Games", 2006, ch. 4: an expert switched to only when its
+lead clears a margin, so that switches stay few):
+
+- each expert (WHOLE_EXPERTS) is its baseline rule (prewarm.domain.baselines) on a *shadow fleet*
+  (baselines.shadow): GPUs of the real ones' memory, the same load times, links and load slots, fed the
+  requests the real fleet gets, so it is the simulator's run of that baseline, live;
+- at each call, every request since the last one counts cold for the real fleet if the snapshot shows no
+  ready replica of its model, and for a shadow if the shadow has none at the same moment (the same measure on
+  both sides); the counts decay with a half-life of `PolicyConfig.expert_halflife_s`;
+- while prewarm's plan leads, an expert whose shadow's decayed cold requests are below the real fleet's by
+  MARGIN (and the fleet's record holds MIN_COLD) takes over: its rule plans the real fleet
+  (baselines.live.BaselinePolicy, as when an operator picks it) for a hold, HOLD_HALFLIVES half-lives at first;
+- when the hold ends the plan goes back to prewarm's on probation: the records go on, and the expert takes
+  over again only once prewarm's fleet falls behind its shadow by the margin again, for twice the hold. A
+  leader that stays better is left after log2(hours) probations; one that was better only for a while costs
+  at most the probation it takes to show it.
+
+Where the expert cannot stand in for prewarm it is not followed: a catalog with pins, replica floors or rate
+caps (prewarm's rules, not the baselines'), or with LoRA adapters; the plan stays prewarm's there. The shadows
+are rebuilt (their records with them) when the fleet's GPUs or the catalog's models change.
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from .baselines import RULES
+from .baselines.live import Arrival, BaselinePolicy
+from .baselines.shadow import ShadowFleet
+from .policy.adapters import split
+from .policy.types import Action, PolicyConfig, Snapshot
+from .policy.value import load_seconds
+from .states import READY
+
+WHOLE_EXPERTS: tuple[str, ...] = ("on-demand-lru", "faascache")
+HOME = "prewarm"
+MARGIN = 0.1  # an expert's shadow must have this share fewer cold requests than the real fleet to take over
+MIN_COLD = 100.0  # decayed cold requests on the real fleet's record before the lead may move
+HOLD_HALFLIVES = 4.0  # an expert's first hold; doubled each time it takes the lead again
+
+
+class WholeExperts:
+    """The shadows, their records and who plans now; `decide` is what PrewarmPolicy calls each tick."""
+
+    def __init__(self) -> None:
+        self.shadows: dict[str, ShadowFleet] = {}
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.shape: tuple[Any, ...] | None = None
+        self._models: object = None
+        self.eligible = False
+        self.real = 0.0  # decayed cold requests of the real fleet
+        self.cold: dict[str, float] = {}  # and of each shadow
+        self.requests = 0.0
+        self.at: float | None = None
+        self.since: float | None = None  # when the shadows started: a record younger than a half-life says nothing
+        self.leader = HOME
+        self.until = 0.0
+        self.hold: dict[str, float] = {}
+        self.switches = 0
+        self.moves: list[tuple[float, str]] = []  # (when, who plans from then): the lead's history
+        self.baseline: BaselinePolicy | None = None
+
+    # ---- the record ------------------------------------------------------------------------------
+    def _catalog(self, snap: Snapshot) -> None:
+        """Whether an expert may stand in for prewarm on this catalog; its models' indexes for the shadows."""
+        if snap.models is self._models:
+            return
+        self._models = snap.models
+        models = snap.models
+        self.eligible = split(models) is None and not any(
+            s.pinned or s.min_replicas > 0 or s.max_rate_per_replica for s in models.values())
+        ids = sorted(k for k in models if "@" not in k)
+        if list(self.index) != ids:
+            self.index = {k: i for i, k in enumerate(ids)}
+            self.names = ids
+            self.shape = None  # the shadows index models: new ones for a new catalog
+
+    def _build(self, snap: Snapshot, cfg: PolicyConfig) -> None:
+        gpus = tuple(sorted((g.id, g.total_bytes) for g in snap.gpus if g.alive))
+        shape = (gpus, cfg.max_loads_per_gpu)
+        if shape == self.shape:
+            return
+        self.shape = shape
+        sizes = [0] * len(self.index)
+        loads = [0.0] * len(self.index)
+        for k, i in self.index.items():
+            spec = snap.models[k]
+            sizes[i] = spec.size_bytes
+            loads[i] = load_seconds(spec, cfg)
+        self.shadows = {name: ShadowFleet(RULES[name](), [b for _g, b in gpus], sizes, loads, cfg.max_loads_per_gpu)
+                        for name in WHOLE_EXPERTS}
+        self.cold = dict.fromkeys(WHOLE_EXPERTS, 0.0)
+        self.real = 0.0
+        self.requests = 0.0
+        self.since = None
+
+    def feed(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival]) -> None:
+        """The requests since the last call, into the shadows and the records."""
+        cfg = snap.config
+        self._catalog(snap)
+        self._build(snap, cfg)
+        if self.at is not None and now > self.at:
+            f = 0.5 ** ((now - self.at) / cfg.expert_halflife_s)
+            self.real *= f
+            self.requests *= f
+            for k in self.cold:
+                self.cold[k] *= f
+        self.at = now if self.at is None else max(self.at, now)
+        if self.since is None:
+            self.since = now
+        if not arrivals:
+            for sh in self.shadows.values():
+                sh.advance(now)
+            return
+        index = self.index
+        got: list[tuple[int, int]] = []
+        for model, second, count in sorted(arrivals, key=lambda a: a[1]):
+            m = index.get(model)
+            if m is None or count <= 0:
+                continue
+            got.append((m, count))
+            t = second + 0.5  # as baselines.live: a request of second s came within [s, s + 1)
+            for sh in self.shadows.values():
+                for _ in range(count):
+                    sh.request(t, m)
+        ready = {r.model for r in snap.replicas if r.state == READY}
+        names = self.names
+        for name, sh in self.shadows.items():
+            sh.advance(now)
+            self.cold[name] += sum(c for m, c in got if not sh.ready(m))
+        self.real += sum(c for m, c in got if names[m] not in ready)
+        self.requests += sum(c for _m, c in got)
+
+    def best(self, now: float, halflife_s: float) -> str | None:
+        """The expert whose shadow leads the real fleet by the margin, if any. The fleet and the shadows all
+        start cold (every first request is cold everywhere), so a record younger than a half-life is no lead."""
+        if self.real < MIN_COLD or not self.cold or self.since is None or now - self.since < halflife_s:
+            return None
+        name = min(self.cold, key=lambda k: (self.cold[k], k))
+        return name if self.cold[name] < (1.0 - MARGIN) * self.real else None
+
+    # ---- the plan -------------------------------------------------------------------------------
+    def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival]) -> list[Action] | None:
+        """The leading expert's actions, or None: prewarm's plan decides this call."""
+        cfg = snap.config
+        if not (cfg.no_regret and cfg.whole_experts):
+            return None
+        self.feed(snap, now, arrivals)
+        if not self.eligible:
+            if self.leader != HOME:
+                self.moves.append((now, HOME))
+            self._home()
+            return None
+        if self.leader != HOME and now >= self.until:
+            self._home()  # probation: prewarm plans again while the records say whether it keeps up
+            self.moves.append((now, HOME))
+        name = self.best(now, cfg.expert_halflife_s)
+        if self.leader == HOME and name is None:
+            return None
+        if name is not None and name != self.leader:
+            # prewarm's plan, or an expert that leads the fleet to worse than another's shadow: that one plans
+            hold = self.hold.get(name, 0.0)
+            hold = HOLD_HALFLIVES * cfg.expert_halflife_s if hold == 0.0 else 2 * hold
+            self.hold[name] = hold
+            self.leader, self.until = name, now + hold
+            self.baseline = BaselinePolicy(name, RULES[name](), cfg)
+            self.switches += 1
+            self.moves.append((now, name))
+        assert self.baseline is not None
+        why = self.why()
+        return [replace(a, reason=f"{a.reason}; {why}") for a in self.baseline.decide(snap, now, arrivals)]
+
+    def _home(self) -> None:
+        self.leader = HOME
+        self.baseline = None
+
+    def why(self) -> str:
+        if self.leader == HOME:
+            return f"prewarm plans: {self._figures()}"
+        return (f"whole expert {self.leader} plans until {self.until:.0f}: it took over when its shadow fleet had "
+                f"{MARGIN:.0%} fewer cold requests than this fleet (now {self._figures()})")
+
+    def _figures(self) -> str:
+        shadows = ", ".join(f"{k} {v:.0f}" for k, v in sorted(self.cold.items()))
+        return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"leader": self.leader, "switches": self.switches,
+                "moves": [(round(t / 3600, 2), who) for t, who in self.moves],  # (hour, who plans from then)
+                "real_cold": round(self.real, 2),
+                "shadow_cold": {k: round(v, 2) for k, v in self.cold.items()},
+                "requests": round(self.requests, 2), "eligible": self.eligible}

@@ -1,0 +1,91 @@
+"""Whole experts (prewarm.domain.whole, issue 26): whole baselines on shadow fleets beside the real one, and
+the plan handed to one while its shadow leads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prewarm.domain.baselines import RULES
+from prewarm.domain.baselines.shadow import ShadowFleet
+from prewarm.domain.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
+from prewarm.domain.states import READY
+from prewarm.domain.whole import HOME, WholeExperts
+from simulator import synthetic
+from simulator.engine import Simulation
+from simulator.policies import Prewarm
+from simulator.trace import GIB, load_profile, read_trace
+
+from .test_sim import trace
+
+
+@pytest.mark.parametrize("name", ["on-demand-lru", "faascache"])
+def test_a_shadow_fleet_is_the_simulators_baseline(name: str) -> None:
+    """Fed the requests one by one, a shadow has the cold requests the simulator's run of the same baseline has
+    (saturated random traffic: loads queue for slots, share links, and misses stall)."""
+    rng = np.random.default_rng(3)
+    names = [f"m{i}" for i in range(15)]
+    events = sorted((float(t), names[int(i)]) for t, i in zip(rng.uniform(0, 900, 600), rng.integers(0, 15, 600),
+                                                              strict=True))
+    tr = trace(events)
+    sizes = [int(float(s) * GIB) for s in rng.uniform(0.5, 3.0, len(tr.models))]
+    loads = [float(x) for x in rng.uniform(5, 60, len(tr.models))]
+    sim = Simulation(tr, np.array(sizes, dtype=np.int64), np.array(loads), 2, 4 * GIB, "shared")
+    sim.run(RULES[name]())
+    sh = ShadowFleet(RULES[name](), [4 * GIB, 4 * GIB], sizes, loads, 2)
+    warm = [sh.request(t, m) for t, m in zip(tr.times.tolist(), tr.mids.tolist(), strict=True)]
+    assert sh.cold == sim.cold == warm.count(False) and sim.cold > 100
+
+
+def _run(d: Path, gpus: int, whole: bool) -> Prewarm:
+    tr = read_trace(str(d / "requests.csv"), "requests", 0, None)
+    sizes, loads = load_profile(str(d / "profile.csv"), tr.models)
+    sim = Simulation(tr, sizes, loads, gpus, 80 * GIB, "shared")
+    pol = Prewarm(PolicyConfig(whole_experts=whole))
+    sim.run(pol)
+    pol.cold = sim.cold  # type: ignore[attr-defined]
+    return pol
+
+
+def test_on_bursty_traffic_over_a_small_fleet_lru_takes_over_and_the_fleet_gains(tmp_path: Path) -> None:
+    """Synthetic on/off bursts, 6 h on 4 GPUs: on-demand LRU's shadow leads prewarm's fleet, takes over within 4 h,
+    and the fleet ends with fewer cold starts than prewarm's plan alone has."""
+    synthetic.write("onoff", tmp_path, hours=6, requests=37_500, seed=0)
+    on, off = _run(tmp_path, 4, True), _run(tmp_path, 4, False)
+    moves = on.policy.whole.moves
+    assert moves and moves[0][1] == "on-demand-lru" and moves[0][0] <= 4 * 3600
+    assert on.cold < off.cold  # type: ignore[attr-defined]
+    assert off.policy.whole.moves == [] and off.policy.whole.shadows == {}  # off: no shadow runs
+
+
+def test_where_prewarm_leads_its_plan_decides_every_call(tmp_path: Path) -> None:
+    """Periodic timers over a Poisson background, 6 h on 8 GPUs: no shadow comes near prewarm's fleet, nothing is
+    handed over, and every decision is the plan's alone (the same cold starts as with the layer off)."""
+    synthetic.write("periodic", tmp_path, hours=6, requests=37_500, seed=0)
+    on, off = _run(tmp_path, 8, True), _run(tmp_path, 8, False)
+    w = on.policy.whole
+    assert w.moves == [] and w.leader == HOME and all(c > w.real for c in w.cold.values())
+    assert on.cold == off.cold  # type: ignore[attr-defined]
+
+
+def _snapshot(models: dict[str, ModelSpec], tr: TrafficHistory) -> Snapshot:
+    gpus = (GpuState("n/cuda:0", "n", 4 * GIB, 3 * GIB),)
+    replicas = (ReplicaState("a", "n/cuda:0", READY, GIB, 0.0),)
+    return Snapshot(models, gpus, replicas, tr, waiting={"b": 1}, config=PolicyConfig())
+
+
+def test_an_expert_that_leads_plans_and_says_why_and_floors_keep_prewarms_plan() -> None:
+    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    assert w.decide(_snapshot(models, tr), 0.0, [("b", 0.0, 1)]) is None  # a young record leads nothing
+    w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}
+    actions = w.decide(_snapshot(models, tr), 7200.0, [("b", 7199.0, 1)])
+    assert actions is not None and w.leader == "on-demand-lru" and w.moves == [(7200.0, "on-demand-lru")]
+    [load] = actions
+    assert load.model == "b" and "whole expert on-demand-lru plans" in load.reason
+    pinned = {**models, "a": ModelSpec("a", GIB, load_seconds=5.0, pinned=True)}  # a floor: not a baseline's rule
+    assert w.decide(_snapshot(pinned, tr), 7300.0, [("b", 7299.0, 1)]) is None
+    assert w.leader == HOME and not w.eligible and w.moves[-1] == (7300.0, HOME)
