@@ -266,6 +266,9 @@ class Settings:
     max_demand_wait: float | None = None
     # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py, duels.py): on unless set to 0
     no_regret: bool = True
+    # PREWARM_WHOLE_EXPERTS: with the layer on, a whole baseline whose shadow fleet leads may plan
+    # (PolicyConfig.whole_experts; prewarm.domain.whole): on unless set to 0
+    whole_experts: bool = True
     # PREWARM_FILL_SHARE: the share of each GPU the fill of never-requested models may take while fills pay
     # (PolicyConfig.fill_share; firsts.py); 0: no fill
     fill_share: float = 1.0
@@ -326,6 +329,7 @@ class Settings:
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
             no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
+            whole_experts=env_flag(e, "PREWARM_WHOLE_EXPERTS", True),
             fill_share=env_float(e, "PREWARM_FILL_SHARE", 1.0),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),

@@ -96,6 +96,7 @@ class Scheduler:
                                              idle_memory_budget=ctx.settings.idle_memory_budget,
                                              overdue_wait_s=ctx.settings.max_demand_wait,
                                              no_regret=ctx.settings.no_regret,
+                                             whole_experts=ctx.settings.whole_experts,
                                              fill_share=ctx.settings.fill_share)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)
@@ -252,11 +253,16 @@ class Scheduler:
         return result
 
     def _expert(self) -> str:
-        """Which expert of the no-regret layer leads and why (prewarm's policy with the layer on), else ""."""
+        """Which expert of the no-regret layer leads and why (prewarm's policy with the layer on), else "": who
+        plans: prewarm, or (first) a whole baseline whose shadow fleet leads (prewarm.domain.whole)."""
         st = getattr(self.policy, "state", None)
         if st is None or not self.config.no_regret:
             return ""
-        return str(st.experts.why())
+        orders = str(st.experts.why())
+        whole = getattr(self.policy, "whole", None)
+        if whole is None or not self.config.whole_experts or not whole.shape:
+            return orders
+        return f"{whole.why()}; {orders}" if whole.leader != "prewarm" else f"{orders}; {whole.why()}"
 
     def _loads_ahead(self) -> str:
         """What loads ahead saved and cost on this traffic, and whether they go on (ahead.py), else ""."""

@@ -31,6 +31,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -48,6 +49,11 @@ HOME = "prewarm"
 MARGIN = 0.1  # an expert's shadow must have this share fewer cold requests than the real fleet to take over
 MIN_COLD = 100.0  # decayed cold requests on the real fleet's record before the lead may move
 HOLD_HALFLIVES = 4.0  # an expert's first hold; doubled each time it takes the lead again
+# Past this many GPUs the shadows are miniature fleets (Waldspurger et al., "Cache Modeling and Optimization using
+# Miniature Simulations", USENIX ATC 2017; SHARDS, FAST 2015): this many of the GPUs and the models whose id hashes
+# into the same share, each fleet's cold requests counted on those models only. Every sweep point (8-32 GPUs) runs
+# whole; 10,000 models on 256 GPUs run 1/8 of each.
+SAMPLE_GPUS = 32
 
 
 class WholeExperts:
@@ -55,8 +61,11 @@ class WholeExperts:
 
     def __init__(self) -> None:
         self.shadows: dict[str, ShadowFleet] = {}
-        self.index: dict[str, int] = {}
+        self._ids: list[str] = []  # the catalog's current versions
+        self.index: dict[str, int] = {}  # the sampled ones (all of them up to SAMPLE_GPUS GPUs) -> shadow index
         self.names: list[str] = []
+        self.rate = 1.0  # the share of GPUs and models the shadows hold
+        self.origin = 0.0  # when the shadows were built: their clock's 0
         self.shape: tuple[Any, ...] | None = None
         self._models: object = None
         self.eligible = False
@@ -82,17 +91,25 @@ class WholeExperts:
         self.eligible = split(models) is None and not any(
             s.pinned or s.min_replicas > 0 or s.max_rate_per_replica for s in models.values())
         ids = sorted(k for k in models if "@" not in k)
-        if list(self.index) != ids:
-            self.index = {k: i for i, k in enumerate(ids)}
-            self.names = ids
+        if self._ids != ids:
+            self._ids = ids
             self.shape = None  # the shadows index models: new ones for a new catalog
 
-    def _build(self, snap: Snapshot, cfg: PolicyConfig) -> None:
+    def _build(self, snap: Snapshot, cfg: PolicyConfig, now: float) -> bool:
+        """(Re)build the shadows for this fleet and catalog when either changed: True when it did."""
         gpus = tuple(sorted((g.id, g.total_bytes) for g in snap.gpus if g.alive))
         shape = (gpus, cfg.max_loads_per_gpu)
         if shape == self.shape:
-            return
+            return False
         self.shape = shape
+        # a miniature fleet past SAMPLE_GPUS GPUs: every k-th GPU, and the models whose id hashes below the same
+        # share (a model is in or out of the sample whatever the catalog around it)
+        rate = min(1.0, SAMPLE_GPUS / len(gpus)) if gpus else 1.0
+        step = len(gpus) / SAMPLE_GPUS if rate < 1.0 else 1.0
+        gpus = tuple(gpus[int(i * step)] for i in range(min(len(gpus), SAMPLE_GPUS))) if rate < 1.0 else gpus
+        self.names = [k for k in self._ids if rate >= 1.0 or zlib.crc32(k.encode()) < rate * 2**32]
+        self.index = {k: i for i, k in enumerate(self.names)}
+        self.rate = rate
         sizes = [0] * len(self.index)
         loads = [0.0] * len(self.index)
         for k, i in self.index.items():
@@ -105,12 +122,17 @@ class WholeExperts:
         self.real = 0.0
         self.requests = 0.0
         self.since = None
+        # the shadows' clock starts at 0 now: an epoch's seconds (~1.8e9) keep only ~1e-7 s of precision, which a
+        # load's last step on a shared link can fall below (its completion would then never come)
+        self.origin = now
+        return True
 
     def feed(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival]) -> None:
         """The requests since the last call, into the shadows and the records."""
         cfg = snap.config
         self._catalog(snap)
-        self._build(snap, cfg)
+        if self._build(snap, cfg, now):
+            arrivals = ()  # new shadows start empty now: a backlog (a new leader's first call reads an hour)
         if self.at is not None and now > self.at:
             f = 0.5 ** ((now - self.at) / cfg.expert_halflife_s)
             self.real *= f
@@ -122,7 +144,7 @@ class WholeExperts:
             self.since = now
         if not arrivals:
             for sh in self.shadows.values():
-                sh.advance(now)
+                sh.advance(now - self.origin)
             return
         index = self.index
         got: list[tuple[int, int]] = []
@@ -131,14 +153,18 @@ class WholeExperts:
             if m is None or count <= 0:
                 continue
             got.append((m, count))
-            t = second + 0.5  # as baselines.live: a request of second s came within [s, s + 1)
+            t = second + 0.5 - self.origin  # as baselines.live: a request of second s came within [s, s + 1)
             for sh in self.shadows.values():
                 for _ in range(count):
                     sh.request(t, m)
+        if not got:
+            for sh in self.shadows.values():
+                sh.advance(now - self.origin)
+            return
         ready = {r.model for r in snap.replicas if r.state == READY}
         names = self.names
         for name, sh in self.shadows.items():
-            sh.advance(now)
+            sh.advance(now - self.origin)
             self.cold[name] += sum(c for m, c in got if not sh.ready(m))
         self.real += sum(c for m, c in got if names[m] not in ready)
         self.requests += sum(c for _m, c in got)
@@ -146,7 +172,7 @@ class WholeExperts:
     def best(self, now: float, halflife_s: float) -> str | None:
         """The expert whose shadow leads the real fleet by the margin, if any. The fleet and the shadows all
         start cold (every first request is cold everywhere), so a record younger than a half-life is no lead."""
-        if self.real < MIN_COLD or not self.cold or self.since is None or now - self.since < halflife_s:
+        if self.real < MIN_COLD * self.rate or not self.cold or self.since is None or now - self.since < halflife_s:
             return None
         name = min(self.cold, key=lambda k: (self.cold[k], k))
         return name if self.cold[name] < (1.0 - MARGIN) * self.real else None

@@ -83,3 +83,10 @@ def test_the_no_regret_layer_is_on_unless_set_off() -> None:
     assert Settings.from_env({"PREWARM_NO_REGRET": "1"}).no_regret
     with pytest.raises(ValueError, match="PREWARM_NO_REGRET='sometimes': write 1"):
         Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
+
+
+def test_whole_experts_are_on_unless_set_off() -> None:
+    """PREWARM_WHOLE_EXPERTS (prewarm.domain.whole): on by default, 0 turns it off, junk is refused."""
+    assert Settings.from_env({}).whole_experts and not Settings.from_env({"PREWARM_WHOLE_EXPERTS": "0"}).whole_experts
+    with pytest.raises(ValueError, match="PREWARM_WHOLE_EXPERTS='maybe': write 1"):
+        Settings.from_env({"PREWARM_WHOLE_EXPERTS": "maybe"})

@@ -89,3 +89,19 @@ def test_an_expert_that_leads_plans_and_says_why_and_floors_keep_prewarms_plan()
     pinned = {**models, "a": ModelSpec("a", GIB, load_seconds=5.0, pinned=True)}  # a floor: not a baseline's rule
     assert w.decide(_snapshot(pinned, tr), 7300.0, [("b", 7299.0, 1)]) is None
     assert w.leader == HOME and not w.eligible and w.moves[-1] == (7300.0, HOME)
+
+
+def test_shadows_keep_time_at_an_epochs_scale_and_skip_a_new_leaders_backlog() -> None:
+    """Live, `now` is ~1.8e9 s: the shadows count from their own start (a shared link's last step below an epoch's
+    ~1e-7 s precision once left a load that never finished). The first call's arrivals (a backlog a new leader
+    reads) are not fed; later ones are, and a load started by one finishes."""
+    models = {m: ModelSpec(m, GIB, load_seconds=7.3) for m in ("a", "b", "c")}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    t0 = 1_800_000_000.123
+    assert w.decide(_snapshot(models, tr), t0, [("b", t0 - 100.0, 5)]) is None
+    assert all(sh.requests == 0 for sh in w.shadows.values())  # the backlog
+    w.decide(_snapshot(models, tr), t0 + 1.0, [("b", t0, 1), ("c", t0 + 0.3, 1)])
+    w.decide(_snapshot(models, tr), t0 + 30.0, [])
+    for sh in w.shadows.values():  # both loads shared one link, 7.3 s each alone: done by now
+        assert sh.requests == 2 and sh.ready(w.index["b"]) and sh.ready(w.index["c"])

@@ -31,15 +31,14 @@ def choose(gpus: Iterable[GpuLike], m: int, size: int, key: Callable[[Any], floa
     """(GPU index, victims in eviction order) for one load of model m, or None when no GPU can take it.
     `free(i)`: bytes a new load can have on GPU i; `loads(i)`: its loads running or queued; `max_loads`:
     its load slots (0: no limit)."""
-    cands = [g for g in gpus if g.capacity >= size and m not in g.residents]
-    # Room ids sort as the indices do (rank breaks its last ties by id)
-    rooms = [Room(f"{g.index:09d}", "", free(g.index), loads(g.index)) for g in cands]
+    cands = [(g, free(g.index)) for g in gpus if g.capacity >= size and m not in g.residents]
+    # Room ids sort as the indices do (rank breaks its last ties by id); only a GPU with room is one rank keeps
+    rooms = [Room(f"{g.index:09d}", "", room, loads(g.index)) for g, room in cands if room >= size]
     fits = rank(rooms, size, max_loads=max_loads)
     if fits:
         return int(fits[0].gpu), []
     best: tuple | None = None
-    for g in cands:
-        room = free(g.index)
+    for g, room in cands:
         victims = []
         freed = 0
         worst = -math.inf
