@@ -133,6 +133,9 @@ class WholeExperts:
         self._catalog(snap)
         if self._build(snap, cfg, now):
             arrivals = ()  # new shadows start empty now: a backlog (a new leader's first call reads an hour)
+            if self.leader != HOME:  # a new catalog or fleet: the expert's rule indexed the old one, its record is gone
+                self._home()
+                self.moves.append((now, HOME))
         if self.at is not None and now > self.at:
             f = 0.5 ** ((now - self.at) / cfg.expert_halflife_s)
             self.real *= f

@@ -105,3 +105,15 @@ def test_shadows_keep_time_at_an_epochs_scale_and_skip_a_new_leaders_backlog() -
     w.decide(_snapshot(models, tr), t0 + 30.0, [])
     for sh in w.shadows.values():  # both loads shared one link, 7.3 s each alone: done by now
         assert sh.requests == 2 and sh.ready(w.index["b"]) and sh.ready(w.index["c"])
+
+
+def test_a_new_catalog_hands_the_plan_back_and_starts_the_records_again() -> None:
+    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    w.decide(_snapshot(models, tr), 0.0, [])
+    w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}
+    assert w.decide(_snapshot(models, tr), 7200.0, [("b", 7199.0, 1)]) is not None and w.leader == "on-demand-lru"
+    grown = {**models, "c": ModelSpec("c", GIB, load_seconds=5.0)}  # the expert's rule indexed the old catalog
+    assert w.decide(_snapshot(grown, tr), 7202.0, [("c", 7201.0, 1)]) is None
+    assert w.leader == HOME and w.real == 0.0 and "c" in w.index and w.moves[-1] == (7202.0, HOME)
