@@ -38,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-from prewarm.domain.baselines.placement import choose
+from prewarm.domain.baselines.shadow import PlacingFleet
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.states import LOADING, PENDING, READY
 
@@ -82,7 +82,7 @@ class Policy(Protocol):
 _LOAD_DONE, _STAGE_DONE, _TIMER, _TICK = 0, 1, 3, 4
 
 
-class Simulation:
+class Simulation(PlacingFleet):
     def __init__(
         self,
         trace: Trace,
@@ -187,15 +187,6 @@ class Simulation:
         done = link.next_done(self.shared)
         if done is not None:
             self.push(done, kind, (index, link.version))
-
-    def free(self, gi: int) -> int:
-        g = self.gpus[gi]
-        return g.capacity - g.used
-
-    def loads_on(self, gi: int) -> int:
-        """Loads on GPU gi holding a slot or queued for one."""
-        g = self.gpus[gi]
-        return len(g.link.jobs) + len(g.queue)
 
     def slots_busy(self, gi: int) -> bool:
         """Every load slot of GPU gi is taken (a load sent now would queue)."""
@@ -470,21 +461,7 @@ class Simulation:
             if tick and (t + tick <= end or (self.stalled and t + tick <= end + DRAIN_S)):
                 self.push(t + tick, _TICK, ())
 
-    # ---- the baselines' Fleet (prewarm.domain.baselines.base.Fleet) ---------------------
-    def place_evicting(self, m: int, key, only_if=None, kind: str = "") -> Replica | None:
-        """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
-        with room, as `policy.placement.rank` orders them; else the GPU whose victims in ascending
-        `key(replica)` order reach least far), evicting its victims first. `only_if(replica)` limits
-        who may be evicted (always False: free memory only)."""
-        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
-        self.victims = [] if best is None else best[1]
-        if best is None:
-            return None
-        gi, victims = best
-        for r in victims:
-            self.evict(r.model, r.gpu)
-        return self.start_load(m, gi, kind)
-
+    # ---- the baselines' Fleet (prewarm.domain.baselines.base.Fleet): place_evicting is PlacingFleet's ----
     def resident_keys(self) -> set[tuple[int, int]]:
         """(model, gpu) of every replica held, in any state."""
         return {(r.model, r.gpu) for g in self.gpus for r in g.residents.values()}

@@ -79,7 +79,49 @@ class ShadowGpu:
     queue: deque[ShadowReplica] = field(default_factory=deque)
 
 
-class ShadowFleet:
+class PlacingFleet:
+    """A baseline's placement on a fleet of GPUs with links and slots (the `baselines.base.Fleet` protocol's
+    place_evicting), shared by the simulator's engine and the shadow fleets. The class using it has `gpus` (each
+    with capacity, used, residents, link, queue), `sizes`, `load_slots`, `evict(m, gi)` and
+    `start_load(m, gi, kind)`."""
+
+    gpus: list[Any]
+    sizes: list[int]
+    load_slots: int
+    victims: list[Any]
+
+    def evict(self, m: int, gi: int) -> bool:
+        raise NotImplementedError
+
+    def start_load(self, m: int, gi: int, kind: str = "") -> Any:
+        raise NotImplementedError
+
+    def free(self, gi: int) -> int:
+        g = self.gpus[gi]
+        return g.capacity - g.used
+
+    def loads_on(self, gi: int) -> int:
+        """Loads on GPU gi holding a slot or queued for one."""
+        g = self.gpus[gi]
+        return len(g.link.jobs) + len(g.queue)
+
+    def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
+                       kind: str = "") -> Any:
+        """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
+        with room, as `policy.placement.rank` orders them; else the GPU whose victims in ascending
+        `key(replica)` order reach least far), evicting its victims first. `only_if(replica)` limits
+        who may be evicted (always False: free memory only)."""
+        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
+        self.victims = [] if best is None else best[1]
+        if best is None:
+            return None
+        gi, victims = best
+        for r in victims:
+            self.evict(r.model, r.gpu)
+        return self.start_load(m, gi, kind)
+
+
+class ShadowFleet(PlacingFleet):
     """One baseline rule on a virtual fleet (the `baselines.base.Fleet` protocol). Feed it `request(t, m)` in
     time order; `ready(m)` says whether model m has a ready replica once `advance(t)` has brought it to t."""
 
@@ -147,27 +189,8 @@ class ShadowFleet:
     def ready(self, m: int) -> bool:
         return self.ready_count[m] > 0
 
-    # ---- the Fleet protocol ------------------------------------------------------------------
-    def free(self, gi: int) -> int:
-        g = self.gpus[gi]
-        return g.capacity - g.used
-
-    def loads_on(self, gi: int) -> int:
-        g = self.gpus[gi]
-        return len(g.link.jobs) + len(g.queue)
-
-    def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
-                       kind: str = "") -> ShadowReplica | None:
-        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
-        self.victims = [] if best is None else best[1]
-        if best is None:
-            return None
-        gi, victims = best
-        for r in victims:
-            self.evict(r.model, r.gpu)
-        return self.start_load(m, gi)
-
-    def start_load(self, m: int, gi: int) -> ShadowReplica | None:
+    # ---- the Fleet protocol (free, loads_on, place_evicting: PlacingFleet) -----------------------
+    def start_load(self, m: int, gi: int, kind: str = "") -> ShadowReplica | None:
         g = self.gpus[gi]
         size = self.sizes[m]
         if m in g.residents or g.capacity - g.used < size:
