@@ -54,6 +54,9 @@ HOLD_HALFLIVES = 4.0  # an expert's first hold; doubled each time it takes the l
 # into the same share, each fleet's cold requests counted on those models only. Every sweep point (8-32 GPUs) runs
 # whole; 10,000 models on 256 GPUs run 1/8 of each.
 SAMPLE_GPUS = 32
+# A probation's verdict: once prewarm's fleet has this many cold requests since it began (at most a half-life), the
+# expert plans again if its shadow had fewer in the same span; else the records decide as before
+PROBATION_COLD = 50.0
 
 
 class WholeExperts:
@@ -80,6 +83,11 @@ class WholeExperts:
         self.switches = 0
         self.moves: list[tuple[float, str]] = []  # (when, who plans from then): the lead's history
         self.baseline: BaselinePolicy | None = None
+        # a probation (prewarm plans again after an expert's hold): that expert, and both sides' cold requests since
+        self.probation: str | None = None
+        self.trial_real = 0.0
+        self.trial_cold = 0.0
+        self.trial_since = 0.0
 
     # ---- the record ------------------------------------------------------------------------------
     def _catalog(self, snap: Snapshot) -> None:
@@ -122,6 +130,7 @@ class WholeExperts:
         self.real = 0.0
         self.requests = 0.0
         self.since = None
+        self.probation = None
         # the shadows' clock starts at 0 now: an epoch's seconds (~1.8e9) keep only ~1e-7 s of precision, which a
         # load's last step on a shared link can fall below (its completion would then never come)
         self.origin = now
@@ -169,7 +178,11 @@ class WholeExperts:
         for name, sh in self.shadows.items():
             sh.advance(now - self.origin)
             self.cold[name] += sum(c for m, c in got if not sh.ready(m))
-        self.real += sum(c for m, c in got if names[m] not in ready)
+        real = sum(c for m, c in got if names[m] not in ready)
+        self.real += real
+        if self.probation is not None:
+            self.trial_real += real
+            self.trial_cold += sum(c for m, c in got if not self.shadows[self.probation].ready(m))
         self.requests += sum(c for _m, c in got)
 
     def best(self, now: float, halflife_s: float) -> str | None:
@@ -193,9 +206,18 @@ class WholeExperts:
             self._home()
             return None
         if self.leader != HOME and now >= self.until:
-            self._home()  # probation: prewarm plans again while the records say whether it keeps up
+            # probation: prewarm plans again, its cold requests counted from now beside the expert's shadow's
+            self.probation, self.trial_real, self.trial_cold, self.trial_since = self.leader, 0.0, 0.0, now
+            self._home()
             self.moves.append((now, HOME))
         name = self.best(now, cfg.expert_halflife_s)
+        if self.probation is not None and self.leader == HOME:
+            if self.trial_real >= PROBATION_COLD * self.rate:
+                if self.trial_real > self.trial_cold:
+                    name = self.probation  # prewarm fell behind the expert's shadow again: it plans again
+                self.probation = None
+            elif now - self.trial_since >= cfg.expert_halflife_s:
+                self.probation = None  # too few cold requests to tell: the records decide from here
         if self.leader == HOME and name is None:
             return None
         if name is not None and name != self.leader:

@@ -117,3 +117,23 @@ def test_a_new_catalog_hands_the_plan_back_and_starts_the_records_again() -> Non
     grown = {**models, "c": ModelSpec("c", GIB, load_seconds=5.0)}  # the expert's rule indexed the old catalog
     assert w.decide(_snapshot(grown, tr), 7202.0, [("c", 7201.0, 1)]) is None
     assert w.leader == HOME and w.real == 0.0 and "c" in w.index and w.moves[-1] == (7202.0, HOME)
+
+
+@pytest.mark.parametrize(("fleet", "shadow", "who"), [(60.0, 10.0, "on-demand-lru"), (60.0, 80.0, HOME)])
+def test_a_probation_hands_back_at_once_when_prewarm_falls_behind(fleet: float, shadow: float, who: str) -> None:
+    """After an expert's hold prewarm plans on probation; once its fleet has PROBATION_COLD cold requests the
+    expert plans again (for twice the hold) if its shadow had fewer in the same span, else prewarm keeps the plan."""
+    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    w.decide(_snapshot(models, tr), 0.0, [])
+    w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}
+    w.decide(_snapshot(models, tr), 7200.0, [])
+    assert w.leader == "on-demand-lru" and w.until == 7200.0 + 4 * 3600
+    w.real, w.cold = 100.0, {"on-demand-lru": 95.0, "faascache": 500.0}  # no margin either way now
+    assert w.decide(_snapshot(models, tr), w.until, []) is None and w.leader == HOME and w.probation == "on-demand-lru"
+    w.trial_real, w.trial_cold = fleet, shadow
+    w.decide(_snapshot(models, tr), w.until + 600.0, [])
+    assert w.leader == who and w.probation is None
+    if who != HOME:
+        assert w.until == 7200.0 + 4 * 3600 + 600.0 + 8 * 3600  # the hold doubled
