@@ -90,3 +90,31 @@ def test_a_bad_option_says_what_to_fix() -> None:
     proc = subprocess.run([sys.executable, "-m", "prewarm.programs.cli", "bench", "tick", "--ticks", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--ticks at least 2" in proc.stderr
+
+
+def test_sigterm_ends_a_run_and_its_embedded_redis(tmp_path: Path) -> None:
+    """`timeout` or a supervisor ends a run with SIGTERM: the run stops (exit 143) and takes its embedded Redis with
+    it (SIGTERM's default had left the server running)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREWARM_REDIS_URL"}
+    env["PREWARM_DATA_DIR"] = str(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "prewarm.programs.cli", "bench", "tick", "--models", "30", "--gpus",
+                             "4", "--ticks", "100000", "--interval", "0.2"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the run is ticking: its Redis is up
+            if line.startswith("tick 1/"):
+                break
+        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        assert children, "the run's embedded Redis"
+        proc.terminate()
+        assert proc.wait(timeout=60) == 143
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(Path(f"/proc/{c}").exists() for c in children), "a process was left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
