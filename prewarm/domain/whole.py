@@ -91,7 +91,9 @@ class WholeExperts:
 
     # ---- the record ------------------------------------------------------------------------------
     def _catalog(self, snap: Snapshot) -> None:
-        """Whether an expert may stand in for prewarm on this catalog; its models' indexes for the shadows."""
+        """Whether an expert may stand in for prewarm on this catalog; its models' indexes for the shadows; the
+        shadows' sizes and load times brought to the specs' (live, a measured load time replaces the default
+        from the model's size: a shadow loading at the default would run ahead of the fleet it is judged against)."""
         if snap.models is self._models:
             return
         self._models = snap.models
@@ -102,6 +104,13 @@ class WholeExperts:
         if self._ids != ids:
             self._ids = ids
             self.shape = None  # the shadows index models: new ones for a new catalog
+            return
+        cfg = snap.config
+        for sh in self.shadows.values():
+            for k, i in self.index.items():
+                spec = models[k]
+                sh.sizes[i] = spec.size_bytes
+                sh.load_s[i] = load_seconds(spec, cfg)
 
     def _build(self, snap: Snapshot, cfg: PolicyConfig, now: float) -> bool:
         """(Re)build the shadows for this fleet and catalog when either changed: True when it did."""

@@ -137,3 +137,15 @@ def test_a_probation_hands_back_at_once_when_prewarm_falls_behind(fleet: float, 
     assert w.leader == who and w.probation is None
     if who != HOME:
         assert w.until == 7200.0 + 4 * 3600 + 600.0 + 8 * 3600  # the hold doubled
+
+
+def test_the_shadows_load_at_the_measured_load_times() -> None:
+    """A new snapshot's specs (live: a measured load time in place of the default from the size) reach the shadows:
+    their next loads take the measured time."""
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    w.decide(_snapshot({"a": ModelSpec("a", GIB), "b": ModelSpec("b", GIB)}, tr), 0.0, [])
+    measured = {"a": ModelSpec("a", GIB, load_seconds=42.0), "b": ModelSpec("b", GIB, load_seconds=7.0)}
+    w.decide(_snapshot(measured, tr), 1.0, [])
+    for sh in w.shadows.values():
+        assert sh.load_s[w.index["a"]] == 42.0 and sh.load_s[w.index["b"]] == 7.0
