@@ -234,7 +234,12 @@ def test_example_router_serves_a_cold_model_once_warm_and_reports_every_request(
         assert status == 502 and "not-in-catalog" in body["error"]
         # Every request reached prewarm's traffic store through the reporter (the unknown id refused).
         wait_for(lambda: traffic.totals(r).get("tiny-mlp") == 2, 30, what="both requests recorded")
-        stats = json.loads(urllib.request.urlopen(f"{url}/healthz", timeout=10).read())["reporter"]
+
+        def reporter() -> dict:
+            return json.loads(urllib.request.urlopen(f"{url}/healthz", timeout=10).read())["reporter"]
+
+        # the hook records a batch before it answers, and the reporter counts it sent when the answer comes: wait
+        stats = wait_for(lambda: (s := reporter())["sent"] == 2 and s, 30, what="the reporter's count of the answer")
         assert stats["reported"] == 3 and stats["sent"] == 2 and stats["dropped"] == 0
     finally:
         router.terminate()
