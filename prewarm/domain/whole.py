@@ -163,10 +163,6 @@ class WholeExperts:
         self.at = now if self.at is None else max(self.at, now)
         if self.since is None:
             self.since = now
-        if not arrivals:
-            for sh in self.shadows.values():
-                sh.advance(now - self.origin)
-            return
         index = self.index
         got: list[tuple[int, int]] = []
         for model, second, count in sorted(arrivals, key=lambda a: a[1]):
@@ -178,14 +174,13 @@ class WholeExperts:
             for sh in self.shadows.values():
                 for _ in range(count):
                     sh.request(t, m)
+        for sh in self.shadows.values():
+            sh.advance(now - self.origin)
         if not got:
-            for sh in self.shadows.values():
-                sh.advance(now - self.origin)
             return
         ready = {r.model for r in snap.replicas if r.state == READY}
         names = self.names
         for name, sh in self.shadows.items():
-            sh.advance(now - self.origin)
             self.cold[name] += sum(c for m, c in got if not sh.ready(m))
         real = sum(c for m, c in got if names[m] not in ready)
         self.real += real
