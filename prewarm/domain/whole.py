@@ -105,12 +105,15 @@ class WholeExperts:
             self._ids = ids
             self.shape = None  # the shadows index models: new ones for a new catalog
             return
-        cfg = snap.config
+        sizes, loads = self._specs(snap)
         for sh in self.shadows.values():
-            for k, i in self.index.items():
-                spec = models[k]
-                sh.sizes[i] = spec.size_bytes
-                sh.load_s[i] = load_seconds(spec, cfg)
+            sh.sizes[:], sh.load_s[:] = sizes, loads
+
+    def _specs(self, snap: Snapshot) -> tuple[list[int], list[float]]:
+        """The sampled models' sizes and load times, by shadow index, as the snapshot's specs give them."""
+        cfg = snap.config
+        specs = [snap.models[k] for k in self.names]
+        return [s.size_bytes for s in specs], [load_seconds(s, cfg) for s in specs]
 
     def _build(self, snap: Snapshot, cfg: PolicyConfig, now: float) -> bool:
         """(Re)build the shadows for this fleet and catalog when either changed: True when it did."""
@@ -127,12 +130,7 @@ class WholeExperts:
         self.names = [k for k in self._ids if rate >= 1.0 or zlib.crc32(k.encode()) < rate * 2**32]
         self.index = {k: i for i, k in enumerate(self.names)}
         self.rate = rate
-        sizes = [0] * len(self.index)
-        loads = [0.0] * len(self.index)
-        for k, i in self.index.items():
-            spec = snap.models[k]
-            sizes[i] = spec.size_bytes
-            loads[i] = load_seconds(spec, cfg)
+        sizes, loads = self._specs(snap)
         self.shadows = {name: ShadowFleet(RULES[name](), [b for _g, b in gpus], sizes, loads, cfg.max_loads_per_gpu)
                         for name in WHOLE_EXPERTS}
         self.cold = dict.fromkeys(WHOLE_EXPERTS, 0.0)
