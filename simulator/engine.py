@@ -38,6 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
+from prewarm.domain.baselines.placement import VictimHeaps
 from prewarm.domain.baselines.shadow import PlacingFleet
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.states import LOADING, PENDING, READY
@@ -308,6 +309,8 @@ class Simulation(PlacingFleet):
         for r in done:
             r.state = READY
             r.ready_at = t
+            if self.heaps is not None:
+                self.heaps.ready(r)
             if r.source is not None:
                 r.source.readers -= 1
                 r.source = None
@@ -405,6 +408,8 @@ class Simulation(PlacingFleet):
 
     def run(self, policy: Policy) -> None:
         self.policy = policy
+        # a baseline rule with monotone keys: its victims from per-GPU lazy heaps (the same ones, found sooner)
+        self.heaps = VictimHeaps(len(self.gpus)) if getattr(policy, "monotone_keys", False) else None
         policy.attach(self)
         times = self.trace.times.tolist()
         mids = self.trace.mids.tolist()

@@ -40,9 +40,9 @@ from .baselines import RULES
 from .baselines.live import Arrival, BaselinePolicy
 from .baselines.shadow import ShadowFleet
 from .policy.adapters import split
+from .policy.fleet import ready_models
 from .policy.types import Action, PolicyConfig, Snapshot
 from .policy.value import load_seconds
-from .states import READY
 
 WHOLE_EXPERTS: tuple[str, ...] = ("on-demand-lru", "faascache")
 HOME = "prewarm"
@@ -176,7 +176,7 @@ class WholeExperts:
             sh.advance(now - self.origin)
         if not got:
             return
-        ready = {r.model for r in snap.replicas if r.state == READY}
+        ready = ready_models(snap)
         names = self.names
         for name, sh in self.shadows.items():
             self.cold[name] += sum(c for m, c in got if not sh.ready(m))

@@ -64,6 +64,9 @@ class Rule:
     # placement in between only takes room), so on_stalled tries none of them (the same placements, without
     # the GPU scans that could not succeed: on a saturated fleet most of a baseline's time)
     monotone_misses = False
+    # True for a rule whose eviction key never decreases while a replica is ready: its fleet may keep
+    # `placement.VictimHeaps` (the same victims, without keying every resident at each miss)
+    monotone_keys = False
 
     def on_stalled(self, t: float, models: list[int]) -> None:
         fleet = self.fleet

@@ -15,6 +15,7 @@ class FaasCache(Rule):
 
     name = "faascache"
     monotone_misses = True
+    monotone_keys = True
 
     def attach(self, fleet: Fleet) -> None:
         super().attach(fleet)

@@ -20,6 +20,7 @@ class OnDemandLRU(Rule):
 
     name = "on-demand-lru"
     monotone_misses = True
+    monotone_keys = True
 
     def _key(self, r: ReplicaLike) -> float:
         return recency(self.fleet, r)
@@ -73,6 +74,7 @@ class SeedPool(Rule):
 
     name = "seed-pool"
     monotone_misses = True
+    monotone_keys = True
 
     def on_miss(self, t: float, m: int) -> None:
         self.fleet.place_evicting(m, lambda r: r.since, kind="demand")

@@ -22,7 +22,7 @@ from typing import Any
 from prewarm.domain.states import LOADING, PENDING, READY
 
 from .base import Rule
-from .placement import choose
+from .placement import VictimHeaps, choose
 
 
 @dataclass(slots=True)
@@ -89,6 +89,7 @@ class PlacingFleet:
     sizes: list[int]
     load_slots: int
     victims: list[Any]
+    heaps: VictimHeaps | None = None  # set by a fleet whose rule has monotone keys (`Rule.monotone_keys`)
 
     def evict(self, m: int, gi: int) -> bool:
         raise NotImplementedError
@@ -111,7 +112,8 @@ class PlacingFleet:
         with room, as `policy.placement.rank` orders them; else the GPU whose victims in ascending
         `key(replica)` order reach least far), evicting its victims first. `only_if(replica)` limits
         who may be evicted (always False: free memory only)."""
-        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots)
+        best = choose(self.gpus, m, self.sizes[m], key, only_if, self.free, self.loads_on, self.load_slots,
+                      self.heaps)
         self.victims = [] if best is None else best[1]
         if best is None:
             return None
@@ -145,6 +147,7 @@ class ShadowFleet(PlacingFleet):
         self.timers: list[tuple[float, int, tuple]] = []
         self.cold = 0
         self.requests = 0
+        self.heaps = VictimHeaps(len(self.gpus)) if rule.monotone_keys else None
         rule.attach(self)  # type: ignore[arg-type]
 
     # ---- the stream ------------------------------------------------------------------------
@@ -250,6 +253,8 @@ class ShadowFleet(PlacingFleet):
         for r in done:
             r.state = READY
             self.ready_count[r.model] += 1
+            if self.heaps is not None:
+                self.heaps.ready(r)
             if self.waiting[r.model]:
                 self.waiting[r.model] = 0
                 r.last_request = t

@@ -20,6 +20,16 @@ def intent_bytes(it: Intent, snap: Snapshot) -> int:
     return it.bytes or (snap.models[it.model].size_bytes if it.model in snap.models else 0)
 
 
+def ready_models(snap: Snapshot) -> set[str]:
+    """The models with a ready replica in the snapshot: whether a request now is warm (whole.py reads it at every
+    call; here, compiled with the policy, the scan is a struct read per replica)."""
+    out: set[str] = set()
+    for r in snap.replicas:
+        if r.state == READY:
+            out.add(r.model)
+    return out
+
+
 class Fleet:
     """Tentative view of the fleet for one plan() call: what each GPU and host cache holds and will
     hold once this call's actions (and the unconfirmed intents before them) are done."""
