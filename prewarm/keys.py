@@ -157,6 +157,9 @@ SCHEDULER_STATUS = PREFIX + "scheduler:status"  # Hash: leader id, last tick, ti
 SCHEDULER_POLICY = PREFIX + "scheduler:policy"  # Hash: the policy the leader runs (name, since, scheduler).
 WAKE = PREFIX + "wake"  # Pub/sub channel: the route hook publishes "<model>@<version>" when a lookup opens a
 #                        cold episode; the leader scheduler plans at once instead of at its next tick.
+# keys.WAKE message "ready:<model>@<version>" of a replica turned ready (store.ready): the leader plans at once only
+# where its policy places waiting misses when a load finishes (`wakes_on_ready`) and its last tick saw requests wait.
+WAKE_READY = "ready:"
 
 # --- web console sessions and the login throttle (written by web) ---------------------------------------
 # String: the random key that signs console session cookies, created once with SET NX by whichever web

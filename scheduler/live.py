@@ -108,6 +108,7 @@ class Scheduler:
         self._tick_lock = threading.Lock()  # periodic and woken ticks never run at once
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
+        self._waiting = False  # the last tick's snapshot had requests waiting (a "ready:" wake-up may help them)
         slo_target = ctx.settings.cold_start_slo
         self.steering = None if slo_target is None else Steering(slo_target, self.config, ctx.settings.event_log_max)
         self._accounted_at: float | None = None  # memory-time is accounted up to here (memory_time)
@@ -203,6 +204,7 @@ class Scheduler:
             self.reader.config = self.steering.tick(self.ctx.r, self.reader.config, now)
         t_snapshot, c_snapshot = time.perf_counter(), time.process_time()
         snap, fleet = self.reader.read(catalog, now)
+        self._waiting = bool(snap.waiting)
         memory_time.account(self.ctx.r, fleet, self._accounted_at, now)
         self._accounted_at = now
         t_plan, c_plan = time.perf_counter(), time.process_time()
@@ -291,17 +293,21 @@ class Scheduler:
 
     def _record_wake(self, result: TickResult) -> None:
         nodes = [m.removeprefix(drain.WAKE_PREFIX) for m in result.woken_by if m.startswith(drain.WAKE_PREFIX)]
-        models = [m for m in result.woken_by if not m.startswith(drain.WAKE_PREFIX)]
+        ready = [m.removeprefix(keys.WAKE_READY) for m in result.woken_by if m.startswith(keys.WAKE_READY)]
+        models = [m for m in result.woken_by if not m.startswith((drain.WAKE_PREFIX, keys.WAKE_READY))]
         only = models[0].partition("@")[0] if len(models) == 1 else ""
         why = " and ".join(
             ([f"a cold route lookup for {', '.join(models)}"] if models else [])
-            + ([f"the drain of {', '.join(nodes)}"] if nodes else []))
+            + ([f"the drain of {', '.join(nodes)}"] if nodes else [])
+            + ([f"{', '.join(ready)} turning ready while requests wait ({self.policy.name if self.policy else ''} "
+                "places waiting misses as loads finish)"] if ready else []))
         events.record(
             self.ctx.r, "wake", "scheduler", model=only,
             reason=f"woken by {why}: planned at once instead of at the "
                    f"next tick (every {self.ctx.settings.tick_seconds:g} s): {result.actions} action(s), "
                    f"{result.dispatched} dispatched",
-            numbers={"trigger": "cold_route" if models else "drain", "models": models, "nodes": nodes,
+            numbers={"trigger": "cold_route" if models else "drain" if nodes else "ready", "models": models,
+                     "nodes": nodes, "ready": ready,
                      "actions": result.actions,
                      "dispatched": result.dispatched, "scheduler": self.ident},
             maxlen=self.ctx.settings.event_log_max)
@@ -416,11 +422,18 @@ class Scheduler:
 
     def wake(self, models: Sequence[str]) -> TickResult | None:
         """A cold route lookup asked for a plan now: tick at once if this process leads; a standby ignores it
-        (its periodic tick is what takes over the lead). None: ignored, or the tick failed."""
+        (its periodic tick is what takes over the lead). A replica turned ready ("ready:" messages) asks only
+        where the policy in use places waiting misses on that event and the last tick saw requests wait; else
+        those wait for the next tick. None: ignored, or the tick failed."""
         if not self.leadership.is_leader:
             log.info("standby: wake-up for %s ignored", ", ".join(models))
             return None
+        if all(m.startswith(keys.WAKE_READY) for m in models) and not self._ready_wakes():
+            return None
         return self.safe_tick(woken_by=models)
+
+    def _ready_wakes(self) -> bool:
+        return self._waiting and self.policy is not None and self.policy.wakes_on_ready()
 
     def _listen(self) -> None:
         pubsub: redis.client.PubSub | None = None

@@ -168,7 +168,10 @@ class Prewarm(_Base):
         self._plan(t)
 
     def on_stalled(self, t: float, models: list[int]) -> None:
-        pass  # as live: the next tick (at most tick_s away) sees the waiting models
+        # as live: a load finished while requests wait with no load. prewarm's plan sees them at the next tick (at
+        # most tick_s away); a policy driven by that event (a whole expert planning) is woken for it at once
+        if self.policy.wakes_on_ready():
+            self._plan(t)
 
     def on_ready(self, t: float, r: Replica) -> None:
         self.dirty.add((r.model, r.gpu))

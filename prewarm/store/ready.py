@@ -23,6 +23,7 @@ def replica_ready(r: redis.Redis, replica: state.Replica) -> float | None:
         closing = cold_starts.closing(pipe, replica.model, replica.version, replica.since)
         promised, counted = eta_promises.closing(pipe, replica.model, replica.version, replica.since)
         pipe.multi()
+        pipe.publish(keys.WAKE, f"{keys.WAKE_READY}{replica.model}@{replica.version}")
         if promised:
             eta_promises.queue_close(pipe, replica.model, replica.version, replica.since, counted)
         load_times.push(pipe, replica)

@@ -28,11 +28,13 @@ from prewarm.celery_app import PRELOAD, make_celery
 from prewarm.config import Settings
 from prewarm.context import Context
 from prewarm.redis_server import EmbeddedRedis
+from prewarm.store import cold_starts
+from prewarm.store.ready import replica_ready
 from scheduler.live import Scheduler
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
 from tests.scheduler_procs import SchedulerProc
-from tests.web_support import WebProc, make_catalog, make_context
+from tests.web_support import WebProc, make_catalog, make_context, replica
 from web.app import create_app
 
 # Far longer than any wait below: a plan seen within a wait was made by a wake-up, not a periodic tick.
@@ -125,6 +127,50 @@ def test_burst_of_wake_ups_is_one_tick_and_standby_ignores_them(ctx: Context, r:
     assert (r.hget(keys.SCHEDULER_STATUS, "fills") or b"").startswith(b"fills take all free memory:")
     assert standby.wake(["m0@v1"]) is None  # a standby plans nothing on a wake-up
     assert len(wakes(r)) == 1
+
+
+def test_a_replica_turning_ready_wakes_only_a_leader_whose_policy_waits_on_it(redis_url: str, r: redis.Redis,
+                                                                              tmp_path: Path) -> None:
+    """store.ready publishes "ready:<model>@<version>" on keys.WAKE. A leader running a baseline (its rule places
+    waiting misses as loads finish, `wakes_on_ready`) ticks at once on it while requests wait, and records why;
+    with no request waiting, or with prewarm's plan (it ticks), that wake-up waits for the next tick."""
+    ps = r.pubsub(ignore_subscribe_messages=True)
+    ps.subscribe(keys.WAKE)
+    try:
+        wait_for(lambda: subscribers(r) == 1, 10, what="subscribed")
+        replica_ready(r, replica("beta", "node-a/cpu:0", "ready", version="v1", since=time.time()))
+        got = []
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:  # the subscription's own reply reads as None
+            msg = ps.get_message(timeout=0.2)
+            if msg:
+                got.append(msg["data"])
+        assert got == [b"ready:beta@v1"]
+    finally:
+        ps.close()
+    catalog = make_catalog(tmp_path / "models")
+
+    def scheduler(policy: str) -> Scheduler:
+        env = {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_LEADER_TTL": "30",
+               "PREWARM_DATA_DIR": str(tmp_path / "var"), "PREWARM_POLICY": policy}
+        return Scheduler(Context(Settings.from_env(env)), ident=policy)
+
+    base = scheduler("on-demand-lru")
+    assert base.tick().leader
+    assert base.wake(["ready:beta@v1"]) is None  # no request waits: nothing to place now
+    cold_starts.open_episode(r, "alpha", "v1", time.time())  # a router waits for alpha
+    assert base.tick().leader
+    res = base.wake(["ready:beta@v1"])
+    assert res is not None and res.leader
+    [ev] = wakes(r)
+    assert ev.numbers["trigger"] == "ready" and ev.numbers["ready"] == ["beta@v1"]
+    assert "beta@v1 turning ready while requests wait" in ev.reason
+    base.leadership.release()
+    own = scheduler("prewarm")
+    assert own.tick().leader
+    assert own.wake(["ready:beta@v1"]) is None  # prewarm's plan sees the waiting model at its next tick
+    assert len(wakes(r)) == 1
+    own.leadership.release()
 
 
 # --- real processes --------------------------------------------------------------------------------

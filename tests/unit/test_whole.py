@@ -10,6 +10,7 @@ import pytest
 
 from prewarm.domain.baselines import RULES
 from prewarm.domain.baselines.shadow import ShadowFleet
+from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
 from prewarm.domain.states import READY
 from prewarm.domain.whole import HOME, WholeExperts
@@ -149,3 +150,22 @@ def test_the_shadows_load_at_the_measured_load_times() -> None:
     w.decide(_snapshot(measured, tr), 1.0, [])
     for sh in w.shadows.values():
         assert sh.load_s[w.index["a"]] == 42.0 and sh.load_s[w.index["b"]] == 7.0
+
+
+@pytest.mark.parametrize("name", ["on-demand-lru", "faascache"])
+def test_an_expert_planning_the_fleet_is_the_simulators_baseline(name: str, monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """An expert planning the real fleet (from the start, for good) has the cold starts the simulator's run of its
+    baseline has: its rule places a miss that found no room when a load finishes, so a finished load wakes the
+    planner for it (`wakes_on_ready`), as the rule's event comes at that instant in the simulator. Synthetic on/off
+    bursts on 4 saturated GPUs; without the wake-up the stalled misses waited for the next tick."""
+    monkeypatch.setattr(WholeExperts, "best", lambda self, now, halflife_s: name)
+    synthetic.write("onoff", tmp_path, hours=3, requests=20_000, seed=1)
+    led = _run(tmp_path, 4, True)
+    assert led.policy.whole.leader == name and led.policy.wakes_on_ready()
+    tr = read_trace(str(tmp_path / "requests.csv"), "requests", 0, None)
+    sizes, loads = load_profile(str(tmp_path / "profile.csv"), tr.models)
+    sim = Simulation(tr, sizes, loads, 4, 80 * GIB, "shared")
+    sim.run(RULES[name]())
+    assert led.cold == sim.cold  # type: ignore[attr-defined]
+    assert not PrewarmPolicy(PolicyConfig()).wakes_on_ready()  # prewarm's own plan waits for its tick

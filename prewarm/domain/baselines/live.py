@@ -192,6 +192,11 @@ class BaselinePolicy:
         self._seq += 1
         heapq.heappush(self.timers, (t, self._seq, payload))
 
+    def wakes_on_ready(self) -> bool:
+        """A rule places a miss that found no room when a load finishes (`Rule.on_stalled`, at that instant in
+        the simulator): live, a load turning ready while requests wait wakes the leader for it at once."""
+        return True
+
     def _fire(self, until: float) -> None:
         while self.timers and self.timers[0][0] <= until:
             t, _seq, payload = heapq.heappop(self.timers)
