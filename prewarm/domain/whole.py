@@ -23,6 +23,14 @@ lead clears a margin, so that switches stay few):
   leader that stays better is left after log2(hours) probations; one that was better only for a while costs
   at most the probation it takes to show it.
 
+A shadow models what the specs say (sizes, measured load times), not a live cold start's other delays (the tick or
+wake-up before a load is sent, the task's queueing, an engine's start): those make the real fleet look worse than a
+shadow of the same policy. So each expert's shadow is charged its own overhead, measured where the two run the same
+policy on the same traffic at the same time: while the expert plans, the real fleet's cold requests against its
+shadow's (`overhead`: their ratio, never below 1, once the shadow has HOLD_COLD of them). In the simulator the
+expert's fleet matches its shadow (the engine has no such delays) and the charge stays near 1; live it keeps a fleet
+whose overheads are larger than the margin from handing the plan to a baseline again and again.
+
 Where the expert cannot stand in for prewarm it is not followed: a catalog with pins, replica floors or rate
 caps (prewarm's rules, not the baselines'), or with LoRA adapters; the plan stays prewarm's there. The shadows
 are rebuilt (their records with them) when the fleet's GPUs or the catalog's models change.
@@ -57,6 +65,9 @@ SAMPLE_GPUS = 32
 # A probation's verdict: once prewarm's fleet has this many cold requests since it began (at most a half-life), the
 # expert plans again if its shadow had fewer in the same span; else the records decide as before
 PROBATION_COLD = 50.0
+# An expert's overhead (its fleet's cold requests over its shadow's while it plans) is charged once its shadow has
+# this many cold requests in its holds: fewer say little
+HOLD_COLD = 50.0
 
 
 class WholeExperts:
@@ -88,6 +99,8 @@ class WholeExperts:
         self.trial_real = 0.0
         self.trial_cold = 0.0
         self.trial_since = 0.0
+        # while an expert plans: the real fleet's cold requests and its shadow's, summed over its holds
+        self.held: dict[str, list[float]] = {}
 
     # ---- the record ------------------------------------------------------------------------------
     def _catalog(self, snap: Snapshot) -> None:
@@ -138,6 +151,7 @@ class WholeExperts:
         self.requests = 0.0
         self.since = None
         self.probation = None
+        self.held = {}
         # the shadows' clock starts at 0 now: an epoch's seconds (~1.8e9) keep only ~1e-7 s of precision, which a
         # load's last step on a shared link can fall below (its completion would then never come)
         self.origin = now
@@ -185,6 +199,10 @@ class WholeExperts:
         if self.probation is not None:
             self.trial_real += real
             self.trial_cold += sum(c for m, c in got if not self.shadows[self.probation].ready(m))
+        if self.leader != HOME:
+            held = self.held.setdefault(self.leader, [0.0, 0.0])
+            held[0] += real
+            held[1] += sum(c for m, c in got if not self.shadows[self.leader].ready(m))
         self.requests += sum(c for _m, c in got)
 
     def best(self, now: float, halflife_s: float) -> str | None:
@@ -192,8 +210,15 @@ class WholeExperts:
         start cold (every first request is cold everywhere), so a record younger than a half-life is no lead."""
         if self.real < MIN_COLD * self.rate or not self.cold or self.since is None or now - self.since < halflife_s:
             return None
-        name = min(self.cold, key=lambda k: (self.cold[k], k))
-        return name if self.cold[name] < (1.0 - MARGIN) * self.real else None
+        charged = {k: v * self.overhead(k) for k, v in self.cold.items()}
+        name = min(charged, key=lambda k: (charged[k], k))
+        return name if charged[name] < (1.0 - MARGIN) * self.real else None
+
+    def overhead(self, name: str) -> float:
+        """What the real fleet pays over expert `name`'s shadow while that expert plans it: its cold requests over
+        the shadow's in the expert's holds (at least 1; 1 until the shadow has HOLD_COLD of them there)."""
+        real, shadow = self.held.get(name, (0.0, 0.0))
+        return max(1.0, real / shadow) if shadow >= HOLD_COLD * self.rate else 1.0
 
     # ---- the plan -------------------------------------------------------------------------------
     def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival]) -> list[Action] | None:
@@ -215,7 +240,7 @@ class WholeExperts:
         name = self.best(now, cfg.expert_halflife_s)
         if self.probation is not None and self.leader == HOME:
             if self.trial_real >= PROBATION_COLD * self.rate:
-                if self.trial_real > self.trial_cold:
+                if self.trial_real > self.trial_cold * self.overhead(self.probation):
                     name = self.probation  # prewarm fell behind the expert's shadow again: it plans again
                 self.probation = None
             elif now - self.trial_since >= cfg.expert_halflife_s:
@@ -246,7 +271,9 @@ class WholeExperts:
                 f"{MARGIN:.0%} fewer cold requests than this fleet (now {self._figures()})")
 
     def _figures(self) -> str:
-        shadows = ", ".join(f"{k} {v:.0f}" for k, v in sorted(self.cold.items()))
+        shadows = ", ".join(f"{k} {v:.0f}" + (f" (charged x{self.overhead(k):.2f}: its fleet's overhead)"
+                                              if self.overhead(k) > 1.0 else "")
+                            for k, v in sorted(self.cold.items()))
         return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}"
 
     def describe(self) -> dict[str, Any]:
@@ -254,4 +281,5 @@ class WholeExperts:
                 "moves": [(round(t / 3600, 2), who) for t, who in self.moves],  # (hour, who plans from then)
                 "real_cold": round(self.real, 2),
                 "shadow_cold": {k: round(v, 2) for k, v in self.cold.items()},
+                "overhead": {k: round(self.overhead(k), 3) for k in self.cold},
                 "requests": round(self.requests, 2), "eligible": self.eligible}
