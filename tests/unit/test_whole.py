@@ -169,3 +169,33 @@ def test_an_expert_planning_the_fleet_is_the_simulators_baseline(name: str, monk
     sim.run(RULES[name]())
     assert led.cold == sim.cold  # type: ignore[attr-defined]
     assert not PrewarmPolicy(PolicyConfig()).wakes_on_ready()  # prewarm's own plan waits for its tick
+
+
+def test_an_experts_shadow_is_charged_its_fleets_overhead_measured_while_it_plans() -> None:
+    """Live, a cold start has delays a shadow does not model. While an expert plans, the fleet's cold requests and
+    its shadow's are summed; once the shadow has HOLD_COLD there, their ratio (at least 1) multiplies the shadow's
+    record in the takeover and in a probation's verdict."""
+    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    w.decide(_snapshot(models, tr), 0.0, [])
+    w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}
+    w.decide(_snapshot(models, tr), 7200.0, [])
+    assert w.leader == "on-demand-lru"
+    w.decide(_snapshot(models, tr), 7210.0, [("b", 7209.0, 3)])  # cold in both: the shadow loads b (5 s)
+    w.decide(_snapshot(models, tr), 7300.0, [("b", 7299.0, 2)])  # the shadow has b ready; the fleet still not
+    assert w.held["on-demand-lru"] == [5.0, 3.0] and w.overhead("on-demand-lru") == 1.0  # too few to charge
+    w.held["on-demand-lru"] = [100.0, 50.0]
+    assert w.overhead("on-demand-lru") == 2.0 and "charged x2.00" in w.why()
+    # a probation: prewarm's fleet has 60 cold requests against the shadow's 40, charged 80: prewarm keeps the plan
+    w.real, w.cold = 100.0, {"on-demand-lru": 95.0, "faascache": 500.0}
+    w.decide(_snapshot(models, tr), w.until, [])
+    assert w.leader == HOME and w.probation == "on-demand-lru"
+    w.trial_real, w.trial_cold = 60.0, 40.0
+    w.decide(_snapshot(models, tr), w.until + 600.0, [])
+    assert w.leader == HOME and w.probation is None
+    # the records: the shadow's 60 against the fleet's 100 leads by the margin; charged, 120 does not
+    w.real, w.cold = 100.0, {"on-demand-lru": 60.0, "faascache": 500.0}
+    assert w.best(w.until + 700.0, 3600.0) is None
+    w.held["on-demand-lru"] = [40.0, 100.0]  # a fleet better than its shadow is not credited: the charge is 1
+    assert w.overhead("on-demand-lru") == 1.0 and w.best(w.until + 700.0, 3600.0) == "on-demand-lru"
