@@ -120,16 +120,22 @@ def test_a_new_catalog_hands_the_plan_back_and_starts_the_records_again() -> Non
     assert w.leader == HOME and w.real == 0.0 and "c" in w.index and w.moves[-1] == (7202.0, HOME)
 
 
-@pytest.mark.parametrize(("fleet", "shadow", "who"), [(60.0, 10.0, "on-demand-lru"), (60.0, 80.0, HOME)])
-def test_a_probation_hands_back_at_once_when_prewarm_falls_behind(fleet: float, shadow: float, who: str) -> None:
-    """After an expert's hold prewarm plans on probation; once its fleet has PROBATION_COLD cold requests the
-    expert plans again (for twice the hold) if its shadow had fewer in the same span, else prewarm keeps the plan."""
+def _handed_to_lru() -> tuple[WholeExperts, dict[str, ModelSpec], TrafficHistory]:
+    """Whole experts whose LRU shadow led by far at 2 h: LRU plans from 7200 s."""
     models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
     tr = TrafficHistory.for_config(PolicyConfig())
     w = WholeExperts()
     w.decide(_snapshot(models, tr), 0.0, [])
     w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}
     w.decide(_snapshot(models, tr), 7200.0, [])
+    return w, models, tr
+
+
+@pytest.mark.parametrize(("fleet", "shadow", "who"), [(60.0, 10.0, "on-demand-lru"), (60.0, 80.0, HOME)])
+def test_a_probation_hands_back_at_once_when_prewarm_falls_behind(fleet: float, shadow: float, who: str) -> None:
+    """After an expert's hold prewarm plans on probation; once its fleet has PROBATION_COLD cold requests the
+    expert plans again (for twice the hold) if its shadow had fewer in the same span, else prewarm keeps the plan."""
+    w, models, tr = _handed_to_lru()
     assert w.leader == "on-demand-lru" and w.until == 7200.0 + 4 * 3600
     w.real, w.cold = 100.0, {"on-demand-lru": 95.0, "faascache": 500.0}  # no margin either way now
     assert w.decide(_snapshot(models, tr), w.until, []) is None and w.leader == HOME and w.probation == "on-demand-lru"
@@ -175,12 +181,7 @@ def test_an_experts_shadow_is_charged_its_fleets_overhead_measured_while_it_plan
     """Live, a cold start has delays a shadow does not model. While an expert plans, the fleet's cold requests and
     its shadow's are summed; once the shadow has HOLD_COLD there, their ratio (at least 1) multiplies the shadow's
     record in the takeover and in a probation's verdict."""
-    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
-    tr = TrafficHistory.for_config(PolicyConfig())
-    w = WholeExperts()
-    w.decide(_snapshot(models, tr), 0.0, [])
-    w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}
-    w.decide(_snapshot(models, tr), 7200.0, [])
+    w, models, tr = _handed_to_lru()
     assert w.leader == "on-demand-lru"
     w.decide(_snapshot(models, tr), 7210.0, [("b", 7209.0, 3)])  # cold in both: the shadow loads b (5 s)
     w.decide(_snapshot(models, tr), 7300.0, [("b", 7299.0, 2)])  # the shadow has b ready; the fleet still not
