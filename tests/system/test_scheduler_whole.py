@@ -1,4 +1,4 @@
-"""Whole experts live (prewarm.domain.whole, on by default): the live scheduler runs the code the simulator runs.
+"""Whole experts live (prewarm.domain.whole; PREWARM_WHOLE_EXPERTS=1): the live scheduler runs the code the simulator runs.
 When a whole baseline's shadow leads (forced here: a real lead takes an hour of record), the expert plans the real
 fleet through the same dispatch path, every action's reason and the status say so, and a replica turning ready
 while a router waits wakes the leader for the expert's rule. Real Redis, a real Scheduler, Celery's queues in Redis."""
@@ -27,13 +27,13 @@ MIB = 1024**2
 def ctx(redis_url: str, tmp_path: Path) -> Context:
     catalog = write_sized_catalog(tmp_path / "models", {"hot": 64 * MIB, "other": 32 * MIB})
     env = {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_LEADER_TTL": "30",
-           "PREWARM_DATA_DIR": str(tmp_path / "var")}
+           "PREWARM_DATA_DIR": str(tmp_path / "var"), "PREWARM_WHOLE_EXPERTS": "1"}
     return Context(Settings.from_env(env))
 
 
 def test_a_whole_expert_plans_the_live_fleet_says_so_and_is_woken_by_a_finished_load(
         ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ctx.settings.whole_experts  # on by default
+    assert ctx.settings.whole_experts
     g = announce(ctx.r, "node-a", "cpu:0")
     monkeypatch.setattr(WholeExperts, "best", lambda self, now, halflife_s: "on-demand-lru")
     sched = Scheduler(ctx, ident="s1")
