@@ -192,17 +192,18 @@ class WholeExperts:
             return
         ready = ready_models(snap)
         names = self.names
-        for name, sh in self.shadows.items():
-            self.cold[name] += sum(c for m, c in got if not sh.ready(m))
+        cold = {name: sum(c for m, c in got if not sh.ready(m)) for name, sh in self.shadows.items()}
+        for name, c in cold.items():
+            self.cold[name] += c
         real = sum(c for m, c in got if names[m] not in ready)
         self.real += real
         if self.probation is not None:
             self.trial_real += real
-            self.trial_cold += sum(c for m, c in got if not self.shadows[self.probation].ready(m))
+            self.trial_cold += cold[self.probation]
         if self.leader != HOME:
             held = self.held.setdefault(self.leader, [0.0, 0.0])
             held[0] += real
-            held[1] += sum(c for m, c in got if not self.shadows[self.leader].ready(m))
+            held[1] += cold[self.leader]
         self.requests += sum(c for _m, c in got)
 
     def best(self, now: float, halflife_s: float) -> str | None:
