@@ -46,6 +46,7 @@ from prewarm.dispatch import Answer, Dispatched, Order, order_preload
 from prewarm.domain.choice import Policy, make_policy
 from prewarm.domain.policy import Action, Evict, Keep, PolicyConfig, Preload, Snapshot, Stage, Unstage
 from prewarm.domain.policy import native as policy_native
+from prewarm.domain.whole import HOME
 from prewarm.heap import Heap
 from prewarm.redis_round_trips import count_round_trips
 from prewarm.services import drain
@@ -264,7 +265,7 @@ class Scheduler:
         whole = getattr(self.policy, "whole", None)
         if whole is None or not self.config.whole_experts or not whole.shape:
             return orders
-        return f"{whole.why()}; {orders}" if whole.leader != "prewarm" else f"{orders}; {whole.why()}"
+        return f"{whole.why()}; {orders}" if whole.leader != HOME else f"{orders}; {whole.why()}"
 
     def _loads_ahead(self) -> str:
         """What loads ahead saved and cost on this traffic, and whether they go on (ahead.py), else ""."""

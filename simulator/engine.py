@@ -189,10 +189,6 @@ class Simulation(PlacingFleet):
         if done is not None:
             self.push(done, kind, (index, link.version))
 
-    def slots_busy(self, gi: int) -> bool:
-        """Every load slot of GPU gi is taken (a load sent now would queue)."""
-        return 0 < self.load_slots <= len(self.gpus[gi].link.jobs)
-
     def start_load(self, m: int, gi: int, kind: str = "") -> Replica | None:
         """Send a load of model m to GPU gi: None (nothing done) if gi holds m or lacks its bytes.
         The bytes are reserved at once; the load starts now, or when a slot frees (FIFO)."""
@@ -465,11 +461,6 @@ class Simulation(PlacingFleet):
             tick = self.policy.tick_s  # type: ignore[union-attr]
             if tick and (t + tick <= end or (self.stalled and t + tick <= end + DRAIN_S)):
                 self.push(t + tick, _TICK, ())
-
-    # ---- the baselines' Fleet (prewarm.domain.baselines.base.Fleet): place_evicting is PlacingFleet's ----
-    def resident_keys(self) -> set[tuple[int, int]]:
-        """(model, gpu) of every replica held, in any state."""
-        return {(r.model, r.gpu) for g in self.gpus for r in g.residents.values()}
 
     # ---- results --------------------------------------------------------------------------
     def results(self) -> dict:

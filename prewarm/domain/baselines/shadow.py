@@ -106,6 +106,14 @@ class PlacingFleet:
         g = self.gpus[gi]
         return len(g.link.jobs) + len(g.queue)
 
+    def slots_busy(self, gi: int) -> bool:
+        """Every load slot of GPU gi is taken (a load sent now would queue)."""
+        return 0 < self.load_slots <= len(self.gpus[gi].link.jobs)
+
+    def resident_keys(self) -> set[tuple[int, int]]:
+        """(model, gpu) of every replica held, in any state."""
+        return {(r.model, r.gpu) for g in self.gpus for r in g.residents.values()}
+
     def place_evicting(self, m: int, key: Callable[[Any], float], only_if: Callable[[Any], bool] | None = None,
                        kind: str = "") -> Any:
         """Load model m where the baselines' placement rule says (`baselines.placement.choose`: a GPU
@@ -204,7 +212,7 @@ class ShadowFleet(PlacingFleet):
         g.used += size
         self.replicas[m][gi] = r
         self.stalled.pop(m, None)
-        if 0 < self.load_slots <= len(g.link.jobs):
+        if self.slots_busy(gi):
             r.state = PENDING
             g.queue.append(r)
         else:
@@ -228,9 +236,6 @@ class ShadowFleet(PlacingFleet):
         self._seq += 1
         heapq.heappush(self.timers, (t, self._seq, payload))
 
-    def resident_keys(self) -> set[tuple[int, int]]:
-        return {(r.model, r.gpu) for g in self.gpus for r in g.residents.values()}
-
     # ---- loads ---------------------------------------------------------------------------------
     def _reschedule(self, gi: int) -> None:
         link = self.gpus[gi].link
@@ -245,7 +250,7 @@ class ShadowFleet(PlacingFleet):
             return
         t = self.now
         done = g.link.finished(t, True)
-        while g.queue and not 0 < self.load_slots <= len(g.link.jobs):
+        while g.queue and not self.slots_busy(gi):
             q = g.queue.popleft()
             q.state = LOADING
             g.link.jobs.append(q)
