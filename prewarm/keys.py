@@ -106,6 +106,10 @@ def promote_times(model: str) -> str:
 # model -> the "n" of its newest measurement. (A "-" where model keys have ":", so no model id collides.)
 MEASURED_VERSION = PREFIX + "loadtimes-version"
 MEASURED_CHANGES = PREFIX + "loadtimes-changes"
+# List of the most recent delays before a demand load (newest first, trimmed): a completed cold start's seconds
+# minus its replica's own load and warmup, i.e. from the first cold lookup to the load's start (the wake-up or
+# tick, the task's queueing, a worker taking it). prewarm.store.load_times writes and reads it.
+DEMAND_DELAYS = PREFIX + "demand-delays"
 
 COLD_STARTS = PREFIX + "cold_starts"  # Hash model -> JSON {seen_at, version} of an open cold start (route
 #                                      saw it cold); prewarm.store.cold_starts reads and writes it.

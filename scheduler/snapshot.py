@@ -274,6 +274,8 @@ class SnapshotReader:
         self.feed_traffic(now, active)
         fleet = state.read_fleet(self.r, parsed=self._replicas, now=now)
         load_s, promote_s = measured_seconds(self.r, ids) if full else self.measured.medians(self.r, ids)
+        delay = (load_times.median_delay(self.r.lrange(keys.DEMAND_DELAYS, 0, load_times.KEPT_DELAYS - 1)) if full
+                 else self.measured.delay)
         pinned = overlays.pinned(self.r)
         models: dict[str, ModelSpec]
         cur = self._current
@@ -372,6 +374,6 @@ class SnapshotReader:
         snap = Snapshot(models=models, gpus=gpus, replicas=tuple(replicas), traffic=self.history,
                         intents=tuple(intents), recent_evictions=dict(self.recent_evictions),
                         waiting=dict.fromkeys(waiting_since, 1), waiting_since=waiting_since,
-                        config=self.config, nodes=tuple(nodes), staged=tuple(staged))
+                        config=self.config, nodes=tuple(nodes), staged=tuple(staged), demand_delay_s=delay)
         return snap, fleet
 

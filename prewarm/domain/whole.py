@@ -24,8 +24,11 @@ lead clears a margin, so that switches stay few):
   at most the probation it takes to show it.
 
 A shadow models what the specs say (sizes, measured load times), not a live cold start's other delays (the tick or
-wake-up before a load is sent, the task's queueing, an engine's start): those make the real fleet look worse than a
-shadow of the same policy. So each expert's shadow is charged its own overhead, measured where the two run the same
+wake-up before a load is sent, the task's queueing, a worker taking it): those make the real fleet look worse than a
+shadow of the same policy. Two measures bring a shadow to the live fleet. Before any hold, each shadow's replica turns
+ready the fleet's measured delay before a demand load after its load (`Snapshot.demand_delay_s`: a cold start's
+seconds beyond its replica's own load and warmup, the median of the last ones; 0 in the simulator). And each expert's
+shadow is charged its own overhead, measured where the two run the same
 policy on the same traffic at the same time: while the expert plans, the real fleet's cold requests against its
 shadow's (`overhead`: their ratio, never below 1, once the shadow has HOLD_COLD of them). In the simulator the
 expert's fleet matches its shadow (the engine has no such delays) and the charge stays near 1; live it keeps a fleet
@@ -101,6 +104,7 @@ class WholeExperts:
         self.trial_since = 0.0
         # while an expert plans: the real fleet's cold requests and its shadow's, summed over its holds
         self.held: dict[str, list[float]] = {}
+        self.delay = 0.0  # the live fleet's delay before a demand load that the shadows pay (Snapshot.demand_delay_s)
 
     # ---- the record ------------------------------------------------------------------------------
     def _catalog(self, snap: Snapshot) -> None:
@@ -176,6 +180,10 @@ class WholeExperts:
         if self.since is None:
             self.since = now
         index = self.index
+        shadows = list(self.shadows.values())
+        self.delay = snap.demand_delay_s
+        for sh in shadows:  # the live fleet's delay before a demand load, which a shadow's specs do not show
+            sh.delay = self.delay
         got: list[tuple[int, int]] = []
         for model, second, count in sorted(arrivals, key=lambda a: a[1]):
             m = index.get(model)
@@ -183,10 +191,10 @@ class WholeExperts:
                 continue
             got.append((m, count))
             t = second + 0.5 - self.origin  # as baselines.live: a request of second s came within [s, s + 1)
-            for sh in self.shadows.values():
+            for sh in shadows:
                 for _ in range(count):
                     sh.request(t, m)
-        for sh in self.shadows.values():
+        for sh in shadows:
             sh.advance(now - self.origin)
         if not got:
             return
@@ -275,7 +283,8 @@ class WholeExperts:
         shadows = ", ".join(f"{k} {v:.0f}" + (f" (charged x{self.overhead(k):.2f}: its fleet's overhead)"
                                               if self.overhead(k) > 1.0 else "")
                             for k, v in sorted(self.cold.items()))
-        return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}"
+        delay = f" (each load {self.delay:.1f} s after its request, as the fleet's)" if self.delay > 0.0 else ""
+        return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}{delay}"
 
     def describe(self) -> dict[str, Any]:
         return {"leader": self.leader, "switches": self.switches,
@@ -283,4 +292,4 @@ class WholeExperts:
                 "real_cold": round(self.real, 2),
                 "shadow_cold": {k: round(v, 2) for k, v in self.cold.items()},
                 "overhead": {k: round(self.overhead(k), 3) for k in self.cold},
-                "requests": round(self.requests, 2), "eligible": self.eligible}
+                "requests": round(self.requests, 2), "eligible": self.eligible, "delay_s": round(self.delay, 3)}

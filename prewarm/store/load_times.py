@@ -1,5 +1,7 @@
 """Measured load+warmup seconds per model: the worker records each preload, the scheduler plans with their
-median and the API shows their p95, over the same most recent KEPT measurements.
+median and the API shows their p95, over the same most recent KEPT measurements. Beside them, the fleet's
+delay before a demand load (keys.DEMAND_DELAYS): what a cold start took beyond its replica's own load and
+warmup; the scheduler gives its median to the whole experts' shadows (Snapshot.demand_delay_s).
 
 Loads from storage and promotions from a node's host cache (source "host") are kept apart, so a fast
 promotion does not shorten the cold-load time the scheduler plans with.
@@ -23,6 +25,7 @@ from redis.client import Pipeline
 from prewarm import keys, state
 
 KEPT = 20  # measurements kept per model and list: the most recent ones, newest first
+KEPT_DELAYS = 50  # delays before a demand load kept, fleet-wide: the most recent ones, newest first
 
 
 # KEYS: the list, keys.MEASURED_VERSION, keys.MEASURED_CHANGES. ARGV: the value, KEPT, the model, an epoch id
@@ -44,6 +47,29 @@ def push(pipe: Pipeline, replica: state.Replica) -> None:
     total = (replica.load_seconds or 0.0) + (replica.warmup_seconds or 0.0)
     _push_script(keys=[key, keys.MEASURED_VERSION, keys.MEASURED_CHANGES],
                  args=[f"{total:.4f}", KEPT, replica.model, uuid.uuid4().hex], client=pipe)
+
+
+def push_delay(pipe: Pipeline, seconds: float) -> None:
+    """Queue one delay before a demand load on `pipe` (the list trimmed to KEPT_DELAYS)."""
+    pipe.lpush(keys.DEMAND_DELAYS, f"{seconds:.4f}")
+    pipe.ltrim(keys.DEMAND_DELAYS, 0, KEPT_DELAYS - 1)
+
+
+def demand_delay(cold_start_s: float, replica: state.Replica) -> float | None:
+    """The delay before `replica`'s load, given the cold start it closed: the cold start's seconds beyond the
+    replica's own load and warmup. None when its load began before the first cold lookup (a load ahead, or one
+    already under way: no delay of a demand load to learn from) or was not measured. It counts a wait in the
+    worker's own queue too, which a shadow's load slots also model: that errs toward the real fleet."""
+    if replica.load_seconds is None:
+        return None
+    delay = cold_start_s - replica.load_seconds - (replica.warmup_seconds or 0.0)
+    return delay if delay >= 0.0 else None
+
+
+def median_delay(raw: list[bytes]) -> float:
+    """The median of the delays read (0.0 when none, or an entry is corrupt)."""
+    nums = _numbers(raw)
+    return statistics.median(nums) if nums else 0.0
 
 
 @dataclass
@@ -99,12 +125,15 @@ class Recent:
         # the models the last medians() answer computed anew (None: all of them, a new list or a new reader)
         self.fresh: list[str] | None = None
         self._need: list[str] = []
+        self.delay = 0.0  # median_delay of keys.DEMAND_DELAYS at the last read
 
     def _refresh(self, r: redis.Redis, models: list[str]) -> None:
         pipe = r.pipeline(transaction=True)  # the counter and the log at one instant
         pipe.hmget(keys.MEASURED_VERSION, ["epoch", "n"])
         pipe.zrangebyscore(keys.MEASURED_CHANGES, f"({self._n}", "+inf")
-        (epoch, n_raw), changed = pipe.execute()
+        pipe.lrange(keys.DEMAND_DELAYS, 0, KEPT_DELAYS - 1)  # (in the same round trip)
+        (epoch, n_raw), changed, delays = pipe.execute()
+        self.delay = median_delay(delays)
         n = int(n_raw or 0)
         if epoch != self._epoch or n < self._n:
             self._measured, self._medians, changed = {}, {}, []  # another counter's life: nothing held is current

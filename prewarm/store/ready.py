@@ -1,7 +1,8 @@
 """What a replica turning ready records, at that moment (the worker calls this once per completed load).
 
 In one MULTI/EXEC: its load+warmup seconds for the scheduler (load_times), its load and warmup in their
-histograms, the close of its model's open cold start when this version ends it (cold_starts), and of the
+histograms, the close of its model's open cold start when this version ends it (cold_starts) with the delay
+before its load that this shows (load_times.demand_delay), and of the
 ETA the route hook promised for it, observing real − promised (eta_promises). Nothing
 waits for a scrape or a route lookup to notice, so each event is counted once, even if nobody scrapes.
 """
@@ -34,6 +35,10 @@ def replica_ready(r: redis.Redis, replica: state.Replica) -> float | None:
         if closing is None:
             return None
         closing.queue(pipe)
+        if closing.seconds is not None:
+            delay = load_times.demand_delay(closing.seconds, replica)
+            if delay is not None:
+                load_times.push_delay(pipe, delay)
         return closing.seconds
 
     # Watched on the open cold starts and promises: a route lookup closing the same episode meanwhile makes

@@ -103,15 +103,22 @@ def test_incremental_snapshot_equals_a_full_read_after_writes_of_every_kind(redi
     replica_ready(r, ready("quiet", 9.0))
     check(smaller)
     assert check(base).models["quiet"].load_seconds == pytest.approx(9.5)
+    # A cold start that began 20 s before its replica turned ready, whose load and warmup took 2.5 s: a delay of
+    # 17.5 s before that demand load, the fleet's median with no other
+    assert check(base).demand_delay_s == 0.0
+    cold_starts.open_episode(r, "other", "v1", time.time() - 80)
+    replica_ready(r, ready("other", 2.0))  # (ready 60 s ago)
+    assert check(base).demand_delay_s == pytest.approx(17.5, abs=0.01)
     # Redis wiped and measured again: nothing held from before counts.
     r.flushall()
     heartbeat(r, [])
     r.lpush(keys.load_times("hot"), "7.0000")  # (not through push: only a full read can see it)
     snap = check(base)
     assert snap.models["hot"].load_seconds == pytest.approx(7.0) and snap.models["quiet"].load_seconds is None
+    assert snap.demand_delay_s == 0.0
     replica_ready(r, ready("hot", 0.5))
     assert check(base).models["hot"].load_seconds == pytest.approx(4.0)  # median of 7.0 and 1.0
-    assert reads == 8
+    assert reads == 10
     r.close()
 
 
@@ -129,8 +136,9 @@ def test_a_tick_with_nothing_measured_reads_no_load_times(redis_url: str, tmp_pa
     replica_ready(r, ready("m7", 1.0))
     r.config_resetstat()
     got = recent.read(r, names)
-    # Redis's own count: the two lists of m7 (storage loads and promotions), none of the other 49 models'.
-    assert r.info("commandstats")["cmdstat_lrange"]["calls"] == 2
+    # Redis's own count: the two lists of m7 (storage loads and promotions), none of the other 49 models', and the
+    # fleet's delays before a demand load (read in the change log's round trip)
+    assert r.info("commandstats")["cmdstat_lrange"]["calls"] == 3
     assert got == load_times.recent(r, names) and got["m7"].load == [1.5] and got["m3"].load == [2.5]
     # the medians it keeps are those of what it read, and a new measurement moves them
     assert recent.medians(r, names) == load_times.median_seconds(got) == ({"m3": 2.5, "m7": 1.5}, {})

@@ -56,11 +56,27 @@ def test_replica_ready_records_its_load_and_closes_its_cold_start_once(r: redis.
     assert c[COLD].sum == pytest.approx(4.0) and c[LOAD].sum == pytest.approx(2.0)
     assert cold_starts.read_open(r) == {} and cold_starts.last_durations(r) == {"alpha": 4.0}
     assert load_times.recent(r, ["alpha"])["alpha"] == load_times.Measured(load=[2.5], promote=[])
+    assert r.lrange(keys.DEMAND_DELAYS, 0, -1) == [b"1.5000"]  # 4 s cold, 2.5 s of it its own load and warmup
     # A second replica of it (another GPU) is a new load, not a second end of that cold start.
     assert replica_ready(r, ready_replica(since=seen + 6.0, gpu="node-a/cpu:1", source="host")) is None
     c = counts(r)
     assert (c[COLD].count, c[LOAD].count, c[WARMUP].count) == (1, 2, 2)
     assert load_times.recent(r, ["alpha"])["alpha"] == load_times.Measured(load=[2.5], promote=[2.5])
+    assert r.llen(keys.DEMAND_DELAYS) == 1
+
+
+def test_a_load_under_way_before_the_first_cold_lookup_teaches_no_delay(r: redis.Redis) -> None:
+    """A cold start shorter than its replica's own load and warmup (the load began before the request: a load ahead,
+    or one in flight) shows no delay before a demand load: none is recorded. The list keeps the newest KEPT_DELAYS."""
+    seen = time.time() - 10
+    cold_starts.open_episode(r, "alpha", "v1", seen)
+    assert replica_ready(r, ready_replica(since=seen + 1.0, load=2.0, warmup=0.5)) == pytest.approx(1.0)
+    assert r.llen(keys.DEMAND_DELAYS) == 0
+    for i in range(load_times.KEPT_DELAYS + 5):
+        cold_starts.open_episode(r, f"m{i}", "v1", seen)
+        replica_ready(r, ready_replica(f"m{i}", since=seen + 3.0 + i, load=2.0, warmup=0.5))
+    delays = load_times.median_delay(r.lrange(keys.DEMAND_DELAYS, 0, -1))
+    assert r.llen(keys.DEMAND_DELAYS) == load_times.KEPT_DELAYS and delays == pytest.approx(0.5 + 29.5)
 
 
 def test_a_replica_of_another_version_leaves_the_cold_start_open(r: redis.Redis) -> None:

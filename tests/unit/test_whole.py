@@ -3,6 +3,7 @@ the plan handed to one while its shadow leads."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -146,16 +147,31 @@ def test_a_probation_hands_back_at_once_when_prewarm_falls_behind(fleet: float, 
         assert w.until == 7200.0 + 4 * 3600 + 600.0 + 8 * 3600  # the hold doubled
 
 
-def test_the_shadows_load_at_the_measured_load_times() -> None:
+def test_the_shadows_load_at_the_measured_load_times_after_the_measured_delay() -> None:
     """A new snapshot's specs (live: a measured load time in place of the default from the size) reach the shadows:
-    their next loads take the measured time."""
+    their next loads take the measured time; and so does the fleet's measured delay before a demand load."""
     tr = TrafficHistory.for_config(PolicyConfig())
     w = WholeExperts()
     w.decide(_snapshot({"a": ModelSpec("a", GIB), "b": ModelSpec("b", GIB)}, tr), 0.0, [])
+    assert all(sh.delay == 0.0 for sh in w.shadows.values())
     measured = {"a": ModelSpec("a", GIB, load_seconds=42.0), "b": ModelSpec("b", GIB, load_seconds=7.0)}
-    w.decide(_snapshot(measured, tr), 1.0, [])
+    w.decide(dataclasses.replace(_snapshot(measured, tr), demand_delay_s=3.5), 1.0, [])
     for sh in w.shadows.values():
-        assert sh.load_s[w.index["a"]] == 42.0 and sh.load_s[w.index["b"]] == 7.0
+        assert sh.load_s[w.index["a"]] == 42.0 and sh.load_s[w.index["b"]] == 7.0 and sh.delay == 3.5
+
+
+def test_a_shadow_pays_the_fleets_delay_before_a_load_with_its_link_free() -> None:
+    """Live, a cold request waits for a wake-up, a tick and a worker before its load starts (measured:
+    Snapshot.demand_delay_s). A shadow's replica turns ready that long after its load's last byte, cold to the
+    requests meanwhile; its link is free for the next load from that byte on. With no delay (the simulator) it is
+    ready when its load ends."""
+    for delay, cold in ((0.0, 2), (10.0, 4)):
+        sh = ShadowFleet(RULES["on-demand-lru"](), [4 * GIB], [GIB, GIB], [5.0, 5.0], 2)
+        sh.delay = delay
+        warm = [sh.request(t, m) for t, m in ((0.0, 0), (6.0, 1), (8.0, 0), (20.5, 1), (21.5, 1), (30.0, 0))]
+        assert sh.cold == cold and warm[-2:] == [True, True]
+        # loaded alone on the link (0-5 s, 6-11 s): ready at 5 and 11 s, or 15 and 21 s
+        assert warm[2] == (delay == 0.0) and warm[3] == (delay == 0.0)
 
 
 @pytest.mark.parametrize("name", ["on-demand-lru", "faascache"])

@@ -8,7 +8,13 @@ on its GPU; k loads running at once on a GPU share its link (each at 1/k speed);
 is warm on a ready replica; else it is cold and waits for the load in flight, or the rule places one (a miss).
 The rule places by `baselines.placement.choose`, as in the simulator and live. Same-instant order as the
 engine's: loads that finish at a request's time finish first. No host tier, no adapters, no ticks (the rules
-judged here, on-demand LRU and FaasCache, have none). Pure: no I/O, no clock.
+judged here, on-demand LRU and FaasCache, have none).
+
+`delay` (seconds, 0 unless set): what a live fleet pays between a cold request and its load's start (a wake-up,
+a tick, the task's queueing, a worker taking it), which the sizes and load times do not show. Live it is the
+fleet's measured delay before a demand load (`Snapshot.demand_delay_s`); a replica then turns ready that long
+after its load's last byte, the link and load slot freed at that byte (as they are free before the load starts
+live). In the simulator it is 0 and a shadow is the engine's run of its rule. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -150,11 +156,14 @@ class ShadowFleet(PlacingFleet):
         self.victims: list[ShadowReplica] = []  # what the last place_evicting evicted
         self.last_arrival: list[float | None] = [None] * self.n_models
         self.now = 0.0
-        self.events: list[tuple[float, int, int, int]] = []  # (when, seq, gpu, link version): load completions
+        # (when, seq, gpu, link version): load completions; gpu -1: a loaded replica turning ready (seq in _late)
+        self.events: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self.timers: list[tuple[float, int, tuple]] = []
         self.cold = 0
         self.requests = 0
+        self.delay = 0.0
+        self._late: dict[int, ShadowReplica] = {}  # seq -> a loaded replica ready at its event (`delay`)
         self.heaps = VictimHeaps(len(self.gpus)) if rule.monotone_keys else None
         rule.attach(self)  # type: ignore[arg-type]
 
@@ -166,9 +175,12 @@ class ShadowFleet(PlacingFleet):
             te = events[0][0] if events else None
             tt = timers[0][0] if timers else None
             if te is not None and te <= t and (tt is None or te <= tt):
-                when, _s, gi, version = heapq.heappop(events)
+                when, seq, gi, version = heapq.heappop(events)
                 self.now = when
-                self._load_done(gi, version)
+                if gi < 0:
+                    self._ready(self._late.pop(seq), when)
+                else:
+                    self._load_done(gi, version)
             elif tt is not None and tt <= t:
                 when, _s, payload = heapq.heappop(timers)
                 self.now = when
@@ -255,14 +267,31 @@ class ShadowFleet(PlacingFleet):
             q.state = LOADING
             g.link.jobs.append(q)
         self._reschedule(gi)
+        if self.delay > 0.0:
+            for r in done:
+                self._seq += 1
+                self._late[self._seq] = r
+                heapq.heappush(self.events, (t + self.delay, self._seq, -1, 0))
+            return
         for r in done:
-            r.state = READY
-            self.ready_count[r.model] += 1
-            if self.heaps is not None:
-                self.heaps.ready(r)
-            if self.waiting[r.model]:
-                self.waiting[r.model] = 0
-                r.last_request = t
-            self.rule.on_ready(t, r)
+            self._turn_ready(r, t)
+        self._stalled(t)
+
+    def _ready(self, r: ShadowReplica, t: float) -> None:
+        """A loaded replica whose `delay` has passed turns ready."""
+        self._turn_ready(r, t)
+        self._stalled(t)
+
+    def _turn_ready(self, r: ShadowReplica, t: float) -> None:
+        r.state = READY
+        self.ready_count[r.model] += 1
+        if self.heaps is not None:
+            self.heaps.ready(r)
+        if self.waiting[r.model]:
+            self.waiting[r.model] = 0
+            r.last_request = t
+        self.rule.on_ready(t, r)
+
+    def _stalled(self, t: float) -> None:
         if self.stalled:
             self.rule.on_stalled(t, [m for m in self.stalled if not self.replicas[m]])

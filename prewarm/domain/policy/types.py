@@ -308,6 +308,9 @@ class Snapshot:
     # the staging tier: each node's host cache and what it holds (empty: no staging tier)
     nodes: tuple[NodeState, ...] = ()
     staged: tuple[StagedState, ...] = ()
+    # seconds from a cold request to its demand load's start, as the live fleet measured them lately (the median;
+    # 0: none measured, and in the simulator, whose engine has no such delay): the whole experts' shadows pay it
+    demand_delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
