@@ -21,6 +21,7 @@ from prewarm.domain.policy import (
     TrafficHistory,
     plan,
 )
+from prewarm.domain.policy.placement import cheapest_cover
 
 CFG = PolicyConfig()
 
@@ -269,6 +270,36 @@ def test_evicts_lowest_value_per_byte_to_make_room() -> None:
     ev = next(a for a in acts if isinstance(a, Evict))
     assert ev.kind == "make_room" and "lowest value per byte" in ev.reason
     assert kinds.index(("Evict", "rare")) < kinds.index(("Preload", "new"))
+
+
+def test_a_victim_that_the_last_one_made_needless_is_kept() -> None:
+    """A full 10 GiB GPU: a (1 GiB, asked for once, 3 h ago) and big (6 GiB, every 30 s) have the lowest values per
+    byte, three 1 GiB models asked for every 20 s the highest. A 2 GiB demand load: the order takes a, then big,
+    whose 6 GiB alone make the room. a stays (cheapest_cover); without it both went."""
+    cfg = PolicyConfig(p_release=0.0, no_regret=False)  # no quiet releases; prewarm's own order
+    hot = ["h0", "h1", "h2"]
+    w = World([spec("a", 1), spec("big", 6), *(spec(m, 1) for m in hot), spec("new", 2)], [gpu("n1/cuda:0", 10)],
+              cfg=cfg)
+    w.traffic.add("a", 0.0)
+    for s in range(0, 10800, 30):
+        w.traffic.add("big", float(s))
+    for i, m in enumerate(hot):
+        for s in range(i, 10800, 20):
+            w.traffic.add(m, float(s))
+    for m in ("a", "big", *hot):
+        w.add_replica(m, "n1/cuda:0")
+    w.traffic.add("new", 10800.0)
+    acts = w.tick(10800.5)
+    assert [a.model for a in acts if isinstance(a, Evict)] == ["big"] and ("new", "n1/cuda:0") in w.replicas
+
+
+def test_the_cheapest_subset_of_the_victims_that_still_makes_room() -> None:
+    a, big, b, c = (0.01, 2 * GIB), (0.05, 6 * GIB), (0.02, GIB), (0.02, GIB)
+    assert cheapest_cover([a, big], 3 * GIB, 0.06) == [1]  # big alone frees the room
+    assert cheapest_cover([a, big], 7 * GIB, 0.06) is None  # both are needed
+    assert cheapest_cover([b, c, a, big], 2 * GIB, 0.1) == [2]  # a alone, the cheapest that frees 2 GiB
+    assert cheapest_cover([b, c, big], 2 * GIB, 0.09) == [0, 1]  # 0.04 < 0.05
+    assert cheapest_cover([b, c], 2 * GIB, 0.04) is None
 
 
 def idle_world(cfg: PolicyConfig = CFG) -> World:

@@ -226,6 +226,10 @@ class Values:
             self.fleet.victims[gpu] = v
         return v
 
+    def own_order(self) -> bool:
+        """Victims go in prewarm's own order (value per byte) on this call: no other expert of the layer leads."""
+        return not self.cfg.no_regret or self.st.experts.leader == "prewarm"
+
     def sort_victims(self, expert: str, v: list[tuple[float, str, ReplicaState]]) -> None:
         """Sort victim entries in `expert`'s eviction order: prewarm's own, the lowest value per byte first;
         another's (experts.py) after the first victims of every order (quiet, never requested)."""
