@@ -267,11 +267,10 @@ class Settings:
     # PREWARM_NO_REGRET: the no-regret layer (PolicyConfig.no_regret; experts.py, duels.py): on unless set to 0
     no_regret: bool = True
     # PREWARM_WHOLE_EXPERTS: with the layer on, a whole baseline whose shadow fleet leads may plan
-    # (PolicyConfig.whole_experts; prewarm.domain.whole). Off live unless set to 1 (the simulator runs it on): a
-    # shadow does not model a live cold start's other delays, and is charged them only once its expert has planned
-    # (the overhead charge); in ./run's demo, with measured load times, the fleet read 39 decayed cold requests
-    # against the shadows' 20, so a first takeover could hand a fleet to a baseline for a hold on that bias
-    whole_experts: bool = False
+    # (PolicyConfig.whole_experts; prewarm.domain.whole). On unless set to 0: its shadows pay the fleet's measured
+    # delay before a demand load (Snapshot.demand_delay_s) from the start, and each expert its fleet's overhead once
+    # it has planned, so a lead is not a live cold start's unmodelled delays
+    whole_experts: bool = True
     # PREWARM_FILL_SHARE: the share of each GPU the fill of never-requested models may take while fills pay
     # (PolicyConfig.fill_share; firsts.py); 0: no fill
     fill_share: float = 1.0
@@ -332,7 +331,7 @@ class Settings:
             idle_memory_budget=parse_idle_memory_budget(e.get("PREWARM_IDLE_MEMORY_BUDGET")),
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
             no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
-            whole_experts=env_flag(e, "PREWARM_WHOLE_EXPERTS", False),
+            whole_experts=env_flag(e, "PREWARM_WHOLE_EXPERTS", True),
             fill_share=env_float(e, "PREWARM_FILL_SHARE", 1.0),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),

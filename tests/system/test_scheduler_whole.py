@@ -1,4 +1,4 @@
-"""Whole experts live (prewarm.domain.whole; PREWARM_WHOLE_EXPERTS=1): the live scheduler runs the code the simulator runs.
+"""Whole experts live (prewarm.domain.whole; PREWARM_WHOLE_EXPERTS, on by default): the live scheduler runs the code the simulator runs.
 When a whole baseline's shadow leads (forced here: a real lead takes an hour of record), the expert plans the real
 fleet through the same dispatch path, every action's reason and the status say so, and a replica turning ready
 while a router waits wakes the leader for the expert's rule. Real Redis, a real Scheduler, Celery's queues in Redis."""

@@ -85,8 +85,8 @@ def test_the_no_regret_layer_is_on_unless_set_off() -> None:
         Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
 
 
-def test_whole_experts_are_off_live_unless_set_on() -> None:
-    """PREWARM_WHOLE_EXPERTS (prewarm.domain.whole): off live by default, 1 turns it on, junk is refused."""
-    assert not Settings.from_env({}).whole_experts and Settings.from_env({"PREWARM_WHOLE_EXPERTS": "1"}).whole_experts
+def test_whole_experts_are_on_live_unless_set_off() -> None:
+    """PREWARM_WHOLE_EXPERTS (prewarm.domain.whole): on live by default, 0 turns it off, junk is refused."""
+    assert Settings.from_env({}).whole_experts and not Settings.from_env({"PREWARM_WHOLE_EXPERTS": "0"}).whole_experts
     with pytest.raises(ValueError, match="PREWARM_WHOLE_EXPERTS='maybe': write 1"):
         Settings.from_env({"PREWARM_WHOLE_EXPERTS": "maybe"})

@@ -149,8 +149,9 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
                     break
             if free + freed < size:
                 continue
-            if 1 < len(victims) <= COVER_VICTIMS and own_order:
-                # the order's prefix may hold victims that its last one made needless (a large last victim)
+            if 1 < len(victims) <= COVER_VICTIMS and own_order and not speculative:
+                # the order's prefix may hold victims that its last one made needless (a large last victim); not
+                # for a load ahead, which a cheaper set would make pass its benefit test more often (measured worse)
                 picked = cheapest_cover([(w, r.bytes) for w, r in zip(worth_of, victims, strict=True)], size - free,
                                         loss)
                 if picked is not None:
@@ -185,11 +186,11 @@ def cheapest_cover(victims: list[tuple[float, int]], need: int, bound: float) ->
     The order takes victims by value per byte, which leaves none to spare when replicas are small beside the room
     needed. When they are not (ServeGen's 15 / 29 / 65 GB models on 80 GiB GPUs) its last victim can free the room
     that earlier ones were taken for: those are kept. Exact, by branch and bound over at most COVER_VICTIMS.
-    Measured against the subsets of the next victims too (sets past the prefix): Azure 1,350 x 16 got worse
-    (docs/simulation.md, "The cheapest victims")."""
+    Demand loads only: for loads ahead too, on/off x 4 got worse (11,656 -> 12,359 with the whole experts off); sets
+    past the prefix too, Azure 1,350 x 16 got worse (docs/simulation.md, "The cheapest victims")."""
     n = len(victims)
     best: list[int] | None = None
-    best_value = bound - 1e-12
+    best_value = bound
     suffix = [0] * (n + 1)  # bytes the victims from i on could still free
     for i in range(n - 1, -1, -1):
         suffix[i] = suffix[i + 1] + victims[i][1]
