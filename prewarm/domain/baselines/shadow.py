@@ -177,8 +177,9 @@ class ShadowFleet(PlacingFleet):
             if te is not None and te <= t and (tt is None or te <= tt):
                 when, seq, gi, version = heapq.heappop(events)
                 self.now = when
-                if gi < 0:
-                    self._ready(self._late.pop(seq), when)
+                if gi < 0:  # a loaded replica whose `delay` has passed
+                    self._turn_ready(self._late.pop(seq), when)
+                    self._stalled(when)
                 else:
                     self._load_done(gi, version)
             elif tt is not None and tt <= t:
@@ -275,11 +276,6 @@ class ShadowFleet(PlacingFleet):
             return
         for r in done:
             self._turn_ready(r, t)
-        self._stalled(t)
-
-    def _ready(self, r: ShadowReplica, t: float) -> None:
-        """A loaded replica whose `delay` has passed turns ready."""
-        self._turn_ready(r, t)
         self._stalled(t)
 
     def _turn_ready(self, r: ShadowReplica, t: float) -> None:

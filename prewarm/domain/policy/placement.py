@@ -157,7 +157,6 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
                 if picked is not None:
                     victims = [victims[i] for i in picked]
                     loss = sum(worth_of[i] for i in picked)
-                    spec_freed = sum(r.bytes for r in victims if v.is_speculative(r))
             if speculative and f.spec[gid] - spec_freed + size > spec_cap:
                 continue
         elif speculative and f.spec[gid] + size > spec_cap:
