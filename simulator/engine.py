@@ -223,15 +223,10 @@ class Simulation(PlacingFleet):
         return r
 
     def evict(self, m: int, gi: int) -> bool:
-        g = self.gpus[gi]
-        r = g.residents.get(m)
-        if r is None or r.state != READY:
+        r = self.remove_ready(m, gi)
+        if r is None:
             return False
         t = self.now
-        del g.residents[m]
-        g.used -= r.bytes
-        del self.replicas[m][gi]
-        self.ready_count[m] -= 1
         self._close(r, t)
         self.evictions += 1
         if self.ad is not None:

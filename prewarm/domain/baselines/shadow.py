@@ -97,8 +97,24 @@ class PlacingFleet:
     victims: list[Any]
     heaps: VictimHeaps | None = None  # set by a fleet whose rule has monotone keys (`Rule.monotone_keys`)
 
+    replicas: list[dict[int, Any]]  # model -> gpu -> its replica
+    ready_count: list[int]  # model -> its ready replicas
+
     def evict(self, m: int, gi: int) -> bool:
-        raise NotImplementedError
+        return self.remove_ready(m, gi) is not None
+
+    def remove_ready(self, m: int, gi: int) -> Any:
+        """Take model m's ready replica on GPU gi off the fleet's books (its bytes freed) and return it; None
+        where it has none ready (a replica loading is never evicted, only cancelled)."""
+        g = self.gpus[gi]
+        r = g.residents.get(m)
+        if r is None or r.state != READY:
+            return None
+        del g.residents[m]
+        g.used -= r.bytes
+        del self.replicas[m][gi]
+        self.ready_count[m] -= 1
+        return r
 
     def start_load(self, m: int, gi: int, kind: str = "") -> Any:
         raise NotImplementedError
@@ -233,17 +249,6 @@ class ShadowFleet(PlacingFleet):
             g.link.jobs.append(r)
             self._reschedule(gi)
         return r
-
-    def evict(self, m: int, gi: int) -> bool:
-        g = self.gpus[gi]
-        r = g.residents.get(m)
-        if r is None or r.state != READY:
-            return False
-        del g.residents[m]
-        g.used -= r.bytes
-        del self.replicas[m][gi]
-        self.ready_count[m] -= 1
-        return True
 
     def timer(self, t: float, payload: tuple) -> None:
         self._seq += 1
