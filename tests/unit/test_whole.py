@@ -13,7 +13,7 @@ from prewarm.domain.baselines import RULES
 from prewarm.domain.baselines.shadow import ShadowFleet
 from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
-from prewarm.domain.states import READY
+from prewarm.domain.states import LOADING, READY
 from prewarm.domain.whole import HOME, WholeExperts
 from simulator import synthetic
 from simulator.engine import Simulation
@@ -87,7 +87,8 @@ def test_an_expert_that_leads_plans_and_says_why_and_floors_keep_prewarms_plan()
     actions = w.decide(_snapshot(models, tr), 7200.0, [("b", 7199.0, 1)])
     assert actions is not None and w.leader == "on-demand-lru" and w.moves == [(7200.0, "on-demand-lru")]
     [load] = actions
-    assert load.model == "b" and "whole expert on-demand-lru plans" in load.reason
+    assert load.model == "b" and "whole expert on-demand-lru plans for another 4.0 h" in load.reason
+    assert w.describe()["hold_left_s"] == 4 * 3600
     pinned = {**models, "a": ModelSpec("a", GIB, load_seconds=5.0, pinned=True)}  # a floor: not a baseline's rule
     assert w.decide(_snapshot(pinned, tr), 7300.0, [("b", 7299.0, 1)]) is None
     assert w.leader == HOME and not w.eligible and w.moves[-1] == (7300.0, HOME)
@@ -216,3 +217,24 @@ def test_an_experts_shadow_is_charged_its_fleets_overhead_measured_while_it_plan
     assert w.best(w.until + 700.0, 3600.0) is None
     w.held["on-demand-lru"] = [40.0, 100.0]  # a fleet better than its shadow is not credited: the charge is 1
     assert w.overhead("on-demand-lru") == 1.0 and w.best(w.until + 700.0, 3600.0) == "on-demand-lru"
+
+
+def test_the_plan_changes_hands_only_once_the_new_leaders_first_call_can_start_the_backlog() -> None:
+    """A new leader's first call places every model whose requests wait with no replica, each placement evicting.
+    While that backlog is larger than the leader's shadow's plus the fleet's free load slots (those loads would
+    queue, their victims gone already) the plan stays where it is; once it is not, the leader takes over."""
+    models = {m: ModelSpec(m, GIB, load_seconds=5.0) for m in "abcdef"}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+
+    def snap(waiting: str, loading: str = "") -> Snapshot:
+        replicas = (ReplicaState("a", "n/cuda:0", READY, GIB, 0.0),
+                    *(ReplicaState(m, "n/cuda:0", LOADING, GIB, 0.0) for m in loading))
+        return dataclasses.replace(_snapshot(models, tr), replicas=replicas, waiting=dict.fromkeys(waiting, 1))
+
+    w.decide(snap(""), 0.0, [])
+    w.real, w.cold = 1000.0, {"on-demand-lru": 10.0, "faascache": 500.0}  # LRU's shadow leads by far
+    assert w.decide(snap("bcd"), 7200.0, []) is None and w.leader == HOME  # 3 waiting, 2 slots free
+    assert w.decide(snap("bc", loading="d"), 7201.0, []) is None and w.leader == HOME  # 2 waiting, 1 slot free
+    assert w.decide(snap("ab"), 7202.0, []) is not None  # a is ready: only b waits with no replica
+    assert w.leader == "on-demand-lru" and w.moves == [(7202.0, "on-demand-lru")]
