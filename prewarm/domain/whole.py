@@ -298,10 +298,14 @@ class WholeExperts:
     def why(self) -> str:
         if self.leader == HOME:
             return f"prewarm plans: {self._figures()}"
-        left = max(0.0, self.until - (self.at or 0.0))  # relative: live, `until` is an epoch's seconds
+        left = self.hold_left()
         span = f"{left / 60:.0f} min" if left < 3600 else f"{left / 3600:.1f} h"
         return (f"whole expert {self.leader} plans for another {span}: it took over when its shadow fleet had "
                 f"{MARGIN:.0%} fewer cold requests than this fleet (now {self._figures()})")
+
+    def hold_left(self) -> float:
+        """Seconds left of the leading expert's hold, from the last call (live, `until` is an epoch's seconds)."""
+        return max(0.0, self.until - (self.at or 0.0))
 
     def _figures(self) -> str:
         shadows = ", ".join(f"{k} {v:.0f}" + (f" (charged x{self.overhead(k):.2f}: its fleet's overhead)"
@@ -312,7 +316,7 @@ class WholeExperts:
 
     def describe(self) -> dict[str, Any]:
         return {"leader": self.leader, "switches": self.switches,
-                "hold_left_s": round(max(0.0, self.until - (self.at or 0.0))) if self.leader != HOME else 0,
+                "hold_left_s": round(self.hold_left()) if self.leader != HOME else 0,
                 "moves": [(round(t / 3600, 2), who) for t, who in self.moves],  # (hour, who plans from then)
                 "real_cold": round(self.real, 2),
                 "shadow_cold": {k: round(v, 2) for k, v in self.cold.items()},
