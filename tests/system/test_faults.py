@@ -51,7 +51,9 @@ def test_redis_restart_losing_data_is_survived(own_redis: EmbeddedRedis, catalog
     url = own_redis.url
     w = start_worker(url, catalog, devices="cpu:0=256MiB", node="node-a", log_dir=tmp_path)
     web = WebProc(url, catalog, tmp_path, workers=1)
-    sched = SchedulerProc(url, catalog, tmp_path, leader_ttl=2.0)
+    # no fill: the test counts the worker's own replicas across the restart, and the scheduler's fill of
+    # never-requested models would load tiny-lm beside them whenever it leads (a race with the count)
+    sched = SchedulerProc(url, catalog, tmp_path, leader_ttl=2.0, env={"PREWARM_FILL_SHARE": "0"})
     try:
         r = redis.Redis.from_url(url)
         celery = make_celery(url)
