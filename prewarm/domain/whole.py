@@ -54,6 +54,7 @@ from .policy.adapters import split
 from .policy.fleet import ready_models
 from .policy.types import Action, PolicyConfig, Snapshot
 from .policy.value import load_seconds
+from .policy.words import fmt_s
 from .states import IN_FLIGHT, ROUTABLE
 
 WHOLE_EXPERTS: tuple[str, ...] = ("on-demand-lru", "faascache")
@@ -298,9 +299,7 @@ class WholeExperts:
     def why(self) -> str:
         if self.leader == HOME:
             return f"prewarm plans: {self._figures()}"
-        left = self.hold_left()
-        span = f"{left / 60:.0f} min" if left < 3600 else f"{left / 3600:.1f} h"
-        return (f"whole expert {self.leader} plans for another {span}: it took over when its shadow fleet had "
+        return (f"whole expert {self.leader} plans for another {fmt_s(self.hold_left())}: it took over when its shadow fleet had "
                 f"{MARGIN:.0%} fewer cold requests than this fleet (now {self._figures()})")
 
     def hold_left(self) -> float:
