@@ -47,12 +47,15 @@ def staged_nodes(fleet: state.Fleet, entry: ModelEntry) -> set[str]:
 
 
 def ranked(r: redis.Redis, fleet: state.Fleet, catalog: Catalog, entry: ModelEntry,
-           max_loads: int) -> list[state.Gpu]:
+           max_loads: int, idle_link: bool = False) -> list[state.Gpu]:
     """The GPUs that take loads (fleet.placeable) and have room for `entry` now, best first by the placement
-    rule; a GPU that already holds this version (loading, ready or evicting it) is not one."""
+    rule; a GPU that already holds this version (loading, ready or evicting it) is not one. `idle_link`: only
+    GPUs with no load in flight or queued (whether to share a busy link or wait for it is the scheduler's:
+    PolicyConfig.link_wait)."""
     busy = {g.id for g in fleet.alive() for x in g.replicas
             if x.model == entry.id and x.version == entry.version and x.state in rs.HOLDING}
-    order = rank(read_rooms(r, fleet, catalog), entry.size_bytes, staged_nodes(fleet, entry), busy, max_loads)
+    rooms = [x for x in read_rooms(r, fleet, catalog) if not (idle_link and x.loads)]
+    order = rank(rooms, entry.size_bytes, staged_nodes(fleet, entry), busy, max_loads)
     gpus = {g.id: g for g in fleet.placeable()}
     return [gpus[x.gpu] for x in order]
 

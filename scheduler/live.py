@@ -98,6 +98,7 @@ class Scheduler:
                                              overdue_wait_s=ctx.settings.max_demand_wait,
                                              no_regret=ctx.settings.no_regret,
                                              whole_experts=ctx.settings.whole_experts,
+                                             link_wait=ctx.settings.link_wait,
                                              fill_share=ctx.settings.fill_share)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)

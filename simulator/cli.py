@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert whose order wins "
                    "the duels of the real evictions, and then proves itself in a trial, orders evictions "
                    "(default on; off: prewarm's own order alone; docs/simulation.md, duels.py)")
+    p.add_argument("--link-wait", choices=["on", "off"], default="off",
+                   help="prewarm only: a demand load waits for a busy link where that costs fewer cold requests "
+                   "than sharing it (PREWARM_LINK_WAIT; default off; docs/simulation.md)")
     p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
                    help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
                    "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")
@@ -196,7 +199,7 @@ def run_cli(args: argparse.Namespace) -> int:
                    host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
                    load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
                    max_demand_wait=max_wait, no_regret=args.no_regret == "on",
-                   adapter_slot_replicas=args.adapter_slot_replicas == "on")
+                   adapter_slot_replicas=args.adapter_slot_replicas == "on", link_wait=args.link_wait == "on")
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

@@ -50,7 +50,8 @@ class PrewarmPolicy:
         # prewarm's plan queues its loads on the GPUs and ticks; a whole expert's rule is event-driven: without the
         # wake-up its stalled misses waited up to a tick after each load (on/off x 4: 8,779 cold starts where the
         # same rule in the simulator had 8,628)
-        return self.whole.leader != HOME
+        # (prewarm's plan too while a demand load waits for a busy link: PolicyConfig.link_wait)
+        return self.whole.leader != HOME or self.state.link_waiting
 
     def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]:
         actions = self.whole.decide(snap, now, arrivals)

@@ -5,6 +5,7 @@ worker's heartbeats would publish it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,29 @@ def test_a_cold_answer_offers_the_fallback_and_counts_it_for_requests_only(ctx: 
     routing.lookup(ctx, entry, priority="normal", counted=False, counters=counted)  # a retry poll
     assert counted.fallbacks == [("beta", "alpha")] and counted.lookups == ["cold"]
     assert r.get(keys.cold_claim(entry.key)) is None  # nothing was sent: the next lookup may try again
+
+
+def test_the_on_demand_load_takes_only_an_idle_link_and_leaves_a_busy_one_to_the_scheduler(
+        ctx: Context, r: redis.Redis) -> None:
+    """PREWARM_LINK_WAIT=1: a GPU with room whose link carries a load is not the lookup's to share; the scheduler,
+    woken at once, chooses between sharing that link and waiting for it (placement.place). With it off (the
+    default), the lookup queues the load there."""
+    publish_gpu(r, GPU_A, total_mib=64, replicas=[replica("alpha", GPU_A, "loading", progress=0.2)])
+    wake = r.pubsub(ignore_subscribe_messages=True)
+    wake.subscribe(keys.WAKE)
+    wake.get_message(timeout=1)
+    entry = ctx.catalog.get("gamma")
+    ctx.settings = replace(ctx.settings, link_wait=True)
+    answer = routing.lookup(ctx, entry, priority="normal", counted=True, counters=Counted())
+    assert answer.body["state"] == "cold" and answer.body["preload"]["queued"] is False
+    assert "an idle link" in answer.body["preload"]["message"]
+    assert queued_tasks(r, "gpu.node-a.cpu:0") == []
+    message = wake.get_message(timeout=5)
+    assert message is not None and message["data"] == entry.key.encode()
+    wake.close()
+    assert r.get(keys.cold_claim(entry.key)) is None  # nothing was sent: the next lookup may try again
+
+    ctx.settings = replace(ctx.settings, link_wait=False)
+    again = routing.lookup(ctx, entry, priority="normal", counted=False, counters=Counted())
+    assert again.body["preload"]["queued"] is True and again.body["preload"]["gpu"] == GPU_A
+    assert [t["headers"]["task"] for t in queued_tasks(r, "gpu.node-a.cpu:0")] == [celery_app.PRELOAD]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
+from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import (
     GIB,
     Evict,
@@ -493,6 +495,35 @@ def test_a_demand_load_takes_the_gpu_whose_link_carries_only_a_fill() -> None:
     w.add_replica("x", "a/cuda:0", since=0.0, state="loading")
     w.traffic.add("d", 1.0)
     assert [(type(a).__name__, a.model, a.gpu) for a in w.tick(1.0)] == [("Preload", "d", "b/cuda:0")]
+
+
+def link_world(cfg: PolicyConfig) -> World:
+    """One 20 GiB GPU whose link loads r (asked for, 8 s, since 0 s); d (9 s) is asked for at 1 s."""
+    w = World([spec("r", 4, load_s=8.0), spec("d", 2, load_s=9.0)], [gpu("n1/cuda:0", 20)], cfg=cfg)
+    w.traffic.add("r", 0.0)
+    w.add_replica("r", "n1/cuda:0", since=0.0, state="loading")
+    w.traffic.add("d", 1.0)
+    return w
+
+
+def test_a_demand_load_waits_for_a_busy_link_and_the_plan_wakes_when_it_frees() -> None:
+    """PolicyConfig.link_wait: sharing r's link would slow r's load (its requests wait through it) and d's would end
+    about when it would after r's: d waits (no preload), the state says so, and prewarm's policy asks to be woken
+    when a load ends (wakes_on_ready). Once r is ready, d loads with the link its own. With the rule off (the
+    default), d shares the link at once."""
+    cfg = PolicyConfig(fill_free_memory=False, link_wait=True)
+    w = link_world(cfg)
+    assert w.tick(1.0) == []
+    assert w.state is not None and w.state.link_waiting
+    policy = PrewarmPolicy(cfg)
+    policy.state = w.state
+    assert policy.wakes_on_ready()
+    assert [(type(a).__name__, a.model, a.kind) for a in w.tick(8.0)] == [("Preload", "d", "demand")]
+    assert not w.state.link_waiting and w.ready("r") == ["n1/cuda:0"]
+
+    w = link_world(replace(cfg, link_wait=False))
+    assert [(type(a).__name__, a.model, a.gpu) for a in w.tick(1.0)] == [("Preload", "d", "n1/cuda:0")]
+    assert w.state is not None and not w.state.link_waiting
 
 
 def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:

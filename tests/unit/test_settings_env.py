@@ -85,6 +85,13 @@ def test_the_no_regret_layer_is_on_unless_set_off() -> None:
         Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
 
 
+def test_link_wait_is_off_live_unless_set_on() -> None:
+    """PREWARM_LINK_WAIT (PolicyConfig.link_wait, and the route hook's idle links): off by default, 1 turns it on."""
+    assert not Settings.from_env({}).link_wait and Settings.from_env({"PREWARM_LINK_WAIT": "1"}).link_wait
+    with pytest.raises(ValueError, match="PREWARM_LINK_WAIT='maybe': write 1"):
+        Settings.from_env({"PREWARM_LINK_WAIT": "maybe"})
+
+
 def test_whole_experts_are_on_live_unless_set_off() -> None:
     """PREWARM_WHOLE_EXPERTS (prewarm.domain.whole): on live by default, 0 turns it off, junk is refused."""
     assert Settings.from_env({}).whole_experts and not Settings.from_env({"PREWARM_WHOLE_EXPERTS": "0"}).whole_experts

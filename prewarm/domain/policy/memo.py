@@ -45,6 +45,8 @@ class PolicyState:
     """
 
     traffic_id: int = 0
+    # the last call held a demand load back for a busy link (PolicyConfig.link_wait): wake it when a load ends
+    link_waiting: bool = False
     # the catalog mapping the state was last brought up to date with (timeline.advance compares the next
     # one with it spec by spec; held, so an identity check against it cannot meet a reused id)
     models: Mapping[str, ModelSpec] | None = None

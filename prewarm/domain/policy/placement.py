@@ -117,9 +117,16 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
         if staged_on:
             # where the load time differs by GPU, count our own requests waiting through it
             contention += rate * ld
-        bounded.append((g.node in nodes_with, contention, gid))
+        waits = False
+        if k and cfg.link_wait and kind == "demand":
+            # a busy link: sharing it slows its loads and ours; waiting for its first load to end slows none of
+            # theirs, and ours ends about when it would have shared (the link does the same work)
+            wait = rate * (free_in(v, gid) + cfg.tick_s)
+            if wait < contention:
+                contention, waits = wait, True
+        bounded.append((g.node in nodes_with, contention, gid, waits))
     bounded.sort()
-    for spread, contention, gid in bounded:
+    for spread, contention, gid, waits in bounded:
         if best is not None and (spread, contention) > best[0][:2]:
             break
         g = f.gpus[gid]
@@ -169,12 +176,30 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
             min(v.cost(r.model), v.loss(r.model) * EVICTION_HORIZON_S) for r in victims)
         key = (spread, cost, f.loading[gid], free - size, gid)
         if best is None or key < best[0]:
-            best = (key, gid, victims, loss)
+            best = (key, gid, victims, loss, waits)
     if best is None:
+        return None
+    if best[4]:
+        v.link_waits.append(spec.id)
         return None
     if speculative and best[3] * cfg.prefetch_margin > benefit:
         return None
     return Placement(best[1], best[2], best[3])
+
+
+def free_in(v: Values, gid: str) -> float:
+    """Seconds until the first load on `gid`'s link ends, its loads sharing the link as now."""
+    f = v.fleet
+    k = max(f.loading[gid], 1)
+    out = math.inf
+    for m in f.loading_models[gid]:
+        r = f.on_gpu[gid].get(m)
+        spec = v.models.get(m)
+        if r is None or spec is None:
+            continue
+        # its work left if it has shared the link with as many loads since it started (the most it can be)
+        out = min(out, max(0.0, load_seconds(spec, v.cfg) - (v.now - r.since) / k) * k)
+    return 0.0 if out == math.inf else out
 
 
 def cheapest_cover(victims: list[tuple[float, int]], need: int, bound: float) -> list[int] | None:
