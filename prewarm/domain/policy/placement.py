@@ -188,7 +188,8 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
 
 
 def free_in(v: Values, gid: str) -> float:
-    """Seconds until the first load on `gid`'s link ends, its loads sharing the link as now."""
+    """Seconds until the first load on `gid`'s link ends, at the most: each load counted as if it had shared the
+    link with as many loads as now since it started."""
     f = v.fleet
     k = max(f.loading[gid], 1)
     out = math.inf
@@ -197,7 +198,6 @@ def free_in(v: Values, gid: str) -> float:
         spec = v.models.get(m)
         if r is None or spec is None:
             continue
-        # its work left if it has shared the link with as many loads since it started (the most it can be)
         out = min(out, max(0.0, load_seconds(spec, v.cfg) - (v.now - r.since) / k) * k)
     return 0.0 if out == math.inf else out
 
