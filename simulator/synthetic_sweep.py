@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=int, default=200)
     p.add_argument("--hours", type=float, default=24.0)
     p.add_argument("--requests", type=int, default=150_000)
+    p.add_argument("--link-wait", choices=("on", "off"), default="off",
+                   help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", default="synthetic-sweep")
     a = p.parse_args(argv)
@@ -68,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 # always written anew: a folder left by a run with other sizes must not be measured as this one
                 synthetic.write(regime, folder, a.models, a.hours, a.requests, seed)
                 sample = Sample(name, "synthetic", fmt="requests", file="requests.csv")
-                jobs += [Job(Point(sample, g, seed, None), pol, str(folder), gpu_bytes, a.load_slots, None)
-                         for g in gpus for pol in policies]
+                jobs += [Job(Point(sample, g, seed, None), pol, str(folder), gpu_bytes, a.load_slots, None,
+                             link_wait=a.link_wait == "on") for g in gpus for pol in policies]
     except (OSError, ValueError) as e:
         print(f"synthetic_sweep: {e}", file=sys.stderr)
         return 2
