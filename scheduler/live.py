@@ -251,7 +251,7 @@ class Scheduler:
             "actions": result.actions, "dispatched": result.dispatched,
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
             "left_out": ",".join(sorted(result.left_out)), "expert": self._expert(),
-            "loads_ahead": self._loads_ahead(), "fills": self._fills(),
+            "loads_ahead": self._loads_ahead(), "fills": self._fills(), "link_waits": self._link_waits(),
             "failover_hold": "1" if self.failover.holding(now) else "0"})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
@@ -282,6 +282,14 @@ class Scheduler:
         if st is None or not self.config.fill_free_memory:
             return ""
         return str(st.firsts.why())
+
+    def _link_waits(self) -> str:
+        """The demand loads prewarm's plan held back for a busy link at this tick, and why (PolicyConfig.link_wait),
+        else "": such a wait sends nothing, so no event names it."""
+        st = getattr(self.policy, "state", None)
+        if st is None or not self.config.link_wait:
+            return ""
+        return str(st.link_wait_why())
 
     def _drain_round(self, fleet: state.Fleet, now: float) -> list[drain.Replacement]:
         """services.drain's round: replacements for the draining nodes' replicas that need a home."""

@@ -51,7 +51,7 @@ class PrewarmPolicy:
         # wake-up its stalled misses waited up to a tick after each load (on/off x 4: 8,779 cold starts where the
         # same rule in the simulator had 8,628)
         # (prewarm's plan too while a demand load waits for a busy link: PolicyConfig.link_wait)
-        return self.whole.leader != HOME or self.state.link_waiting
+        return self.whole.leader != HOME or bool(self.state.link_waits)
 
     def decide(self, snap: Snapshot, now: float, arrivals: Sequence[Arrival] = ()) -> list[Action]:
         actions = self.whole.decide(snap, now, arrivals)

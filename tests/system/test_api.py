@@ -284,18 +284,21 @@ def test_the_fleet_says_which_expert_orders_evictions_and_whether_loads_ahead_go
     publish_gpu(r, GPU_A)
     assert client.get("/api/fleet").get_json()["policy"]["expert"] == ""  # no scheduler has led yet
     assert client.get("/api/fleet").get_json()["policy"]["fills"] == ""
+    assert client.get("/api/fleet").get_json()["policy"]["link_waits"] == ""
     assert 'id="expert-line"' not in client.get("/fleet").get_data(as_text=True)
     running_policy.swap(r, "prewarm", "s1")
     why = "expert lru leads (lru on trial against prewarm in turns (prewarm's victims cost 0.2000, lru's 0.1000)"
     fills = "fills keep to the speculative share: 1.0 asked for while resident, 5.0 evicted unasked (decayed)"
+    waits = "1 demand load(s) wait for a busy link: beta for n1/cuda:0's link (free in about 3 s)"
     r.hset(keys.SCHEDULER_STATUS, mapping={"expert": why, "loads_ahead": "loads ahead held back: on this traffic",
-                                           "fills": fills})
+                                           "fills": fills, "link_waits": waits})
     policy = client.get("/api/fleet").get_json()["policy"]
     assert policy["expert"] == why and policy["loads_ahead"].startswith("loads ahead held back")
-    assert policy["fills"] == fills
+    assert policy["fills"] == fills and policy["link_waits"] == waits
     page = client.get("/fleet").get_data(as_text=True)
     assert "eviction order: expert lru leads (lru on trial against prewarm" in page
     assert "loads ahead held back" in page and 'id="fills-line"' in page and fills in page
+    assert 'id="link-waits-line"' in page and "beta for n1/cuda:0&#39;s link" in page
 
 
 def test_a_gpu_whose_heartbeat_is_late_is_marked_in_the_fleet(client: FlaskClient, r: redis.Redis) -> None:

@@ -514,16 +514,18 @@ def test_a_demand_load_waits_for_a_busy_link_and_the_plan_wakes_when_it_frees() 
     cfg = PolicyConfig(fill_free_memory=False, link_wait=True)
     w = link_world(cfg)
     assert w.tick(1.0) == []
-    assert w.state is not None and w.state.link_waiting
+    assert w.state is not None and [(m, g) for m, g, _s in w.state.link_waits] == [("d", "n1/cuda:0")]
+    # no action names the wait, so the leader's status does (PolicyState.link_wait_why)
+    assert w.state.link_wait_why().startswith("1 demand load(s) wait for a busy link: d for n1/cuda:0's link")
     policy = PrewarmPolicy(cfg)
     policy.state = w.state
     assert policy.wakes_on_ready()
     assert [(type(a).__name__, a.model, a.kind) for a in w.tick(8.0)] == [("Preload", "d", "demand")]
-    assert not w.state.link_waiting and w.ready("r") == ["n1/cuda:0"]
+    assert not w.state.link_waits and w.state.link_wait_why() == "" and w.ready("r") == ["n1/cuda:0"]
 
     w = link_world(replace(cfg, link_wait=False))
     assert [(type(a).__name__, a.model, a.gpu) for a in w.tick(1.0)] == [("Preload", "d", "n1/cuda:0")]
-    assert w.state is not None and not w.state.link_waiting
+    assert w.state is not None and not w.state.link_waits
 
 
 def test_pinned_model_is_never_evicted_even_when_idle_and_room_is_needed() -> None:

@@ -11,6 +11,7 @@ from .arrivals import ArrivalModel
 from .experts import Experts
 from .firsts import FirstRequests
 from .types import ModelSpec, PolicyConfig
+from .words import fmt_s
 
 
 class ValueInputs:
@@ -45,8 +46,9 @@ class PolicyState:
     """
 
     traffic_id: int = 0
-    # the last call held a demand load back for a busy link (PolicyConfig.link_wait): wake it when a load ends
-    link_waiting: bool = False
+    # the demand loads the last call held back for a busy link (PolicyConfig.link_wait), as (model, GPU, seconds
+    # until its link frees): while there are any, the plan is woken when a load ends
+    link_waits: list[tuple[str, str, float]] = field(default_factory=list)
     # the catalog mapping the state was last brought up to date with (timeline.advance compares the next
     # one with it spec by spec; held, so an identity check against it cannot meet a reused id)
     models: Mapping[str, ModelSpec] | None = None
@@ -86,3 +88,13 @@ class PolicyState:
     # The loads-ahead record (ahead.py), the other part that is not a cache: the bets loads ahead made and
     # what they won or lost on this traffic, which gates them (PolicyConfig.ahead_gate)
     ahead: AheadRecord = field(default_factory=AheadRecord)
+
+    def link_wait_why(self) -> str:
+        """For the leader's status and the console: the demand loads the last call held back for a busy link and
+        why (PolicyConfig.link_wait), "" when none: a waiting model has no action to name it in the events."""
+        if not self.link_waits:
+            return ""
+        shown = "; ".join(f"{m} for {gpu}'s link (free in about {fmt_s(s)})" for m, gpu, s in self.link_waits[:5])
+        more = f"; and {len(self.link_waits) - 5} more" if len(self.link_waits) > 5 else ""
+        return (f"{len(self.link_waits)} demand load(s) wait for a busy link: {shown}{more}. Sharing a link would "
+                f"slow the load on it and end theirs about as late; they start when it frees")

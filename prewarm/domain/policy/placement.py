@@ -180,7 +180,7 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
     if best is None:
         return None
     if best[4]:
-        v.link_waits.append(spec.id)
+        v.link_waits.append((spec.id, best[1], free_in(v, best[1])))
         return None
     if speculative and best[3] * cfg.prefetch_margin > benefit:
         return None

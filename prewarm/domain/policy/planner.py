@@ -116,7 +116,7 @@ def plan(snapshot: Snapshot, now: float, state: PolicyState | None = None) -> li
     if pl.fleet.nodes:
         likely = [m for m, (end, _a) in st.awake.items() if end > now]
         step_stage(pl, [*pl.evicted_now, *likely])
-    st.link_waiting = bool(pl.link_waits)
+    st.link_waits = pl.link_waits
     return pl.actions
 
 

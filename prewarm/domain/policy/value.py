@@ -60,8 +60,9 @@ class Values:
         self.quiet: set[str] = set()
         # GPU -> the overdue model it is held for (steps.hold_for): no other load goes there
         self.held: dict[str, str] = {}
-        # demand loads that wait for a busy link (placement.place, PolicyConfig.link_wait): the plan wakes at a load's end
-        self.link_waits: list[str] = []
+        # demand loads that wait for a busy link (placement.place, PolicyConfig.link_wait), as (model, GPU, seconds
+        # until its link frees): the plan wakes at a load's end
+        self.link_waits: list[tuple[str, str, float]] = []
         # model -> (P(request within partner_window_s), leader, its start second): partners of a model
         # that just started (set by plan() before anything is valued; partners.py)
         self.expect: dict[str, tuple[float, str, int]] = {}
