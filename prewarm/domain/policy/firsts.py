@@ -10,7 +10,11 @@ the fill's replicas are asked for before they are evicted.
   Azure day (its sample holds only functions invoked that day), 0.01-0.04 on ServeGen's first 72 h, while a
   resident idle for hours is asked for with P ≈ 0.03-0.07 on both: a measured value, not a constant, ranks them.
 - The fills' outcomes: a fill replica whose model is asked for while it is resident was *used*; one evicted or
-  cancelled before that was *wasted* (decayed alike). The fill takes all free memory (`PolicyConfig.fill_share`)
+  cancelled for room before that was *wasted* (decayed alike). A fill cancelled to give its link to a demand load
+  (a yield, PlanCall.yield_link) is neither: it says the link was needed, nothing of whether the fill's memory
+  was; counted, the empty fleet's first demand loads (a yield per GPU) closed the gate for the first two hours of
+  Azure 1,350 × 32, whose fills are asked for ~85 % of the time (1,362 / 1,384 cold starts; not counted, 1,197 /
+  1,199, and 1,192 / 1,188 with the link wait: docs/simulation.md, "The link wait on by default"). The fill takes all free memory (`PolicyConfig.fill_share`)
   while at least as many are used as wasted, and keeps to `speculative_share` while not: on Azure 1,350 × 32
   about 85 % of fills are asked for, on Azure 1,350 × 16 about 6 % (filling all free memory there cost +0.7 %
   cold starts, and +1.6 % on ServeGen × 32 seed 0). The bar is a fill that pays for itself as often as not:
@@ -56,7 +60,7 @@ class FirstRequests:
         self.used += n
 
     def fill_evicted(self) -> None:
-        """A never-requested model's last replica was evicted or cancelled before its first request."""
+        """A never-requested model's last replica was evicted or cancelled for room before its first request."""
         self.wasted += 1.0
 
     def fills_pay(self) -> bool:

@@ -34,8 +34,10 @@ class PlanCall(Values):
         self.fleet.evict(r, self.is_speculative(r))
         if self.fleet.count(r.model) == 0:
             self.st.ahead.gone(r.model)  # a load ahead evicted unused can no longer win its bet (ahead.py)
-            if self.tr.last_arrival(r.model) is None:
-                self.st.firsts.fill_evicted()  # before its first request (firsts.py)
+            # before its first request (firsts.py); not a yield: that cancel says a demand load needed the link,
+            # nothing of whether the fill's memory was worth it (an empty fleet's first seconds yield a fill per GPU)
+            if kind != "yield" and self.tr.last_arrival(r.model) is None:
+                self.st.firsts.fill_evicted()
         if self.cfg.no_regret:  # greedy-dual's clock and frequencies follow the real fleet (experts.py)
             self.st.experts.gd.evicted(r.model, self.fleet.count(r.model) == 0)
         self.evicted_now.append(r.model)
