@@ -272,8 +272,8 @@ class Settings:
     # it has planned, so a lead is not a live cold start's unmodelled delays
     whole_experts: bool = True
     # PREWARM_LINK_WAIT: a demand load waits for a busy link where that costs fewer cold requests than sharing it
-    # (PolicyConfig.link_wait), and the route hook's on-demand load takes an idle link only. Off unless set to 1
-    link_wait: bool = False
+    # (PolicyConfig.link_wait), and the route hook's on-demand load takes an idle link only. On unless set to 0
+    link_wait: bool = True
     # PREWARM_FILL_SHARE: the share of each GPU the fill of never-requested models may take while fills pay
     # (PolicyConfig.fill_share; firsts.py); 0: no fill
     fill_share: float = 1.0
@@ -335,7 +335,7 @@ class Settings:
             max_demand_wait=parse_max_demand_wait(e.get("PREWARM_MAX_DEMAND_WAIT")),
             no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
             whole_experts=env_flag(e, "PREWARM_WHOLE_EXPERTS", True),
-            link_wait=env_flag(e, "PREWARM_LINK_WAIT", False),
+            link_wait=env_flag(e, "PREWARM_LINK_WAIT", True),
             fill_share=env_float(e, "PREWARM_FILL_SHARE", 1.0),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),

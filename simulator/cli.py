@@ -61,9 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm only: its no-regret layer (PREWARM_NO_REGRET): the expert whose order wins "
                    "the duels of the real evictions, and then proves itself in a trial, orders evictions "
                    "(default on; off: prewarm's own order alone; docs/simulation.md, duels.py)")
-    p.add_argument("--link-wait", choices=["on", "off"], default="off",
+    p.add_argument("--link-wait", choices=["on", "off"], default="on",
                    help="prewarm only: a demand load waits for a busy link where that costs fewer cold requests "
-                   "than sharing it (PREWARM_LINK_WAIT; default off; docs/simulation.md)")
+                   "than sharing it (PREWARM_LINK_WAIT; default on; docs/simulation.md)")
     p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
                    help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
                    "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")

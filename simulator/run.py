@@ -35,7 +35,7 @@ def simulate(
     max_demand_wait: float | None = None,
     no_regret: bool = True,
     adapter_slot_replicas: bool = True,
-    link_wait: bool = False,
+    link_wait: bool = True,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
     `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py);

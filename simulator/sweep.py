@@ -139,7 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "alone and writes the whole table")
     p.add_argument("--no-regret", choices=("on", "off"), default="on",
                    help="prewarm's no-regret layer (PolicyConfig.no_regret; on by default, as simulate)")
-    p.add_argument("--link-wait", choices=("on", "off"), default="off",
+    p.add_argument("--link-wait", choices=("on", "off"), default="on",
                    help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
     p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
@@ -173,7 +173,7 @@ class Job:
     slots: int
     idle_budget: float | None
     no_regret: bool = True
-    link_wait: bool = False
+    link_wait: bool = True
 
 
 def run_one(job: Job) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=int, default=200)
     p.add_argument("--hours", type=float, default=24.0)
     p.add_argument("--requests", type=int, default=150_000)
-    p.add_argument("--link-wait", choices=("on", "off"), default="off",
+    p.add_argument("--link-wait", choices=("on", "off"), default="on",
                    help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", default="synthetic-sweep")

@@ -98,8 +98,8 @@ def test_a_cold_answer_offers_the_fallback_and_counts_it_for_requests_only(ctx: 
 def test_the_on_demand_load_takes_only_an_idle_link_and_leaves_a_busy_one_to_the_scheduler(
         ctx: Context, r: redis.Redis) -> None:
     """PREWARM_LINK_WAIT=1: a GPU with room whose link carries a load is not the lookup's to share; the scheduler,
-    woken at once, chooses between sharing that link and waiting for it (placement.place). With it off (the
-    default), the lookup queues the load there."""
+    woken at once, chooses between sharing that link and waiting for it (placement.place). With it off
+    (PREWARM_LINK_WAIT=0), the lookup queues the load there."""
     publish_gpu(r, GPU_A, total_mib=64, replicas=[replica("alpha", GPU_A, "loading", progress=0.2)])
     wake = r.pubsub(ignore_subscribe_messages=True)
     wake.subscribe(keys.WAKE)

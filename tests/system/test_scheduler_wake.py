@@ -125,7 +125,7 @@ def test_burst_of_wake_ups_is_one_tick_and_standby_ignores_them(ctx: Context, r:
     assert (r.hget(keys.SCHEDULER_STATUS, "loads_ahead") or b"").startswith(b"loads ahead on:")
     # ... and the first-request record where fills stand (firsts.py): with no record yet they take all free memory
     assert (r.hget(keys.SCHEDULER_STATUS, "fills") or b"").startswith(b"fills take all free memory:")
-    # ... and no demand load held back for a busy link (written each tick; PREWARM_LINK_WAIT is off here)
+    # ... and no demand load held back for a busy link (written each tick: no GPU loads anything here)
     assert r.hget(keys.SCHEDULER_STATUS, "link_waits") == b""
     assert standby.wake(["m0@v1"]) is None  # a standby plans nothing on a wake-up
     assert len(wakes(r)) == 1

@@ -26,6 +26,9 @@ from prewarm.domain.policy import (
 from prewarm.domain.policy.placement import cheapest_cover
 
 CFG = PolicyConfig()
+# loads share a busy link as they did before the link wait (PolicyConfig.link_wait): for tests of the slots, caps and
+# yields, which a wait would otherwise pre-empt (the wait has its own test below)
+SHARED = PolicyConfig(link_wait=False)
 
 
 class World:
@@ -157,7 +160,8 @@ def test_demand_loads_wait_for_a_free_load_slot_and_the_most_valuable_goes_first
     """One GPU running max_loads_per_gpu (2) loads: more demand loads are not sent (they would slow
     the two in flight); when both finish, the two waiting models with the most requests per reload
     take the slots and the third waits for the next free one."""
-    w = World([spec(m, 1, load_s=20.0) for m in ("a", "b", "busy", "mid", "quiet")], [gpu("n1/cuda:0", 8)])
+    w = World([spec(m, 1, load_s=20.0) for m in ("a", "b", "busy", "mid", "quiet")], [gpu("n1/cuda:0", 8)],
+              cfg=SHARED)
     w.traffic.add("a", 0.2)
     w.traffic.add("b", 0.4)
     first = w.tick(1.0)
@@ -194,7 +198,7 @@ def test_of_two_models_asked_for_alike_the_faster_to_load_takes_the_free_slot() 
 
 def test_without_the_cap_every_demand_load_starts_at_once() -> None:
     w = World([spec("a", 1, load_s=20.0), spec("b", 1, load_s=20.0), spec("c", 1, load_s=20.0)],
-              [gpu("n1/cuda:0", 8)], cfg=PolicyConfig(max_loads_per_gpu=0))
+              [gpu("n1/cuda:0", 8)], cfg=PolicyConfig(max_loads_per_gpu=0, link_wait=False))
     for i, m in enumerate("abc"):
         w.traffic.add(m, 0.2 + i / 10)
     assert sorted(a.model for a in w.tick(1.0)) == ["a", "b", "c"]
@@ -436,6 +440,8 @@ def test_fill_replicas_are_the_first_victims_and_are_not_filled_again() -> None:
     acts = w.tick(20.0)
     assert [(type(a).__name__, a.model, a.kind) for a in acts] == [
         ("Evict", "c", "make_room"), ("Preload", "d", "demand")]
+    # c's room was needed before c was asked for: a wasted fill on the fill's record (e was asked for: used)
+    assert w.state is not None and (round(w.state.firsts.used, 2), w.state.firsts.wasted) == (1.0, 1.0)
     w = fill_world(20)
     w.evicted_at["c"] = 0.0
     assert [a.model for a in w.tick(500.0)] == ["b"]
@@ -451,8 +457,8 @@ def yield_world(cfg: PolicyConfig = CFG) -> World:
 def test_a_fill_still_loading_gives_its_link_to_a_demand_load() -> None:
     """d is requested at 1 s while the fill of x loads on the only GPU: x's load is cancelled (an evict of kind
     "yield", which the worker and the simulator carry out on a load in flight) and d's demand load goes there,
-    the link its own. With fill_yields off, d shares the link with x instead. A load of a model that has been
-    requested is no fill: it is never cancelled for another's demand."""
+    the link its own. With fill_yields off, d shares the link with x instead (links shared: SHARED). A load of a
+    model that has been requested is no fill: it is never cancelled for another's demand."""
     w = yield_world()
     w.traffic.add("d", 1.0)
     acts = w.tick(1.0)
@@ -460,14 +466,16 @@ def test_a_fill_still_loading_gives_its_link_to_a_demand_load() -> None:
         ("Evict", "x", "yield", "n1/cuda:0"), ("Preload", "d", "demand", "n1/cuda:0")]
     assert "never requested" in acts[0].reason and "d" in acts[0].reason
     assert w.held("x") == [] and w.evicted_at == {"x": 1.0}
+    # a yield is no wasted fill: the fill's gate weighs memory, and x's room was not needed (firsts.py)
+    assert w.state is not None and w.state.firsts.wasted == 0.0
     assert w.tick(2.0) == []  # x is on record as evicted: the fill does not take it again at once
 
-    w = yield_world(PolicyConfig(fill_yields=False))
+    w = yield_world(PolicyConfig(fill_yields=False, link_wait=False))
     w.traffic.add("d", 1.0)
     assert [(type(a).__name__, a.model, a.kind) for a in w.tick(1.0)] == [("Preload", "d", "demand")]
     assert w.held("x") == ["n1/cuda:0"]
 
-    w = yield_world()
+    w = yield_world(SHARED)
     w.traffic.add("x", 0.5)  # x is asked for while it loads: a demand of its own now
     w.traffic.add("d", 1.0)
     assert [(type(a).__name__, a.model, a.kind) for a in w.tick(1.0)] == [("Preload", "d", "demand")]
@@ -509,8 +517,8 @@ def link_world(cfg: PolicyConfig) -> World:
 def test_a_demand_load_waits_for_a_busy_link_and_the_plan_wakes_when_it_frees() -> None:
     """PolicyConfig.link_wait: sharing r's link would slow r's load (its requests wait through it) and d's would end
     about when it would after r's: d waits (no preload), the state says so, and prewarm's policy asks to be woken
-    when a load ends (wakes_on_ready). Once r is ready, d loads with the link its own. With the rule off (the
-    default), d shares the link at once."""
+    when a load ends (wakes_on_ready). Once r is ready, d loads with the link its own. With the rule off, d shares
+    the link at once."""
     cfg = PolicyConfig(fill_free_memory=False, link_wait=True)
     w = link_world(cfg)
     assert w.tick(1.0) == []
@@ -635,7 +643,7 @@ def test_new_gpu_receives_the_hottest_models() -> None:
 
 def test_gpus_joining_together_share_the_hottest_models_instead_of_copying_them() -> None:
     models = [spec(f"m{i}", 1) for i in range(8)]
-    w = World(models, [gpu("a/cuda:0", 16, joined_at=100.0), gpu("b/cuda:0", 16, joined_at=100.0)])
+    w = World(models, [gpu("a/cuda:0", 16, joined_at=100.0), gpu("b/cuda:0", 16, joined_at=100.0)], cfg=SHARED)
     for s in range(0, 100):
         for i in range(8):
             w.traffic.add_bucket(f"m{i}", s, 1 + i)

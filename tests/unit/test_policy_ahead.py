@@ -101,7 +101,8 @@ def test_a_model_waiting_many_of_its_load_times_outranks_a_busy_one_for_the_last
     first (rare could wait for ever behind a stream of such); with its waiting seconds counted, rare goes
     first once it has waited long enough (here some 600 of its load times)."""
     def first_load(rare_waited: float) -> str:
-        snap = _snap(PolicyConfig(), [("n1/cuda:0", 16)], [("x", "n1/cuda:0", 1, "loading", NOW - 1)],
+        # links shared (no link wait): the test is of the order for a free slot
+        snap = _snap(PolicyConfig(link_wait=False), [("n1/cuda:0", 16)], [("x", "n1/cuda:0", 1, "loading", NOW - 1)],
                      {"x": (1, 30.0), "busy": (1, 2.0), "rare": (4, 20.0)},
                      {"busy": NOW - 3, "rare": NOW - rare_waited}, traffic={"busy": 1, "x": 1})
         pre = [a for a in plan(snap, NOW) if isinstance(a, Preload)]

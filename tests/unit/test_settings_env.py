@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prewarm.config import Settings
+from prewarm.domain.policy import PolicyConfig
 
 
 def test_durations_take_units() -> None:
@@ -85,9 +86,10 @@ def test_the_no_regret_layer_is_on_unless_set_off() -> None:
         Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
 
 
-def test_link_wait_is_off_live_unless_set_on() -> None:
-    """PREWARM_LINK_WAIT (PolicyConfig.link_wait, and the route hook's idle links): off by default, 1 turns it on."""
-    assert not Settings.from_env({}).link_wait and Settings.from_env({"PREWARM_LINK_WAIT": "1"}).link_wait
+def test_link_wait_is_on_live_unless_set_off() -> None:
+    """PREWARM_LINK_WAIT (PolicyConfig.link_wait, and the route hook's idle links): on by default, 0 turns it off."""
+    assert Settings.from_env({}).link_wait and not Settings.from_env({"PREWARM_LINK_WAIT": "0"}).link_wait
+    assert PolicyConfig().link_wait
     with pytest.raises(ValueError, match="PREWARM_LINK_WAIT='maybe': write 1"):
         Settings.from_env({"PREWARM_LINK_WAIT": "maybe"})
 

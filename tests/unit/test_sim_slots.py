@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from prewarm.domain.policy import PolicyConfig
 from simulator.cli import main as cli_main
 from simulator.engine import Simulation
 from simulator.forecast import Forecast, fit_ses, fit_ses_grid
@@ -107,15 +108,20 @@ def test_on_demand_loads_pick_a_gpu_as_the_one_placement_rule_ranks_them() -> No
 
 def test_prewarm_reports_a_queued_load_as_pending() -> None:
     # prewarm's plan sends no GPU more loads than its slots: with slots = its limit (2) nothing
-    # queues, and with 1 slot a second load it sends does, and it sees that load as `pending`.
+    # queues, and with 1 slot a second load it sends does, and it sees that load as `pending`. (Links shared, as
+    # before the link wait: with it, B waits in the plan for A's link instead of in the slot queue.)
+    shared = PolicyConfig(link_wait=False)
     events = [(0.0, "A"), (0.5, "B")]
     sim = sim_of(events, {"A": 1.0, "B": 1.0}, {"A": 10.0, "B": 10.0}, slots=2)
-    sim.run(POLICIES["prewarm"]())
+    sim.run(POLICIES["prewarm"](shared))
     assert sim.queued_loads == 0 and sim.cold == 2
     sim = sim_of(events, {"A": 1.0, "B": 1.0}, {"A": 10.0, "B": 10.0}, slots=1)
-    pol = POLICIES["prewarm"]()
+    pol = POLICIES["prewarm"](shared)
     sim.run(pol)
     assert sim.queued_loads == 1
+    sim = sim_of(events, {"A": 1.0, "B": 1.0}, {"A": 10.0, "B": 10.0}, slots=1)
+    sim.run(POLICIES["prewarm"]())
+    assert sim.queued_loads == 0 and sim.cold == 2  # the link wait: B's load starts when A's ends
     sim2 = sim_of(events, {"A": 1.0, "B": 1.0}, {"A": 10.0, "B": 10.0}, slots=1)
     pol2 = POLICIES["prewarm"]()
     pol2.attach(sim2)

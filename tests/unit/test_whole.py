@@ -52,12 +52,13 @@ def _run(d: Path, gpus: int, whole: bool) -> Prewarm:
 
 
 def test_on_bursty_traffic_over_a_small_fleet_lru_takes_over_and_the_fleet_gains(tmp_path: Path) -> None:
-    """Synthetic on/off bursts, 6 h on 4 GPUs: on-demand LRU's shadow leads prewarm's fleet, takes over within 4 h,
-    and the fleet ends with fewer cold starts than prewarm's plan alone has."""
+    """Synthetic on/off bursts, 6 h on 4 GPUs: on-demand LRU's shadow leads prewarm's fleet, takes over within 5 h
+    (at 4.7 h; before the link wait made prewarm's own plan better here, within 4 h), and the fleet ends with fewer
+    cold starts than prewarm's plan alone has (3,096 against 3,459)."""
     synthetic.write("onoff", tmp_path, hours=6, requests=37_500, seed=0)
     on, off = _run(tmp_path, 4, True), _run(tmp_path, 4, False)
     moves = on.policy.whole.moves
-    assert moves and moves[0][1] == "on-demand-lru" and moves[0][0] <= 4 * 3600
+    assert moves and moves[0][1] == "on-demand-lru" and moves[0][0] <= 5 * 3600
     assert on.cold < off.cold  # type: ignore[attr-defined]
     assert off.policy.whole.moves == [] and off.policy.whole.shadows == {}  # off: no shadow runs
 

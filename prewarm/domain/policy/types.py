@@ -128,10 +128,10 @@ class PolicyConfig:
     # waits in the plan for the next tick, where the most valuable waiting load goes first.
     max_loads_per_gpu: int = 2
     # A demand load waits for a busy link where that costs fewer cold requests than sharing it, and the plan wakes
-    # when a load ends (placement.place). Off by default: on, ServeGen x 8 / x 16 lost 44 / 15 % of their cold
-    # starts but Azure 1,350 x 32 gained 6.0 / 4.4 %, where the fill's gate (firsts.py) swings (docs/simulation.md,
-    # "A demand load waits for a busy link")
-    link_wait: bool = False
+    # when a load ends (placement.place). On, with yields off the fill's record (firsts.py): ServeGen x 8 / x 16
+    # -44 / -15 % cold starts, Azure 1,350 x 8 / x 32 -10 / -13 %, every other point within +1.2 % (docs/simulation.md,
+    # "The link wait on by default")
+    link_wait: bool = True
     new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
     new_gpu_hot_models: int = 4
     # Host-memory staging tier (issue 4): a model staged in a node's host cache loads onto that
