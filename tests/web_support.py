@@ -39,9 +39,11 @@ def make_catalog(root: Path, models: dict[str, int] | None = None,
 
 
 def make_context(redis_url: str, catalog: Path, *, hook_token: str | None = None,
-                 admin_token: str | None = None, data_dir: Path | None = None) -> Context:
+                 admin_token: str | None = None, data_dir: Path | None = None, link_wait: bool = True) -> Context:
+    """`link_wait=False`: PREWARM_LINK_WAIT=0, the route hook's on-demand load may share a busy link (with it on, the
+    default, it leaves a busy link to the scheduler, and none runs beside a bare app)."""
     env = {"PREWARM_REDIS_URL": redis_url, "PREWARM_CATALOG": str(catalog), "PREWARM_NODE": "test-node",
-           "PREWARM_DATA_DIR": str(data_dir or catalog.parent)}
+           "PREWARM_DATA_DIR": str(data_dir or catalog.parent), "PREWARM_LINK_WAIT": "1" if link_wait else "0"}
     if hook_token:
         env["PREWARM_HOOK_TOKEN"] = hook_token
     if admin_token:

@@ -344,9 +344,13 @@ def test_on_demand_preload_prefers_a_node_holding_a_staged_copy(client: FlaskCli
     assert body["preload"]["gpu"] == GPU
 
 
-def test_on_demand_preload_prefers_a_gpu_with_a_free_load_slot(client: FlaskClient, r: redis.Redis) -> None:
+def test_on_demand_preload_prefers_a_gpu_with_a_free_load_slot(redis_url: str, catalog: Path,
+                                                                r: redis.Redis) -> None:
     # GPU has the most free memory but runs two loads (the default PREWARM_MAX_LOADS_PER_GPU): a
     # third would queue behind them, so the on-demand preload goes to node-b, which runs none.
+    # Links shared (PREWARM_LINK_WAIT=0): the second lookup finds both links busy, which the link wait leaves to the
+    # scheduler (test_routing_service).
+    client = create_app(make_context(redis_url, catalog, link_wait=False)).test_client()
     publish_gpu(r, GPU, total_mib=64, replicas=[replica("alpha", GPU, "loading", progress=0.3),
                                                 replica("gamma", GPU, "warming", mib=4)])
     publish_gpu(r, "node-b/cpu:0", total_mib=32)

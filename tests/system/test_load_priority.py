@@ -69,7 +69,8 @@ def test_route_priority_overrides_the_catalog_for_the_on_demand_preload(r: redis
     catalog = make_catalog(tmp_path / "models")
     text = catalog.read_text().replace('id = "gamma"\nversion = "v1"', 'id = "gamma"\nversion = "v1"\npriority = "high"')
     catalog.write_text(text)
-    client: FlaskClient = create_app(make_context(redis_url, catalog)).test_client()
+    # links shared: each lookup's on-demand preload queues on the one GPU (the test is of its priority, not the link)
+    client: FlaskClient = create_app(make_context(redis_url, catalog, link_wait=False)).test_client()
     g = publish_gpu(r, "node-a/cpu:0")
     bad = client.get("/hooks/route?model=alpha&priority=urgent")
     assert bad.status_code == 400
