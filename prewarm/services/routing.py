@@ -238,8 +238,8 @@ def _place_on_demand(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: 
     # behind its loads), fewer loads, the tightest fit; a GPU busy with another action on this model
     # (e.g. loading its other version) refuses the intent, so the next one is tried.
     # Only GPUs with a fresh heartbeat are in it: a late one (its worker stopped?) is not a fallback either.
-    # With PREWARM_LINK_WAIT on (the default), only a GPU whose link is idle: whether a load shares a busy link or waits for it
-    # is the scheduler's choice (placement.place), which the lookup wakes at once.
+    # With PREWARM_LINK_WAIT on (the default), only a GPU whose link is idle: whether a load shares a busy link or
+    # waits for it is the scheduler's choice (placement.place), which the lookup wakes at once.
     idle_link = ctx.settings.link_wait
     order = rooms.ranked(ctx.r, fleet, ctx.catalog, entry, ctx.settings.max_loads_per_gpu, idle_link)
     if not order:
