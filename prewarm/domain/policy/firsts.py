@@ -17,8 +17,8 @@ the fill's replicas are asked for before they are evicted.
   1,199, and 1,192 / 1,188 with the link wait: docs/simulation.md, "The link wait on by default").
   The fill takes all free memory (`PolicyConfig.fill_share`) while at least as many are used as wasted, and keeps
   to `speculative_share` while not: on Azure 1,350 × 32 about 85 % of fills are asked for, on Azure 1,350 × 16
-  about 6 % (filling all free memory there cost +0.7 % cold starts, and +1.6 % on ServeGen × 32 seed 0). The bar is a fill that pays for itself as often as not:
-  a wasted one cost its link time, a used one saved a cold start.
+  about 6 % (filling all free memory there cost +0.7 % cold starts, and +1.6 % on ServeGen × 32 seed 0). The bar
+  is a fill that pays for itself as often as not: a wasted one cost its link time, a used one saved a cold start.
 
 Like the no-regret layer's and the loads-ahead records, this is a record of the stream and of the policy's own
 fills, not a cache: a fresh PolicyState starts without it. Pure: no I/O, no clock.
