@@ -117,13 +117,14 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
         if staged_on:
             # where the load time differs by GPU, count our own requests waiting through it
             contention += rate * ld
-        waits = False
+        waits = -1.0  # seconds until the link frees where the load waits for it; -1: it does not wait
         if k and cfg.link_wait and kind == "demand":
             # a busy link: sharing it slows its loads and ours; waiting for its first load to end slows none of
             # theirs, and ours ends about when it would have shared (the link does the same work)
-            wait = rate * (free_in(v, gid) + cfg.tick_s)
+            frees = free_in(v, gid)
+            wait = rate * (frees + cfg.tick_s)
             if wait < contention:
-                contention, waits = wait, True
+                contention, waits = wait, frees
         bounded.append((g.node in nodes_with, contention, gid, waits))
     bounded.sort()
     for spread, contention, gid, waits in bounded:
@@ -179,8 +180,8 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
             best = (key, gid, victims, loss, waits)
     if best is None:
         return None
-    if best[4]:
-        v.link_waits.append((spec.id, best[1], free_in(v, best[1])))
+    if best[4] >= 0.0:
+        v.link_waits.append((spec.id, best[1], best[4]))
         return None
     if speculative and best[3] * cfg.prefetch_margin > benefit:
         return None
