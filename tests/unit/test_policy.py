@@ -278,6 +278,44 @@ def test_evicts_lowest_value_per_byte_to_make_room() -> None:
     assert kinds.index(("Evict", "rare")) < kinds.index(("Preload", "new"))
 
 
+def evict_for_new(new_load_s: float) -> list[str]:
+    """Two full GPUs, one replica each: slow (30 s to load, asked for 3 times at the start of every minute) and fast
+    (2 s, every 10 s); a demand load of new (new_load_s) must evict one of them. The models evicted."""
+    cfg = PolicyConfig(p_release=0.0)  # no quiet releases: room must be made by value
+    w = World([spec("slow", 6, load_s=30.0), spec("fast", 6, load_s=2.0), spec("new", 6, load_s=new_load_s)],
+              [gpu("n1/cuda:0", 8), gpu("n2/cuda:0", 8)], cfg=cfg)
+    for s in range(0, 10800, 60):
+        for b in range(3):
+            w.traffic.add("slow", float(s + b))
+    for s in range(3, 10800, 10):
+        w.traffic.add("fast", float(s))
+    w.add_replica("slow", "n1/cuda:0")
+    w.add_replica("fast", "n2/cuda:0")
+    w.traffic.add("new", 10800.0)
+    w.tick(10800.5)
+    return [a.model for _t, a in w.evictions()]
+
+
+def test_the_eviction_horizon_is_the_catalogs_median_load_where_longer() -> None:
+    """Over 10 s (the catalog's median load 4 s) slow's expected requests are fewer than fast's, and it goes; where
+    the catalog's loads take 30 s (median 30 s: placement.horizon) each victim is counted over 30 s, slow's reach
+    the cost of its reload (its burst arrives while it loads), and fast goes, whose way back is one request."""
+    assert evict_for_new(4.0) == ["slow"]
+    assert evict_for_new(30.0) == ["fast"]
+
+
+def test_the_catalogs_median_load_is_kept_with_the_catalog_and_follows_a_new_one() -> None:
+    w = World([spec("a", 1, load_s=2.0), spec("b", 1, load_s=4.0), spec("c", 1, load_s=40.0)], [gpu("n1/cuda:0", 8)])
+    w.tick(0.0)
+    assert w.state is not None and w.state.catalog_load_s == 4.0
+    w.models = {**w.models, "b": spec("b", 1, load_s=30.0)}  # a new mapping: b's load measured again
+    w.tick(2.0)
+    assert w.state.catalog_load_s == 30.0
+    w.models = {m: sp for m, sp in w.models.items() if m != "c"}  # c leaves the catalog
+    w.tick(4.0)
+    assert w.state.catalog_load_s == 16.0
+
+
 def test_a_victim_that_the_last_one_made_needless_is_kept() -> None:
     """A full 10 GiB GPU: a (1 GiB, asked for once, 3 h ago) and big (6 GiB, every 30 s) have the lowest values per
     byte, three 1 GiB models asked for every 20 s the highest. A 2 GiB demand load: the order takes a, then big,

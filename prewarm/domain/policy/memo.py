@@ -66,6 +66,8 @@ class PolicyState:
     value: dict[str, ValueInputs] = field(default_factory=dict)  # model -> loss() inputs (see ValueInputs)
     config: PolicyConfig | None = None  # the config the cached arrival models were built with
     special: tuple[str, ...] = ()  # models with min_replicas / pinned / a rate cap
+    # the catalog's median load time (s), kept with `models`: the eviction horizon's floor (placement.horizon)
+    catalog_load_s: float = 0.0
     # the catalog's models with no request yet, (load s, model) shortest first, and their ids
     unrequested: list[tuple[float, str]] = field(default_factory=list)
     unrequested_ids: set[str] = field(default_factory=set)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from bisect import bisect_left, insort
 from collections.abc import Mapping
 
@@ -57,6 +58,11 @@ def _special(spec: ModelSpec) -> bool:
     return spec.pinned or spec.min_replicas > 0 or bool(spec.max_rate_per_replica)
 
 
+def catalog_load(models: Mapping[str, ModelSpec], pl: Values) -> float:
+    """The catalog's median load time, 0 for an empty catalog (placement.horizon)."""
+    return statistics.median([load_seconds(sp, pl.cfg) for sp in models.values()]) if models else 0.0
+
+
 def _respecified(pl: Values, old: Mapping[str, ModelSpec], new: Mapping[str, ModelSpec]) -> list[str]:
     """Bring the state's catalog-derived parts (`special`, the fill's `unrequested`) from `old` to
     `new`, and forget the timelines of models no longer in the catalog. Returns the models of `new`
@@ -84,6 +90,8 @@ def _respecified(pl: Values, old: Mapping[str, ModelSpec], new: Mapping[str, Mod
             d.pop(m, None)
     if special:
         st.special = tuple(sorted(m for m, s in new.items() if _special(s)))
+    if changed or removed:
+        st.catalog_load_s = catalog_load(new, pl)
     # the fill's list: (load s, model) of the catalog's models with no request, shortest first
     edits = [m for m in removed if m in st.unrequested_ids]
     edits += [m for m in changed if tr.last_arrival(m) is None]
@@ -125,6 +133,7 @@ def advance(pl: Values) -> None:
         st.recent.clear()
         st.scheduled.clear()
         st.special = tuple(sorted(m for m, s in snap.models.items() if _special(s)))
+        st.catalog_load_s = catalog_load(snap.models, pl)
         changed = tr.models()
         st.unrequested = sorted((load_seconds(sp, pl.cfg), m) for m, sp in snap.models.items()
                                 if tr.last_arrival(m) is None)
