@@ -47,7 +47,8 @@ Value of a replica = expected cold requests per second its absence would cause
   return rate = 1 / E[time to next request | idle so far] from the idle-time model, or the
       10-minute measured rate if higher, or P(partner) / partner_window_s for an expected partner;
 per byte when choosing victims. A GPU for a load is chosen by the fewest expected cold requests:
-its victims' (capped at one reload each, over EVICTION_HORIZON_S or the catalog's median load, the longer) plus link contention.
+its victims' (capped at one reload each, over EVICTION_HORIZON_S or the catalog's median load, the
+longer) plus link contention.
 A request that arrived before the model's last eviction is not demand (it was served).
 
 Where each part lives: memo (PolicyState, kept between calls), experts (the no-regret layer), timeline (hot/cold segments),
