@@ -51,10 +51,10 @@ its victims' (capped at one reload each, over EVICTION_HORIZON_S or the catalog'
 longer) plus link contention.
 A request that arrived before the model's last eviction is not demand (it was served).
 
-Where each part lives: memo (PolicyState, kept between calls), experts (the no-regret layer), timeline (hot/cold segments),
-fleet (the tentative fleet), value (load times, loss(), victim order), partners (5b), placement (a GPU for a
-load; a speculative load never evicts a higher-priority model's replica), tick (one call's working
-state and actions), steps (1-7), refresh (6b), staging (8), words (reason text).
+Where each part lives: memo (PolicyState, kept between calls), experts (the no-regret layer), timeline
+(hot/cold segments), fleet (the tentative fleet), value (load times, loss(), victim order), partners (5b),
+placement (a GPU for a load; a speculative load never evicts a higher-priority model's replica), plan_call
+(one call's working state and actions), steps (1-7), refresh (6b), staging (8), words (reason text).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from bisect import bisect_left, insort
 from collections.abc import Mapping
 
 from .firsts import FirstRequests
-from .types import ModelSpec
+from .types import ModelSpec, PolicyConfig
 from .value import Values, load_seconds
 
 # Above this many catalog changes in one call the fill's list is rebuilt, not edited entry by entry.
@@ -58,9 +58,9 @@ def _special(spec: ModelSpec) -> bool:
     return spec.pinned or spec.min_replicas > 0 or bool(spec.max_rate_per_replica)
 
 
-def catalog_load(models: Mapping[str, ModelSpec], pl: Values) -> float:
+def catalog_load(models: Mapping[str, ModelSpec], cfg: PolicyConfig) -> float:
     """The catalog's median load time, 0 for an empty catalog (placement.horizon)."""
-    return statistics.median([load_seconds(sp, pl.cfg) for sp in models.values()]) if models else 0.0
+    return statistics.median([load_seconds(sp, cfg) for sp in models.values()]) if models else 0.0
 
 
 def _respecified(pl: Values, old: Mapping[str, ModelSpec], new: Mapping[str, ModelSpec]) -> list[str]:
@@ -91,7 +91,7 @@ def _respecified(pl: Values, old: Mapping[str, ModelSpec], new: Mapping[str, Mod
     if special:
         st.special = tuple(sorted(m for m, s in new.items() if _special(s)))
     if changed or removed:
-        st.catalog_load_s = catalog_load(new, pl)
+        st.catalog_load_s = catalog_load(new, pl.cfg)
     # the fill's list: (load s, model) of the catalog's models with no request, shortest first
     edits = [m for m in removed if m in st.unrequested_ids]
     edits += [m for m in changed if tr.last_arrival(m) is None]
@@ -133,7 +133,7 @@ def advance(pl: Values) -> None:
         st.recent.clear()
         st.scheduled.clear()
         st.special = tuple(sorted(m for m, s in snap.models.items() if _special(s)))
-        st.catalog_load_s = catalog_load(snap.models, pl)
+        st.catalog_load_s = catalog_load(snap.models, pl.cfg)
         changed = tr.models()
         st.unrequested = sorted((load_seconds(sp, pl.cfg), m) for m, sp in snap.models.items()
                                 if tr.last_arrival(m) is None)
