@@ -1,0 +1,151 @@
+"""What the victim order can still give on a trace (issue 26): prewarm as it is, beside prewarm with a
+clairvoyant victim order — each GPU's victims taken by the trace's true next request, the farthest first
+(Belady's order), the rest of the plan its own (its GPU choice, its loads ahead) — and, at each eviction, the
+victim's next request against its GPU's other ready replicas'.
+
+    python -m bench.victim_order ../shared/traces/servegen-lang-14d --gpus 32 --hours 72 [--seed 0] [--json]
+
+The folder holds `invocations.csv` (azure-minute) or `requests.csv` (per request) and `profile.csv`. Both runs use
+the pure-Python policy (the order is swapped by replacing `Values.sort_victims` in this process, which a native
+build's class does not allow), so each takes a few times the native build's time. `--baselines faascache,...` adds
+the same eviction figures for baselines. Prints figures, asserts nothing (docs/simulation.md, "ServeGen × 32: what
+the victim order can still give").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# before the policy package is imported: the swap below needs its pure-Python classes
+os.environ["PREWARM_PURE_POLICY"] = "1"
+
+import numpy as np  # noqa: E402
+
+from prewarm.domain.policy import PolicyConfig, native  # noqa: E402
+from prewarm.domain.policy import value as policy_value  # noqa: E402
+from prewarm.domain.states import READY  # noqa: E402
+from simulator.engine import Simulation  # noqa: E402
+from simulator.policies import POLICIES, Prewarm  # noqa: E402
+from simulator.trace import Trace, load_profile, parse_bytes, read_trace  # noqa: E402
+
+CLAIRVOYANT = "prewarm-clairvoyant-order"
+
+
+class NextRequests:
+    """Each model's request times in the trace, for 'when is it asked for next, after t'."""
+
+    def __init__(self, trace: Trace) -> None:
+        order = np.argsort(trace.mids, kind="stable")
+        bounds = np.searchsorted(trace.mids[order], np.arange(len(trace.models) + 1))
+        times = trace.times[order]
+        self.per = [times[bounds[i]:bounds[i + 1]] for i in range(len(trace.models))]
+        self.index = {m: i for i, m in enumerate(trace.models)}
+
+    def after(self, m: int, t: float) -> float:
+        """Seconds from t to model index m's next request (inf: none)."""
+        a = self.per[m]
+        i = int(np.searchsorted(a, t, side="right"))
+        return float(a[i]) - t if i < len(a) else math.inf
+
+
+def replay(trace: Trace, sizes: np.ndarray, loads: np.ndarray, gpus: int, gpu_bytes: int, policy: str,
+           nexts: NextRequests) -> dict[str, Any]:
+    """One run; at each eviction, the victim's next request and its GPU's other ready replicas'."""
+    sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, "shared", load_slots=2)
+    victim_next: list[float] = []
+    farthest: list[float] = []
+    later: list[float] = []  # the share of the GPU's other ready replicas asked for later than the victim
+    evict = sim.evict
+
+    def recording_evict(m: int, gi: int) -> bool:
+        t = sim.now
+        others = [nexts.after(x, t) for x, r in sim.gpus[gi].residents.items() if r.state == READY and x != m]
+        if not evict(m, gi):
+            return False
+        v = nexts.after(m, t)
+        victim_next.append(v)
+        farthest.append(max([v, *others]))
+        later.append(sum(1 for o in others if o > v) / len(others) if others else 0.0)
+        return True
+
+    sim.evict = recording_evict  # type: ignore[method-assign]
+    kept = policy_value.Values.sort_victims
+    if policy == CLAIRVOYANT:
+        def clairvoyant(self: policy_value.Values, expert: str, v: list) -> None:
+            now = self.now
+            v.sort(key=lambda e: (-nexts.after(nexts.index[e[1]], now) if e[1] in nexts.index else -math.inf, e[1]))
+
+        policy_value.Values.sort_victims = clairvoyant  # type: ignore[method-assign]
+    try:
+        pol = Prewarm(PolicyConfig()) if policy in ("prewarm", CLAIRVOYANT) else POLICIES[policy]()
+        sim.run(pol)
+    finally:
+        policy_value.Values.sort_victims = kept  # type: ignore[method-assign]
+
+    def pct(xs: list[float], q: float) -> float | None:
+        """A sample at the q-th percentile (no interpolation: 'never asked for again' stays one); None: never."""
+        x = float(np.percentile(xs, q, method="inverted_cdf")) if xs else math.inf
+        return None if math.isinf(x) else round(x, 1)
+
+    soon = [x < 600.0 for x in farthest]
+    return {"policy": policy, "cold_starts": sim.cold, "evictions": len(victim_next),
+            "victim_next_s": {"p25": pct(victim_next, 25), "p50": pct(victim_next, 50), "p75": pct(victim_next, 75)},
+            "gpu_farthest_next_s_p50": pct(farthest, 50),
+            "later_share_mean": round(float(np.mean(later)), 4) if later else None,
+            "farthest_within_10_min": round(sum(soon) / len(soon), 4) if soon else None}
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else str(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.victim_order", description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", help="a trace folder: invocations.csv (azure-minute) or requests.csv, and profile.csv")
+    p.add_argument("--gpus", type=int, default=32)
+    p.add_argument("--gpu-memory", default="80GiB")
+    p.add_argument("--hours", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baselines", default="", help="comma list of baselines to report beside prewarm")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if native.active() is not None:
+        sys.exit("bench.victim_order: the policy loaded its native build; run it as `python -m bench.victim_order`")
+    folder = Path(a.folder)
+    if (folder / "invocations.csv").is_file():
+        trace = read_trace(folder / "invocations.csv", "azure-minute", seed=a.seed, hours=a.hours)
+    elif (folder / "requests.csv").is_file():
+        trace = read_trace(folder / "requests.csv", "requests", hours=a.hours)
+    else:
+        sys.exit(f"bench.victim_order: {folder} has neither invocations.csv nor requests.csv")
+    profile = folder / "profile.csv"
+    sizes, loads = load_profile(profile if profile.is_file() else None, trace.models)
+    baselines = [b for b in a.baselines.split(",") if b]
+    unknown = [b for b in baselines if b not in POLICIES or b == "prewarm"]
+    if unknown:
+        sys.exit(f"bench.victim_order: unknown baseline(s) {', '.join(unknown)}; known: "
+                 f"{', '.join(k for k in POLICIES if k != 'prewarm')}")
+    nexts = NextRequests(trace)
+    rows = [replay(trace, sizes, loads, a.gpus, parse_bytes(a.gpu_memory), name, nexts)
+            for name in ("prewarm", CLAIRVOYANT, *baselines)]
+    if a.json:
+        print(json.dumps({"folder": str(folder), "gpus": a.gpus, "hours": a.hours, "seed": a.seed, "runs": rows},
+                         indent=2))
+        return 0
+    print(f"{folder.name}, {a.gpus} GPUs, {a.hours or 'all'} h, seed {a.seed} (next request in seconds; - never)")
+    print(f"{'policy':<28}{'cold':>9}{'evictions':>11}{'victim next p50 s':>19}{'GPU farthest p50 s':>20}"
+          f"{'later share':>13}{'farthest < 10 min':>19}")
+    for r in rows:
+        print(f"{r['policy']:<28}{r['cold_starts']:>9}{r['evictions']:>11}{_s(r['victim_next_s']['p50']):>19}"
+              f"{_s(r['gpu_farthest_next_s_p50']):>20}{r['later_share_mean']!s:>13}{r['farthest_within_10_min']!s:>19}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
