@@ -60,7 +60,7 @@ def replay(trace: Trace, sizes: np.ndarray, loads: np.ndarray, gpus: int, gpu_by
     sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, "shared", load_slots=2)
     victim_next: list[float] = []
     farthest: list[float] = []
-    later: list[float] = []  # the share of the GPU's other ready replicas asked for later than the victim
+    later: list[float] = []  # per eviction with a choice: the share of the GPU's other ready replicas asked for later
     evict = sim.evict
 
     def recording_evict(m: int, gi: int) -> bool:
@@ -71,7 +71,8 @@ def replay(trace: Trace, sizes: np.ndarray, loads: np.ndarray, gpus: int, gpu_by
         v = nexts.after(m, t)
         victim_next.append(v)
         farthest.append(max([v, *others]))
-        later.append(sum(1 for o in others if o > v) / len(others) if others else 0.0)
+        if others:  # an eviction from a GPU with no other ready replica had no choice of victim
+            later.append(sum(1 for o in others if o > v) / len(others))
         return True
 
     sim.evict = recording_evict  # type: ignore[method-assign]
@@ -97,7 +98,7 @@ def replay(trace: Trace, sizes: np.ndarray, loads: np.ndarray, gpus: int, gpu_by
     return {"policy": policy, "cold_starts": sim.cold, "evictions": len(victim_next),
             "victim_next_s": {"p25": pct(victim_next, 25), "p50": pct(victim_next, 50), "p75": pct(victim_next, 75)},
             "gpu_farthest_next_s_p50": pct(farthest, 50),
-            "later_share_mean": round(float(np.mean(later)), 4) if later else None,
+            "with_choice": len(later), "later_share_mean": round(float(np.mean(later)), 4) if later else None,
             "farthest_within_10_min": round(sum(soon) / len(soon), 4) if soon else None}
 
 
