@@ -1,15 +1,21 @@
-"""What the victim order can still give on a trace (issue 26): prewarm as it is, beside prewarm with a
-clairvoyant victim order — each GPU's victims taken by the trace's true next request, the farthest first
-(Belady's order), the rest of the plan its own (its GPU choice, its loads ahead) — and, at each eviction, the
-victim's next request against its GPU's other ready replicas'.
+"""What knowing the future would give prewarm's own plan on a trace (issue 26): prewarm as it is, beside prewarm with
+one part of it made clairvoyant from the trace, the rest of the plan its own:
 
-    python -m bench.victim_order ../shared/traces/servegen-lang-14d --gpus 32 --hours 72 [--seed 0] [--json]
+- `order`: each GPU's victims taken by the true next request, the farthest first (Belady's order; `Values.sort_victims`);
+- `next`: every model's value (`Values.loss`, expected cold requests per second if not resident) is 1 / the seconds
+  to its true next request: the GPU choice, the victims and the loads ahead all see the future exactly;
+- `window`: that value is the true count of its requests from now to the end of the next `--window` (600 s: the
+  ServeGen source's windows), over that span: the future's counts, not their times.
 
-The folder holds `invocations.csv` (azure-minute) or `requests.csv` (per request) and `profile.csv`. Both runs use
-the pure-Python policy (the order is swapped by replacing `Values.sort_victims` in this process, which a native
-build's class does not allow), so each takes a few times the native build's time. `--baselines faascache,...` adds
-the same eviction figures for baselines. Prints figures, asserts nothing (docs/simulation.md, "ServeGen × 32: what
-the victim order can still give").
+And, at each eviction, the victim's next request against its GPU's other ready replicas'.
+
+    python -m bench.clairvoyance ../shared/traces/servegen-lang-14d --gpus 32 --hours 72 [--variants order,next,window]
+
+The folder holds `invocations.csv` (azure-minute) or `requests.csv` (per request) and `profile.csv`. Every run uses
+the pure-Python policy (a part is swapped by replacing a `Values` method in this process, which a native build's
+class does not allow), so each takes a few times the native build's time. `--baselines faascache,...` adds the same
+eviction figures for baselines. Prints figures, asserts nothing (docs/simulation.md, "ServeGen × 32: what knowing
+the future would give").
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +42,7 @@ from simulator.engine import Simulation  # noqa: E402
 from simulator.policies import POLICIES, Prewarm  # noqa: E402
 from simulator.trace import Trace, load_profile, parse_bytes, read_trace  # noqa: E402
 
-CLAIRVOYANT = "prewarm-clairvoyant-order"
+VARIANTS = ("order", "next", "window")
 
 
 class NextRequests:
@@ -53,9 +61,50 @@ class NextRequests:
         i = int(np.searchsorted(a, t, side="right"))
         return float(a[i]) - t if i < len(a) else math.inf
 
+    def count(self, m: int, t: float, end: float) -> int:
+        """Model index m's requests after t and before end."""
+        a = self.per[m]
+        return int(np.searchsorted(a, end, side="left") - np.searchsorted(a, t, side="right"))
+
+
+@contextmanager
+def clairvoyant(variant: str | None, nexts: NextRequests, window_s: float) -> Iterator[None]:
+    """Within the block, prewarm's plan has `variant`'s part read from the trace's future (None: nothing swapped)."""
+    values = policy_value.Values
+    kept = values.sort_victims, values.loss
+
+    def order(self: policy_value.Values, expert: str, v: list) -> None:
+        now = self.now
+        v.sort(key=lambda e: (-nexts.after(nexts.index[e[1]], now) if e[1] in nexts.index else -math.inf, e[1]))
+
+    def next_value(self: policy_value.Values, model: str) -> float:
+        i = nexts.index.get(model)
+        d = math.inf if i is None else nexts.after(i, self.now)
+        return 0.0 if math.isinf(d) else 1.0 / max(d, 1.0)
+
+    def window_value(self: policy_value.Values, model: str) -> float:
+        i = nexts.index.get(model)
+        if i is None:
+            return 0.0
+        end = math.floor(self.now / window_s) * window_s + 2 * window_s  # the end of the next window
+        return nexts.count(i, self.now, end) / (end - self.now)
+
+    if variant == "order":
+        values.sort_victims = order  # type: ignore[method-assign]
+    elif variant == "next":
+        values.loss = next_value  # type: ignore[method-assign]
+    elif variant == "window":
+        values.loss = window_value  # type: ignore[method-assign]
+    elif variant is not None:
+        raise ValueError(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+    try:
+        yield
+    finally:
+        values.sort_victims, values.loss = kept  # type: ignore[method-assign]
+
 
 def replay(trace: Trace, sizes: np.ndarray, loads: np.ndarray, gpus: int, gpu_bytes: int, policy: str,
-           nexts: NextRequests) -> dict[str, Any]:
+           nexts: NextRequests, window_s: float = 600.0) -> dict[str, Any]:
     """One run; at each eviction, the victim's next request and its GPU's other ready replicas'."""
     sim = Simulation(trace, sizes, loads, gpus, gpu_bytes, "shared", load_slots=2)
     victim_next: list[float] = []
@@ -76,18 +125,9 @@ def replay(trace: Trace, sizes: np.ndarray, loads: np.ndarray, gpus: int, gpu_by
         return True
 
     sim.evict = recording_evict  # type: ignore[method-assign]
-    kept = policy_value.Values.sort_victims
-    if policy == CLAIRVOYANT:
-        def clairvoyant(self: policy_value.Values, expert: str, v: list) -> None:
-            now = self.now
-            v.sort(key=lambda e: (-nexts.after(nexts.index[e[1]], now) if e[1] in nexts.index else -math.inf, e[1]))
-
-        policy_value.Values.sort_victims = clairvoyant  # type: ignore[method-assign]
-    try:
-        pol = Prewarm(PolicyConfig()) if policy in ("prewarm", CLAIRVOYANT) else POLICIES[policy]()
-        sim.run(pol)
-    finally:
-        policy_value.Values.sort_victims = kept  # type: ignore[method-assign]
+    variant = policy.removeprefix("prewarm+") if policy.startswith("prewarm+") else None
+    with clairvoyant(variant, nexts, window_s):
+        sim.run(Prewarm(PolicyConfig()) if policy == "prewarm" or variant else POLICIES[policy]())
 
     def pct(xs: list[float], q: float) -> float | None:
         """A sample at the q-th percentile (no interpolation: 'never asked for again' stays one); None: never."""
@@ -107,37 +147,42 @@ def _s(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.victim_order", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.clairvoyance", description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="a trace folder: invocations.csv (azure-minute) or requests.csv, and profile.csv")
     p.add_argument("--gpus", type=int, default=32)
     p.add_argument("--gpu-memory", default="80GiB")
     p.add_argument("--hours", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--window", type=float, default=600.0, help="the window variant's span in seconds")
     p.add_argument("--baselines", default="", help="comma list of baselines to report beside prewarm")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if native.active() is not None:
-        sys.exit("bench.victim_order: the policy loaded its native build; run it as `python -m bench.victim_order`")
+        sys.exit("bench.clairvoyance: the policy loaded its native build; run it as `python -m bench.clairvoyance`")
     folder = Path(a.folder)
     if (folder / "invocations.csv").is_file():
         trace = read_trace(folder / "invocations.csv", "azure-minute", seed=a.seed, hours=a.hours)
     elif (folder / "requests.csv").is_file():
         trace = read_trace(folder / "requests.csv", "requests", hours=a.hours)
     else:
-        sys.exit(f"bench.victim_order: {folder} has neither invocations.csv nor requests.csv")
+        sys.exit(f"bench.clairvoyance: {folder} has neither invocations.csv nor requests.csv")
     profile = folder / "profile.csv"
     sizes, loads = load_profile(profile if profile.is_file() else None, trace.models)
     baselines = [b for b in a.baselines.split(",") if b]
     unknown = [b for b in baselines if b not in POLICIES or b == "prewarm"]
     if unknown:
-        sys.exit(f"bench.victim_order: unknown baseline(s) {', '.join(unknown)}; known: "
+        sys.exit(f"bench.clairvoyance: unknown baseline(s) {', '.join(unknown)}; known: "
                  f"{', '.join(k for k in POLICIES if k != 'prewarm')}")
+    variants = [v for v in a.variants.split(",") if v]
+    if any(v not in VARIANTS for v in variants):
+        sys.exit(f"bench.clairvoyance: --variants takes {', '.join(VARIANTS)}, not {a.variants!r}")
     nexts = NextRequests(trace)
-    rows = [replay(trace, sizes, loads, a.gpus, parse_bytes(a.gpu_memory), name, nexts)
-            for name in ("prewarm", CLAIRVOYANT, *baselines)]
+    rows = [replay(trace, sizes, loads, a.gpus, parse_bytes(a.gpu_memory), name, nexts, a.window)
+            for name in ("prewarm", *(f"prewarm+{v}" for v in variants), *baselines)]
     if a.json:
-        print(json.dumps({"folder": str(folder), "gpus": a.gpus, "hours": a.hours, "seed": a.seed, "runs": rows},
-                         indent=2))
+        print(json.dumps({"folder": str(folder), "gpus": a.gpus, "hours": a.hours, "seed": a.seed,
+                          "window_s": a.window, "runs": rows}, indent=2))
         return 0
     print(f"{folder.name}, {a.gpus} GPUs, {a.hours or 'all'} h, seed {a.seed} (next request in seconds; - never)")
     print(f"{'policy':<28}{'cold':>9}{'evictions':>11}{'victim next p50 s':>19}{'GPU farthest p50 s':>20}"
