@@ -49,10 +49,7 @@ class NextRequests:
     """Each model's request times in the trace, for 'when is it asked for next, after t'."""
 
     def __init__(self, trace: Trace) -> None:
-        order = np.argsort(trace.mids, kind="stable")
-        bounds = np.searchsorted(trace.mids[order], np.arange(len(trace.models) + 1))
-        times = trace.times[order]
-        self.per = [times[bounds[i]:bounds[i + 1]] for i in range(len(trace.models))]
+        self.per = trace.per_model_times()
         self.index = {m: i for i, m in enumerate(trace.models)}
 
     def after(self, m: int, t: float) -> float:

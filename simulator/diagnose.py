@@ -47,11 +47,7 @@ class DiagnosticSimulation(Simulation):
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
-        t = self.trace
-        order = np.argsort(t.mids, kind="stable")
-        bounds = np.searchsorted(t.mids[order], np.arange(self.n_models + 1))
-        st = t.times[order]
-        self.per_model = [st[bounds[m]:bounds[m + 1]] for m in range(self.n_models)]
+        self.per_model = self.trace.per_model_times()
         self.ever_ready = [False] * self.n_models
         self.last_eviction: dict[int, dict] = {}  # model -> its eviction not yet followed by a request
         self.unattached: list[dict] = []  # evictions waiting for the load they made room for

@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-import numpy as np
-
 from prewarm.domain.baselines import RULES
 from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import (
@@ -55,14 +53,7 @@ class Oracle(_Base):
 
     def attach(self, sim: Simulation) -> None:
         super().attach(sim)
-        times = sim.trace.times
-        mids = sim.trace.mids
-        order = np.argsort(mids, kind="stable")
-        self.per_model: list[list[float]] = [[] for _ in range(sim.n_models)]
-        bounds = np.searchsorted(mids[order], np.arange(sim.n_models + 1))
-        st = times[order]
-        for m in range(sim.n_models):
-            self.per_model[m] = st[bounds[m]:bounds[m + 1]].tolist()
+        self.per_model: list[list[float]] = [a.tolist() for a in sim.trace.per_model_times()]
         self.ptr = [0] * sim.n_models
         for m in range(sim.n_models):
             self._schedule(m)

@@ -46,6 +46,13 @@ class Trace:
     def requests(self) -> int:
         return int(len(self.times))
 
+    def per_model_times(self) -> list[np.ndarray]:
+        """Each model's request times in order, by model index (what the oracle and the diagnostics look ahead in)."""
+        order = np.argsort(self.mids, kind="stable")
+        bounds = np.searchsorted(self.mids[order], np.arange(len(self.models) + 1))
+        times = self.times[order]
+        return [times[bounds[m]:bounds[m + 1]] for m in range(len(self.models))]
+
 
 def first_hours(trace: Trace, hours: float) -> Trace:
     """The trace's requests in its first `hours` (the same models, so sizes and load times stay the same)."""
