@@ -274,6 +274,9 @@ class Settings:
     # PREWARM_LINK_WAIT: a demand load waits for a busy link where that costs fewer cold requests than sharing it
     # (PolicyConfig.link_wait), and the route hook's on-demand load takes an idle link only. On unless set to 0
     link_wait: bool = True
+    # PREWARM_REFUTE_STALE_RATE: a model whose stream has stopped (a silence implausible at its measured rate) is valued
+    # by its idle-time model, not by the rate it had (PolicyConfig.refute_stale_rate). Off unless set to 1
+    refute_stale_rate: bool = False
     # PREWARM_FILL_SHARE: the share of each GPU the fill of never-requested models may take while fills pay
     # (PolicyConfig.fill_share; firsts.py); 0: no fill
     fill_share: float = 1.0
@@ -336,6 +339,7 @@ class Settings:
             no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
             whole_experts=env_flag(e, "PREWARM_WHOLE_EXPERTS", True),
             link_wait=env_flag(e, "PREWARM_LINK_WAIT", True),
+            refute_stale_rate=env_flag(e, "PREWARM_REFUTE_STALE_RATE", False),
             fill_share=env_float(e, "PREWARM_FILL_SHARE", 1.0),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),

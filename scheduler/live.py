@@ -99,6 +99,7 @@ class Scheduler:
                                              no_regret=ctx.settings.no_regret,
                                              whole_experts=ctx.settings.whole_experts,
                                              link_wait=ctx.settings.link_wait,
+                                             refute_stale_rate=ctx.settings.refute_stale_rate,
                                              fill_share=ctx.settings.fill_share)
         self.round_trips = count_round_trips(ctx.r)  # before the leader lock makes its first connection
         self.leadership = Leadership(ctx.r, self.ident, ctx.settings.leader_ttl)

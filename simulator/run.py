@@ -36,11 +36,13 @@ def simulate(
     no_regret: bool = True,
     adapter_slot_replicas: bool = True,
     link_wait: bool = True,
+    refute_stale_rate: bool = False,
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
     `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py);
     `adapter_slot_replicas`: its base replicas for adapters' slots (adapters.py; an adapter trace only);
-    `link_wait`: its demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)."""
+    `link_wait`: its demand loads wait for a busy link where that costs less (PolicyConfig.link_wait);
+    `refute_stale_rate`: a stopped stream is valued by its idle-time model (PolicyConfig.refute_stale_rate)."""
     sizes, loads = load_profile(profile, trace.models)
     priority, max_age = load_profile_fields(profile, trace.models)
     adapters = None
@@ -61,6 +63,7 @@ def simulate(
         "max_demand_wait": max_demand_wait,  # prewarm's; None: off
         "no_regret": no_regret,  # prewarm's no-regret layer
         "link_wait": link_wait,  # prewarm's demand loads wait for a busy link (PolicyConfig.link_wait)
+        "refute_stale_rate": refute_stale_rate,  # prewarm's (PolicyConfig.refute_stale_rate)
         **({"adapter_slot_replicas": adapter_slot_replicas} if adapters is not None else {}),
         "policies": {},
         # prewarm's runtime depends on it; its decisions do not (the same source, compiled)
@@ -75,7 +78,8 @@ def simulate(
             pol = (SloPrewarm(slo) if slo is not None
                    else Prewarm(PolicyConfig(idle_memory_budget=idle_memory_budget,
                                              overdue_wait_s=max_demand_wait, no_regret=no_regret,
-                                             adapter_slot_replicas=adapter_slot_replicas, link_wait=link_wait)))
+                                             adapter_slot_replicas=adapter_slot_replicas, link_wait=link_wait,
+                                             refute_stale_rate=refute_stale_rate)))
         else:
             pol = POLICIES[name]()
         t0 = time.perf_counter()

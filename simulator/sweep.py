@@ -141,6 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm's no-regret layer (PolicyConfig.no_regret; on by default, as simulate)")
     p.add_argument("--link-wait", choices=("on", "off"), default="on",
                    help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
+    p.add_argument("--refute-stale-rate", choices=("on", "off"), default="off",
+                   help="prewarm values a model whose stream has stopped by its idle-time model "
+                   "(PolicyConfig.refute_stale_rate; off by default, as simulate)")
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
     p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
 
@@ -174,6 +177,7 @@ class Job:
     idle_budget: float | None
     no_regret: bool = True
     link_wait: bool = True
+    refute_stale_rate: bool = False
 
 
 def run_one(job: Job) -> dict[str, Any]:
@@ -182,7 +186,7 @@ def run_one(job: Job) -> dict[str, Any]:
     trace = _trace(str(Path(job.folder) / pt.sample.file), pt.sample.fmt, pt.seed, pt.hours)
     out = simulate(trace, str(Path(job.folder) / "profile.csv"), [job.policy], pt.gpus, job.gpu_bytes,
                    load_slots=job.slots, idle_memory_budget=job.idle_budget, no_regret=job.no_regret,
-                   link_wait=job.link_wait)
+                   link_wait=job.link_wait, refute_stale_rate=job.refute_stale_rate)
     res = out["policies"][job.policy]
     return {"sample": pt.sample.name, "gpus": pt.gpus, "seed": pt.seed, "policy": job.policy,
             "models": len(trace.models), "requests": trace.requests,
@@ -408,7 +412,8 @@ def run_cli(args: argparse.Namespace) -> int:
               "or narrow the run with --family / --samples)", file=sys.stderr)
         return 2
     jobs = [Job(pt, pol, str(folders[pt.sample.name]), gpu_bytes, args.load_slots, idle_budget,
-                args.no_regret == "on", args.link_wait == "on") for pt in pts for pol in names]
+                args.no_regret == "on", args.link_wait == "on", args.refute_stale_rate == "on")
+            for pt in pts for pol in names]
     try:
         rows: list[dict] = [] if args.keep is None else kept_rows(
             args.keep, gpu_bytes, args.load_slots,
@@ -437,7 +442,8 @@ def run_cli(args: argparse.Namespace) -> int:
                  for k, pols in points(rows).items() if (s := point_summary(pols)) is not None]
     (out / "sweep.json").write_text(json.dumps(
         {"load_slots": args.load_slots, "gpu_bytes": gpu_bytes, "idle_memory_budget": idle_budget,
-         "no_regret": args.no_regret == "on", "link_wait": args.link_wait == "on", "rows": rows, "kept_from": args.keep,
+         "no_regret": args.no_regret == "on", "link_wait": args.link_wait == "on",
+         "refute_stale_rate": args.refute_stale_rate == "on", "rows": rows, "kept_from": args.keep,
          # of the runs made now (kept rows carry their own runtime_s)
          "cpu_seconds": round(sum(r["runtime_s"] for r in done), 1),
          "wall_seconds": round(time.perf_counter() - t0, 1),

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=150_000)
     p.add_argument("--link-wait", choices=("on", "off"), default="on",
                    help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
+    p.add_argument("--refute-stale-rate", choices=("on", "off"), default="off",
+                   help="prewarm values a model whose stream has stopped by its idle-time model "
+                   "(PolicyConfig.refute_stale_rate; off by default, as simulate)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", default="synthetic-sweep")
     a = p.parse_args(argv)
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 synthetic.write(regime, folder, a.models, a.hours, a.requests, seed)
                 sample = Sample(name, "synthetic", fmt="requests", file="requests.csv")
                 jobs += [Job(Point(sample, g, seed, None), pol, str(folder), gpu_bytes, a.load_slots, None,
-                             link_wait=a.link_wait == "on") for g in gpus for pol in policies]
+                             link_wait=a.link_wait == "on", refute_stale_rate=a.refute_stale_rate == "on")
+                         for g in gpus for pol in policies]
     except (OSError, ValueError) as e:
         print(f"synthetic_sweep: {e}", file=sys.stderr)
         return 2

@@ -278,6 +278,30 @@ def test_evicts_lowest_value_per_byte_to_make_room() -> None:
     assert kinds.index(("Evict", "rare")) < kinds.index(("Preload", "new"))
 
 
+def evicted_beside_a_stopped_stream(refute: bool) -> list[str]:
+    """stopped was asked for every 2 s for 20 minutes and not since (8 minutes); live every 30 s up to 30 s ago. A
+    demand load of new on their full GPU evicts one of them (PolicyConfig.refute_stale_rate on or off)."""
+    cfg = PolicyConfig(p_release=0.0, refute_stale_rate=refute)  # no quiet releases: room must be made by value
+    w = World([spec("stopped", 3), spec("live", 3), spec("new", 3)], [gpu("n1/cuda:0", 6)], cfg=cfg)
+    for s in range(0, 1200, 2):
+        w.traffic.add("stopped", float(s))
+    for s in range(0, 1670, 30):
+        w.traffic.add("live", float(s))
+    w.add_replica("stopped", "n1/cuda:0")
+    w.add_replica("live", "n1/cuda:0")
+    w.traffic.add("new", 1680.0)
+    w.tick(1680.5)
+    return [a.model for _t, a in w.evictions()]
+
+
+def test_a_stopped_streams_rate_values_it_until_refuted_where_that_is_on() -> None:
+    """Off (the default), stopped keeps the 10-minute rate it had while it ran (0.5/s, decayed to ~0.2/s) and live
+    (1/30 s) goes; on, its silence (240 of its requests missing) refutes that rate, its idle-time model values it,
+    and it goes (docs/simulation.md, "A stopped stream's rate")."""
+    assert evicted_beside_a_stopped_stream(False) == ["live"]
+    assert evicted_beside_a_stopped_stream(True) == ["stopped"]
+
+
 def evict_for_new(new_load_s: float) -> list[str]:
     """Two full GPUs, one replica each: slow (30 s to load, asked for 3 times at the start of every minute) and fast
     (2 s, every 10 s); a demand load of new (new_load_s) must evict one of them. The models evicted."""

@@ -86,6 +86,15 @@ def test_the_no_regret_layer_is_on_unless_set_off() -> None:
         Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
 
 
+def test_the_stale_rate_refutation_is_off_live_unless_set_on() -> None:
+    """PREWARM_REFUTE_STALE_RATE (PolicyConfig.refute_stale_rate, passed on by scheduler.live): off by default, 1
+    turns it on."""
+    assert not Settings.from_env({}).refute_stale_rate and not PolicyConfig().refute_stale_rate
+    assert Settings.from_env({"PREWARM_REFUTE_STALE_RATE": "1"}).refute_stale_rate
+    with pytest.raises(ValueError, match="PREWARM_REFUTE_STALE_RATE='maybe': write 1"):
+        Settings.from_env({"PREWARM_REFUTE_STALE_RATE": "maybe"})
+
+
 def test_link_wait_is_on_live_unless_set_off() -> None:
     """PREWARM_LINK_WAIT (PolicyConfig.link_wait, and the route hook's idle links): on by default, 0 turns it off."""
     assert Settings.from_env({}).link_wait and not Settings.from_env({"PREWARM_LINK_WAIT": "0"}).link_wait

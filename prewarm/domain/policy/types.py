@@ -132,6 +132,12 @@ class PolicyConfig:
     # -44 / -15 % cold starts, Azure 1,350 x 8 / x 32 -10 / -13 %, every other point within +1.2 % (docs/simulation.md,
     # "The link wait on by default")
     link_wait: bool = True
+    # A model's measured (10-minute) rate stops valuing it once the silence since its last request is implausible at
+    # that rate (value.stale): a stream that stopped is then valued by its idle-time model, not by the rate it had
+    # while it ran. Off by default: on bursty on/off traffic -15 to -26 % cold starts, but on the real families a long
+    # silence is often a pause, not a stop (Azure 1,350 x 16 +4.7 %, ServeGen x 32 +5.7 %; docs/simulation.md, "A
+    # stopped stream's rate"). An operator whose streams stop and start turns it on (PREWARM_REFUTE_STALE_RATE)
+    refute_stale_rate: bool = False
     new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
     new_gpu_hot_models: int = 4
     # Host-memory staging tier (issue 4): a model staged in a node's host cache loads onto that

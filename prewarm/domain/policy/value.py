@@ -26,6 +26,19 @@ def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
     return min(p, load_seconds(spec, cfg))
 
 
+# PolicyConfig.refute_stale_rate: the measured rate stands for a model's demand only while its silence since the last
+# request is plausible at that rate; once the rate then would have brought this many requests (a Poisson stream at
+# it leaves such a silence with probability e^-4.6 = 1 %), the stream is taken to have stopped
+STALE_REQUESTS = 4.6
+
+
+def stale(rate: tuple[float, float, float, float], now: float) -> bool:
+    """The long-rate EWMA (ewma_rate's parts), as it stood at its last request, is refuted by the silence since.
+    Monotone in `now`: a model refuted stays so until its next request."""
+    last = rate[1]
+    return ewma_rate(*rate, last) * (now - last) > STALE_REQUESTS
+
+
 # A quiet replica's kept value counts this much of its loss(): it goes before every replica with
 # expected demand, the least valuable quiet one first (soft release, issue 12)
 QUIET_WEIGHT = 1e-3
@@ -157,7 +170,7 @@ class Values:
             rate = e.inv_mrl
         else:
             rate = ewma_rate(*e.rate, now)
-            if rate <= e.inv_mrl:
+            if rate <= e.inv_mrl or (self.cfg.refute_stale_rate and stale(e.rate, now)):
                 rate = e.inv_mrl
                 e.steady_from = now
         x = self.expect.get(model)
