@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import replace
 
 import pytest
@@ -278,20 +279,26 @@ def test_evicts_lowest_value_per_byte_to_make_room() -> None:
     assert kinds.index(("Evict", "rare")) < kinds.index(("Preload", "new"))
 
 
+def evicted_for_new(w: World, streams: dict[str, Iterable[int]], placed: dict[str, str], at: float) -> list[str]:
+    """Each model's requests at the seconds `streams` gives, a ready replica of each `placed` model on its GPU, then a
+    request for `new` at `at` and a tick: the models its demand load evicted."""
+    for m, seconds in streams.items():
+        for s in seconds:
+            w.traffic.add(m, float(s))
+    for m, g in placed.items():
+        w.add_replica(m, g)
+    w.traffic.add("new", at)
+    w.tick(at + 0.5)
+    return [a.model for _t, a in w.evictions()]
+
+
 def evicted_beside_a_stopped_stream(refute: bool) -> list[str]:
     """stopped was asked for every 2 s for 20 minutes and not since (8 minutes); live every 30 s up to 30 s ago. A
     demand load of new on their full GPU evicts one of them (PolicyConfig.refute_stale_rate on or off)."""
     cfg = PolicyConfig(p_release=0.0, refute_stale_rate=refute)  # no quiet releases: room must be made by value
     w = World([spec("stopped", 3), spec("live", 3), spec("new", 3)], [gpu("n1/cuda:0", 6)], cfg=cfg)
-    for s in range(0, 1200, 2):
-        w.traffic.add("stopped", float(s))
-    for s in range(0, 1670, 30):
-        w.traffic.add("live", float(s))
-    w.add_replica("stopped", "n1/cuda:0")
-    w.add_replica("live", "n1/cuda:0")
-    w.traffic.add("new", 1680.0)
-    w.tick(1680.5)
-    return [a.model for _t, a in w.evictions()]
+    return evicted_for_new(w, {"stopped": range(0, 1200, 2), "live": range(0, 1670, 30)},
+                           {"stopped": "n1/cuda:0", "live": "n1/cuda:0"}, 1680.0)
 
 
 def test_a_stopped_streams_rate_values_it_until_refuted_where_that_is_on() -> None:
@@ -308,16 +315,9 @@ def evict_for_new(new_load_s: float) -> list[str]:
     cfg = PolicyConfig(p_release=0.0)  # no quiet releases: room must be made by value
     w = World([spec("slow", 6, load_s=30.0), spec("fast", 6, load_s=2.0), spec("new", 6, load_s=new_load_s)],
               [gpu("n1/cuda:0", 8), gpu("n2/cuda:0", 8)], cfg=cfg)
-    for s in range(0, 10800, 60):
-        for b in range(3):
-            w.traffic.add("slow", float(s + b))
-    for s in range(3, 10800, 10):
-        w.traffic.add("fast", float(s))
-    w.add_replica("slow", "n1/cuda:0")
-    w.add_replica("fast", "n2/cuda:0")
-    w.traffic.add("new", 10800.0)
-    w.tick(10800.5)
-    return [a.model for _t, a in w.evictions()]
+    slow = [s + b for s in range(0, 10800, 60) for b in range(3)]
+    return evicted_for_new(w, {"slow": slow, "fast": range(3, 10800, 10)},
+                           {"slow": "n1/cuda:0", "fast": "n2/cuda:0"}, 10800.0)
 
 
 def test_the_eviction_horizon_is_the_catalogs_median_load_where_longer() -> None:
