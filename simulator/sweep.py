@@ -139,13 +139,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "alone and writes the whole table")
     p.add_argument("--no-regret", choices=("on", "off"), default="on",
                    help="prewarm's no-regret layer (PolicyConfig.no_regret; on by default, as simulate)")
+    add_prewarm_switches(p)
+    p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
+    p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
+
+
+def add_prewarm_switches(p: argparse.ArgumentParser) -> None:
+    """prewarm's on/off settings that a sweep passes to every prewarm run (Job; the synthetic sweep's too)."""
     p.add_argument("--link-wait", choices=("on", "off"), default="on",
                    help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
     p.add_argument("--refute-stale-rate", choices=("on", "off"), default="off",
                    help="prewarm values a model whose stream has stopped by its idle-time model "
                    "(PolicyConfig.refute_stale_rate; off by default, as simulate)")
-    p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
-    p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
 
 
 def _ints(s: str, what: str) -> list[int]:

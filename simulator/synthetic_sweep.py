@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import synthetic
 from .policies import POLICIES
-from .sweep import Job, Point, Sample, markdown, point_summary, points, run_one
+from .sweep import Job, Point, Sample, add_prewarm_switches, markdown, point_summary, points, run_one
 from .trace import parse_bytes
 
 
@@ -48,11 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=int, default=200)
     p.add_argument("--hours", type=float, default=24.0)
     p.add_argument("--requests", type=int, default=150_000)
-    p.add_argument("--link-wait", choices=("on", "off"), default="on",
-                   help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
-    p.add_argument("--refute-stale-rate", choices=("on", "off"), default="off",
-                   help="prewarm values a model whose stream has stopped by its idle-time model "
-                   "(PolicyConfig.refute_stale_rate; off by default, as simulate)")
+    add_prewarm_switches(p)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", default="synthetic-sweep")
     a = p.parse_args(argv)
