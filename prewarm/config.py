@@ -171,6 +171,17 @@ def env_flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raise ConfigError(f"{name}={raw!r}: write 1 (on) or 0 (off)")
 
 
+def env_stale_rate(env: Mapping[str, str], name: str) -> str:
+    """PolicyConfig.refute_stale_rate's reading: auto (unset or blank), or an on/off flag as env_flag reads it."""
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    try:
+        return "on" if env_flag(env, name) else "off"
+    except ConfigError:
+        raise ConfigError(f"{name}={raw!r}: write auto, 1 (on) or 0 (off)") from None
+
+
 def env_float(env: Mapping[str, str], name: str, default: float) -> float:
     """A finite number variable (its range is checked where the setting is); the error names the variable."""
     raw = env.get(name)
@@ -275,8 +286,9 @@ class Settings:
     # (PolicyConfig.link_wait), and the route hook's on-demand load takes an idle link only. On unless set to 0
     link_wait: bool = True
     # PREWARM_REFUTE_STALE_RATE: a model whose stream has stopped (a silence implausible at its measured rate) is valued
-    # by its idle-time model, not by the rate it had (PolicyConfig.refute_stale_rate). Off unless set to 1
-    refute_stale_rate: bool = False
+    # by its idle-time model, not by the rate it had (PolicyConfig.refute_stale_rate): auto (the default: while the
+    # fleet's record says such silences are mostly stops), on (1) or off (0)
+    refute_stale_rate: str = "auto"
     # PREWARM_FILL_SHARE: the share of each GPU the fill of never-requested models may take while fills pay
     # (PolicyConfig.fill_share; firsts.py); 0: no fill
     fill_share: float = 1.0
@@ -339,7 +351,7 @@ class Settings:
             no_regret=env_flag(e, "PREWARM_NO_REGRET", True),
             whole_experts=env_flag(e, "PREWARM_WHOLE_EXPERTS", True),
             link_wait=env_flag(e, "PREWARM_LINK_WAIT", True),
-            refute_stale_rate=env_flag(e, "PREWARM_REFUTE_STALE_RATE", False),
+            refute_stale_rate=env_stale_rate(e, "PREWARM_REFUTE_STALE_RATE"),
             fill_share=env_float(e, "PREWARM_FILL_SHARE", 1.0),
             secret_key=e.get("PREWARM_SECRET_KEY") or None,
             login_max_failures=env_int(e, "PREWARM_LOGIN_MAX_FAILURES", 10),

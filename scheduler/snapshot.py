@@ -139,7 +139,8 @@ class SnapshotReader:
         minute_edge = int(now // 60 * 60) - 60
         for model, series in self._with_bases(_sparse_window(self.r, traffic.MINUTE, minute_edge - HISTORY_WARMUP_S,
                                                              minute_edge)).items():
-            self.history.add_series(model, series, 30)  # each minute's count at its middle
+            # each minute's count at its middle; not judged as silences (TrafficHistory.add_series)
+            self.history.add_series(model, series, 30, judge=False)
         for ev in events.read(self.r, limit=500, kind="evict"):
             self.recent_evictions.setdefault(ev.model, ev.ts)
         self.fed_until = minute_edge

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prewarm.config import parse_idle_memory_budget, parse_max_demand_wait, parse_slo
-from prewarm.domain.policy import PolicyConfig
+from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
@@ -64,10 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-wait", choices=["on", "off"], default="on",
                    help="prewarm only: a demand load waits for a busy link where that costs fewer cold requests "
                    "than sharing it (PREWARM_LINK_WAIT; default on; docs/simulation.md)")
-    p.add_argument("--refute-stale-rate", choices=["on", "off"], default="off",
+    p.add_argument("--refute-stale-rate", choices=STALE_RATE_READINGS, default="auto",
                    help="prewarm only: a model whose stream has stopped (a silence implausible at its measured rate) "
-                   "is valued by its idle-time model, not by the rate it had (PREWARM_REFUTE_STALE_RATE; default off; "
-                   "docs/simulation.md, \"A stopped stream's rate\")")
+                   "is valued by its idle-time model, not by the rate it had (PREWARM_REFUTE_STALE_RATE; default auto: "
+                   "while the fleet's record says such silences are mostly stops; docs/simulation.md, \"A stopped "
+                   "stream's rate\")")
     p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
                    help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
                    "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")
@@ -204,7 +205,7 @@ def run_cli(args: argparse.Namespace) -> int:
                    load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
                    max_demand_wait=max_wait, no_regret=args.no_regret == "on",
                    adapter_slot_replicas=args.adapter_slot_replicas == "on", link_wait=args.link_wait == "on",
-                   refute_stale_rate=args.refute_stale_rate == "on")
+                   refute_stale_rate=args.refute_stale_rate)
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

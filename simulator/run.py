@@ -36,13 +36,14 @@ def simulate(
     no_regret: bool = True,
     adapter_slot_replicas: bool = True,
     link_wait: bool = True,
-    refute_stale_rate: bool = False,
+    refute_stale_rate: str = "auto",
 ) -> dict:
     """`idle_memory_budget`: prewarm's PolicyConfig.idle_memory_budget (None: unlimited);
     `max_demand_wait`: its overdue_wait_s (None: off); `no_regret`: its no-regret layer (experts.py);
     `adapter_slot_replicas`: its base replicas for adapters' slots (adapters.py; an adapter trace only);
     `link_wait`: its demand loads wait for a busy link where that costs less (PolicyConfig.link_wait);
-    `refute_stale_rate`: a stopped stream is valued by its idle-time model (PolicyConfig.refute_stale_rate)."""
+    `refute_stale_rate`: when a stopped stream is valued by its idle-time model (PolicyConfig.refute_stale_rate:
+    auto, on, off)."""
     sizes, loads = load_profile(profile, trace.models)
     priority, max_age = load_profile_fields(profile, trace.models)
     adapters = None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from prewarm.config import parse_idle_memory_budget
-from prewarm.domain.policy import PolicyConfig
+from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
@@ -148,9 +148,9 @@ def add_prewarm_switches(p: argparse.ArgumentParser) -> None:
     """prewarm's on/off settings that a sweep passes to every prewarm run (Job; the synthetic sweep's too)."""
     p.add_argument("--link-wait", choices=("on", "off"), default="on",
                    help="prewarm's demand loads wait for a busy link where that costs less (PolicyConfig.link_wait)")
-    p.add_argument("--refute-stale-rate", choices=("on", "off"), default="off",
-                   help="prewarm values a model whose stream has stopped by its idle-time model "
-                   "(PolicyConfig.refute_stale_rate; off by default, as simulate)")
+    p.add_argument("--refute-stale-rate", choices=STALE_RATE_READINGS, default="auto",
+                   help="when prewarm values a model whose stream has stopped by its idle-time model "
+                   "(PolicyConfig.refute_stale_rate; auto by default, as simulate)")
 
 
 def _ints(s: str, what: str) -> list[int]:
@@ -182,7 +182,7 @@ class Job:
     idle_budget: float | None
     no_regret: bool = True
     link_wait: bool = True
-    refute_stale_rate: bool = False
+    refute_stale_rate: str = "auto"
 
 
 def run_one(job: Job) -> dict[str, Any]:
@@ -417,7 +417,7 @@ def run_cli(args: argparse.Namespace) -> int:
               "or narrow the run with --family / --samples)", file=sys.stderr)
         return 2
     jobs = [Job(pt, pol, str(folders[pt.sample.name]), gpu_bytes, args.load_slots, idle_budget,
-                args.no_regret == "on", args.link_wait == "on", args.refute_stale_rate == "on")
+                args.no_regret == "on", args.link_wait == "on", args.refute_stale_rate)
             for pt in pts for pol in names]
     try:
         rows: list[dict] = [] if args.keep is None else kept_rows(
@@ -448,7 +448,7 @@ def run_cli(args: argparse.Namespace) -> int:
     (out / "sweep.json").write_text(json.dumps(
         {"load_slots": args.load_slots, "gpu_bytes": gpu_bytes, "idle_memory_budget": idle_budget,
          "no_regret": args.no_regret == "on", "link_wait": args.link_wait == "on",
-         "refute_stale_rate": args.refute_stale_rate == "on", "rows": rows, "kept_from": args.keep,
+         "refute_stale_rate": args.refute_stale_rate, "rows": rows, "kept_from": args.keep,
          # of the runs made now (kept rows carry their own runtime_s)
          "cpu_seconds": round(sum(r["runtime_s"] for r in done), 1),
          "wall_seconds": round(time.perf_counter() - t0, 1),

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 synthetic.write(regime, folder, a.models, a.hours, a.requests, seed)
                 sample = Sample(name, "synthetic", fmt="requests", file="requests.csv")
                 jobs += [Job(Point(sample, g, seed, None), pol, str(folder), gpu_bytes, a.load_slots, None,
-                             link_wait=a.link_wait == "on", refute_stale_rate=a.refute_stale_rate == "on")
+                             link_wait=a.link_wait == "on", refute_stale_rate=a.refute_stale_rate)
                          for g in gpus for pol in policies]
     except (OSError, ValueError) as e:
         print(f"synthetic_sweep: {e}", file=sys.stderr)

@@ -292,21 +292,33 @@ def evicted_for_new(w: World, streams: dict[str, Iterable[int]], placed: dict[st
     return [a.model for _t, a in w.evictions()]
 
 
-def evicted_beside_a_stopped_stream(refute: bool) -> list[str]:
+def evicted_beside_a_stopped_stream(reading: str, others: dict[str, Iterable[int]] | None = None) -> list[str]:
     """stopped was asked for every 2 s for 20 minutes and not since (8 minutes); live every 30 s up to 30 s ago. A
-    demand load of new on their full GPU evicts one of them (PolicyConfig.refute_stale_rate on or off)."""
-    cfg = PolicyConfig(p_release=0.0, refute_stale_rate=refute)  # no quiet releases: room must be made by value
+    demand load of new on their full GPU evicts one of them (PolicyConfig.refute_stale_rate's `reading`). `others`:
+    more streams in the fleet's traffic (not resident), whose silences the "auto" reading learns from."""
+    cfg = PolicyConfig(p_release=0.0, refute_stale_rate=reading)  # no quiet releases: room must be made by value
     w = World([spec("stopped", 3), spec("live", 3), spec("new", 3)], [gpu("n1/cuda:0", 6)], cfg=cfg)
-    return evicted_for_new(w, {"stopped": range(0, 1200, 2), "live": range(0, 1670, 30)},
+    return evicted_for_new(w, {"stopped": range(0, 1200, 2), "live": range(0, 1670, 30), **(others or {})},
                            {"stopped": "n1/cuda:0", "live": "n1/cuda:0"}, 1680.0)
 
 
 def test_a_stopped_streams_rate_values_it_until_refuted_where_that_is_on() -> None:
-    """Off (the default), stopped keeps the 10-minute rate it had while it ran (0.5/s, decayed to ~0.2/s) and live
-    (1/30 s) goes; on, its silence (240 of its requests missing) refutes that rate, its idle-time model values it,
-    and it goes (docs/simulation.md, "A stopped stream's rate")."""
-    assert evicted_beside_a_stopped_stream(False) == ["live"]
-    assert evicted_beside_a_stopped_stream(True) == ["stopped"]
+    """Off, stopped keeps the 10-minute rate it had while it ran (0.5/s, decayed to ~0.2/s) and live (1/30 s) goes;
+    on, its silence (240 of its requests missing) refutes that rate, its idle-time model values it, and it goes
+    (docs/simulation.md, "A stopped stream's rate")."""
+    assert evicted_beside_a_stopped_stream("off") == ["live"]
+    assert evicted_beside_a_stopped_stream("on") == ["stopped"]
+
+
+def test_auto_refutes_a_silent_models_rate_where_the_fleets_streams_stop() -> None:
+    """"auto" (the default) refutes the rate where the fleet's refuted silences have mostly been stops (silences.py):
+    beside four streams that ran for 15 minutes and stopped, stopped goes; beside four that paused for 30 s each
+    minute and went on, live goes, as with the refutation off; with no record but stopped's own stop, live goes."""
+    stopping = {f"other{i}": range(0, 900, 2) for i in range(4)}
+    pausing = {f"other{i}": [s for s in range(0, 1680, 2) if s % 60 < 28] for i in range(4)}
+    assert evicted_beside_a_stopped_stream("auto", stopping) == ["stopped"]
+    assert evicted_beside_a_stopped_stream("auto", pausing) == ["live"]
+    assert evicted_beside_a_stopped_stream("auto") == ["live"]
 
 
 def evict_for_new(new_load_s: float) -> list[str]:

@@ -86,12 +86,16 @@ def test_the_no_regret_layer_is_on_unless_set_off() -> None:
         Settings.from_env({"PREWARM_NO_REGRET": "sometimes"})
 
 
-def test_the_stale_rate_refutation_is_off_live_unless_set_on() -> None:
-    """PREWARM_REFUTE_STALE_RATE (PolicyConfig.refute_stale_rate, passed on by scheduler.live): off by default, 1
-    turns it on."""
-    assert not Settings.from_env({}).refute_stale_rate and not PolicyConfig().refute_stale_rate
-    assert Settings.from_env({"PREWARM_REFUTE_STALE_RATE": "1"}).refute_stale_rate
-    with pytest.raises(ValueError, match="PREWARM_REFUTE_STALE_RATE='maybe': write 1"):
+def test_the_stale_rate_refutation_is_automatic_live_unless_set_on_or_off() -> None:
+    """PREWARM_REFUTE_STALE_RATE (PolicyConfig.refute_stale_rate, passed on by scheduler.live): auto by default (the
+    fleet's record of silences chooses, silences.py), 1 / on always, 0 / off never."""
+    assert Settings.from_env({}).refute_stale_rate == "auto" == PolicyConfig().refute_stale_rate
+    assert Settings.from_env({"PREWARM_REFUTE_STALE_RATE": " Auto "}).refute_stale_rate == "auto"
+    for on in ("1", "on", "true"):
+        assert Settings.from_env({"PREWARM_REFUTE_STALE_RATE": on}).refute_stale_rate == "on"
+    for off in ("0", "off", "no"):
+        assert Settings.from_env({"PREWARM_REFUTE_STALE_RATE": off}).refute_stale_rate == "off"
+    with pytest.raises(ValueError, match="PREWARM_REFUTE_STALE_RATE='maybe': write auto, 1 \\(on\\) or 0"):
         Settings.from_env({"PREWARM_REFUTE_STALE_RATE": "maybe"})
 
 

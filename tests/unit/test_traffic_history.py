@@ -15,7 +15,8 @@ SLOTS = ("first_second", "last_second", "total", "fed", "active_minutes", "last_
 def _state(h: TrafficHistory) -> tuple:
     models = {m: tuple(getattr(h._m[m], f) for f in SLOTS) for m in h.models()}
     co = {m: dict(sorted(h.co_starts(m).items())) for m in h.models()}
-    return models, h.seq, list(h._changed.items()), h.changed_since(h.seq // 2), co
+    # the record of refuted silences (silences.py) too: what ended, by the hour its verdict fell in
+    return models, h.seq, list(h._changed.items()), h.changed_since(h.seq // 2), co, h.silences._hours
 
 
 def test_a_series_in_one_call_leaves_the_history_as_its_buckets_one_by_one() -> None:

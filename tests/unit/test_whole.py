@@ -41,11 +41,11 @@ def test_a_shadow_fleet_is_the_simulators_baseline(name: str) -> None:
     assert sh.cold == sim.cold == warm.count(False) and sim.cold > 100
 
 
-def _run(d: Path, gpus: int, whole: bool) -> Prewarm:
+def _run(d: Path, gpus: int, whole: bool, stale_rate: str = "auto") -> Prewarm:
     tr = read_trace(str(d / "requests.csv"), "requests", 0, None)
     sizes, loads = load_profile(str(d / "profile.csv"), tr.models)
     sim = Simulation(tr, sizes, loads, gpus, 80 * GIB, "shared")
-    pol = Prewarm(PolicyConfig(whole_experts=whole))
+    pol = Prewarm(PolicyConfig(whole_experts=whole, refute_stale_rate=stale_rate))
     sim.run(pol)
     pol.cold = sim.cold  # type: ignore[attr-defined]
     return pol
@@ -54,13 +54,18 @@ def _run(d: Path, gpus: int, whole: bool) -> Prewarm:
 def test_on_bursty_traffic_over_a_small_fleet_lru_takes_over_and_the_fleet_gains(tmp_path: Path) -> None:
     """Synthetic on/off bursts, 6 h on 4 GPUs: on-demand LRU's shadow leads prewarm's fleet, takes over within 5 h
     (at 4.7 h; before the link wait made prewarm's own plan better here, within 4 h), and the fleet ends with fewer
-    cold starts than prewarm's plan alone has (3,096 against 3,459)."""
+    cold starts than prewarm's plan alone has (3,096 against 3,459). With a stopped stream's measured rate kept
+    (refute_stale_rate off): on this traffic the default's record of silences refutes it, and prewarm's plan alone
+    then does better than the hand-over did (test_silences; docs/simulation.md, "A stopped stream's rate, chosen at
+    run time")."""
     synthetic.write("onoff", tmp_path, hours=6, requests=37_500, seed=0)
-    on, off = _run(tmp_path, 4, True), _run(tmp_path, 4, False)
+    on, off = _run(tmp_path, 4, True, "off"), _run(tmp_path, 4, False, "off")
     moves = on.policy.whole.moves
     assert moves and moves[0][1] == "on-demand-lru" and moves[0][0] <= 5 * 3600
     assert on.cold < off.cold  # type: ignore[attr-defined]
     assert off.policy.whole.moves == [] and off.policy.whole.shadows == {}  # off: no shadow runs
+    auto = _run(tmp_path, 4, True)  # the default: 2,209, nothing handed over
+    assert auto.policy.whole.moves == [] and auto.cold < on.cold  # type: ignore[attr-defined]
 
 
 def test_where_prewarm_leads_its_plan_decides_every_call(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from .history import TrafficHistory  # noqa: E402
 from .planner import PolicyState, load_seconds, plan  # noqa: E402
 from .types import (  # noqa: E402
     GIB,
+    STALE_RATE_READINGS,
     Action,
     Evict,
     GpuState,
@@ -79,6 +80,7 @@ __all__ = [
     "NodeState",
     "PolicyConfig",
     "PolicyState",
+    "STALE_RATE_READINGS",
     "Preload",
     "ReplicaState",
     "Snapshot",

@@ -14,6 +14,9 @@ Kept per model:
   at refresh points fixed by the number of gaps seen (every gap up to 16, then every ~12 %), so
   that what the policy derives from it can be cached by version and still be a pure function of
   the traffic fed in.
+
+Kept for the fleet: the record of silences that refuted a model's measured rate, and whether they were stops or
+pauses (silences.py; PolicyConfig.refute_stale_rate's "auto").
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from typing import TypeVar
+
+from .silences import Silences
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -109,6 +114,8 @@ class TrafficHistory:
         self._co: dict[str, dict[str, int]] = {}
         self._co_version: dict[str, int] = {}  # model -> changes of its co-start table (a reader's memo key)
         self._unpaired: list[tuple[int, str]] = []  # (second, model) of starts not yet paired
+        self.silences = Silences()
+        self._judging = True  # feeds go to the record of silences (add_series' `judge`)
 
     @classmethod
     def for_config(cls, cfg: object) -> TrafficHistory:
@@ -143,18 +150,24 @@ class TrafficHistory:
         self._changed.pop(model, None)
         self._changed[model] = self._seq
 
-    def add_series(self, model: str, buckets: list[tuple[int, int]], shift: int = 0) -> None:
+    def add_series(self, model: str, buckets: list[tuple[int, int]], shift: int = 0, judge: bool = True) -> None:
         """add_bucket(model, second + shift, count) for each (second, count) in order, in one call (the same
-        state after it): a starting scheduler feeds ~200,000 per-minute counts."""
+        state after it): a starting scheduler feeds ~200,000 per-minute counts. `judge`: False where the buckets are
+        coarser than the traffic (a minute's count at one second makes each busy minute a silence that refutes the
+        rate and ends: pauses the traffic never had), so the record of silences (silences.py) is left as it was."""
         m = self._m.get(model)
         fed = 0
-        for second, count in buckets:
-            if count <= 0:
-                continue
-            if m is None:
-                m = self._m[model] = _ModelTraffic(self.bins)
-            self._feed(model, m, second + shift, count)
-            fed += 1
+        self._judging = judge
+        try:
+            for second, count in buckets:
+                if count <= 0:
+                    continue
+                if m is None:
+                    m = self._m[model] = _ModelTraffic(self.bins)
+                self._feed(model, m, second + shift, count)
+                fed += 1
+        finally:
+            self._judging = True
         if fed:
             self._seq += fed
             self._changed.pop(model, None)
@@ -169,7 +182,32 @@ class TrafficHistory:
                               math.exp(-dt / self.long_window_s))
         return self._decay_of
 
+    def _refuting(self, m: _ModelTraffic) -> float | None:
+        """The silence after m's last request that refutes its long rate then (value.stale); None where its EWMA
+        was fed for less than its time constant (a first request's rate is a guess)."""
+        last = m.last_second
+        if last is None or last - m.first_second + 1 < self.long_window_s:
+            return None
+        r = ewma_rate(m.rate_l, m.rate_t, float(m.first_second), self.long_window_s, float(last))
+        return STALE_REQUESTS / r if r > 0.0 else None
+
+    def silence(self, model: str) -> tuple[int, float] | None:
+        """(last request, the silence that refutes its rate), where its silence counts (Silences)."""
+        m = self._m.get(model)
+        if m is None or m.last_second is None:
+            return None
+        s0 = self._refuting(m)
+        return None if s0 is None else (m.last_second, s0)
+
+    def streams_stop(self, now: float) -> bool:
+        """This fleet's refuted silences have more often been stops than pauses lately (silences.py)."""
+        return self.silences.stop(now, self.silence)
+
     def _feed(self, model: str, m: _ModelTraffic, second: int, count: int) -> None:
+        if self._judging and m.last_second is not None and second > m.last_second:
+            s0 = self._refuting(m)  # judged by the rate at the last request, before this bucket moves it
+            if s0 is not None:
+                self.silences.ended(model, m.last_second, second, s0)
         # Rates: decay both to this second, then add the bucket (rate unit: requests/s).
         if second >= m.rate_t:
             dt = second - m.rate_t
@@ -210,6 +248,8 @@ class TrafficHistory:
             m.weight += 1.0
             m.gaps_seen += 1
             m.last_second = second
+            if self._judging and second - m.first_second + 1 >= self.long_window_s:
+                self.silences.watch(model, second)
             if m.weight > self.halve_at:  # let old patterns fade; keeps proportions
                 m.hist = [h * 0.5 for h in m.hist]
                 m.oob *= 0.5
@@ -451,6 +491,11 @@ def _count(table: dict[str, int], partner: str, size: int) -> None:
             return  # every entry has come back: a newcomer waits until one of them is a singleton
         del table[drop]
     table[partner] = 1
+
+
+# value.stale: a Poisson stream at the measured rate leaves a silence this many requests long with probability
+# e^-4.6 = 1 %
+STALE_REQUESTS = 4.6
 
 
 def ewma_rate(raw: float, rate_t: float, first: float, tau: float, now: float) -> float:

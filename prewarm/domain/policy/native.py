@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 # not a dict lookup (a replayed day 11-16 % faster, the same decisions). Native, their fields' types are
 # checked when one is made: a ReplicaState with bytes=1.5 is a TypeError, not a wrong sum later.
 MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "plan_call", "steps", "staging", "refresh",
-           "words", "experts", "duels", "ahead", "firsts", "partners", "history", "arrivals", "types")
+           "words", "experts", "duels", "ahead", "firsts", "partners", "history", "silences", "arrivals", "types")
 PACKAGE = "prewarm.domain.policy"
 # Other domain modules the policy imports (dependency-free): type-checked with the build and hashed into it.
 CORE = (HERE.parent / "states.py",)

@@ -94,13 +94,15 @@ class PlanCall(Values):
             d = self.idle(r.model)
             mrl = self.arrival(r.model).mrl_at(d) if d is not None and r.model in self.s.models else math.inf
             val = self.loss(r.model)
+            refuted = self.refuted(r.model)
             self.do_evict(
                 r, "make_room",
                 f"make room on {gid} for {spec.id} ({kind}): {order} — "
                 f"idle {fmt_s(d)}, next request expected in {fmt_s(mrl)}, "
-                f"{val:.3g} cold req/s if absent, {r.bytes / GIB:.1f} GiB{lead}",
+                f"{val:.3g} cold req/s if absent{' (its silence refuted its measured rate)' if refuted else ''}, "
+                f"{r.bytes / GIB:.1f} GiB{lead}",
                 {"idle_s": num(d), "expected_next_s": num(mrl), "loss_per_s": val,
-                 "gib": r.bytes / GIB, **extra},
+                 "gib": r.bytes / GIB, **({"rate_refuted": 1.0} if refuted else {}), **extra},
             )
         if kind == "demand" and self.cfg.fill_yields:
             self.yield_link(gid, spec.id)

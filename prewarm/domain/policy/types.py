@@ -13,6 +13,8 @@ from typing import Literal, NamedTuple, Protocol
 # The state names are spelled once, in a dependency-free core module (the policy stays pure).
 from prewarm.domain.states import ReplicaStateName as ReplicaStateName
 
+# PolicyConfig.refute_stale_rate's readings
+STALE_RATE_READINGS = ("auto", "on", "off")
 GIB = 1 << 30
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +136,11 @@ class PolicyConfig:
     link_wait: bool = True
     # A model's measured (10-minute) rate stops valuing it once the silence since its last request is implausible at
     # that rate (value.stale): a stream that stopped is then valued by its idle-time model, not by the rate it had
-    # while it ran. Off by default: on bursty on/off traffic -15 to -26 % cold starts, but on the real families a long
-    # silence is often a pause, not a stop (Azure 1,350 x 16 +4.7 %, ServeGen x 32 +5.7 %; docs/simulation.md, "A
-    # stopped stream's rate"). An operator whose streams stop and start turns it on (PREWARM_REFUTE_STALE_RATE)
-    refute_stale_rate: bool = False
+    # while it ran. "on" / "off" always; "auto" (the default) while the fleet's own record says such silences have
+    # lately been stops more often than pauses (silences.py): on bursty on/off traffic -15 to -26 % cold starts, where
+    # on the real families, whose long silences are mostly pauses, "on" cost up to +5.7 % (docs/simulation.md, "A
+    # stopped stream's rate"). PREWARM_REFUTE_STALE_RATE
+    refute_stale_rate: str = "auto"
     new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
     new_gpu_hot_models: int = 4
     # Host-memory staging tier (issue 4): a model staged in a node's host cache loads onto that

@@ -11,7 +11,7 @@ from prewarm.domain.states import READY
 from . import arrivals
 from .arrivals import ArrivalModel
 from .fleet import Fleet
-from .history import TrafficHistory, ewma_rate
+from .history import STALE_REQUESTS, TrafficHistory, ewma_rate
 from .memo import PolicyState, ValueInputs
 from .types import GIB, ModelSpec, PolicyConfig, ReplicaState, Snapshot
 
@@ -26,10 +26,6 @@ def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
     return min(p, load_seconds(spec, cfg))
 
 
-# PolicyConfig.refute_stale_rate: the measured rate stands for a model's demand only while its silence since the last
-# request is plausible at that rate; once the rate then would have brought this many requests (a Poisson stream at
-# it leaves such a silence with probability e^-4.6 = 1 %), the stream is taken to have stopped
-STALE_REQUESTS = 4.6
 
 
 def stale(rate: tuple[float, float, float, float], now: float) -> bool:
@@ -68,6 +64,9 @@ class Values:
         self._loading_rate: dict[str, float] = {}
         self._link_rate: float | None = None
         self.grid_s = snap.config.grid_s
+        # a stopped stream's rate refuted on this call (PolicyConfig.refute_stale_rate; "auto": by the fleet's record)
+        reading = self.cfg.refute_stale_rate
+        self.refute = reading == "on" or (reading == "auto" and tr.streams_stop(now))
         # models in a quiet stretch of their timeline (set by plan() once the timeline is brought
         # up to now): their replicas stay resident but are the first victims (QUIET_WEIGHT)
         self.quiet: set[str] = set()
@@ -170,7 +169,7 @@ class Values:
             rate = e.inv_mrl
         else:
             rate = ewma_rate(*e.rate, now)
-            if rate <= e.inv_mrl or (self.cfg.refute_stale_rate and stale(e.rate, now)):
+            if rate <= e.inv_mrl or (self.refute and stale(e.rate, now)):
                 rate = e.inv_mrl
                 e.steady_from = now
         x = self.expect.get(model)
@@ -184,6 +183,11 @@ class Values:
         v = rate * (1.0 + e.extra * min(ld * self.slowdown, 60.0) / 60.0 + link * ld)
         self._loss[model] = v
         return v
+
+    def refuted(self, model: str) -> bool:
+        """Its measured rate is refuted by its silence on this call (value.stale; PolicyConfig.refute_stale_rate)."""
+        e = self.st.value.get(model)
+        return self.refute and e is not None and stale(e.rate, self.now)
 
     def value_inputs(self, model: str, spec: ModelSpec | None) -> ValueInputs | None:
         got = self.tr.value_inputs(model)
