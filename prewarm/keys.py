@@ -157,7 +157,7 @@ LEADER_LOCK = PREFIX + "scheduler:leader"  # redis-py Lock held by the planning 
 # Hash: run_id (the Redis master's run id when last seen), failover_at (Unix seconds the run id last changed:
 # a Sentinel failover or a restart), previous (the run id before). prewarm.failover.
 REDIS_EPOCH = PREFIX + "redis:epoch"
-# Hash: leader id, last tick, tick seconds, trigger, expert, loads_ahead, fills, link_waits.
+# Hash: leader id, last tick, tick seconds, trigger, expert, loads_ahead, fills, link_waits, stale_rates.
 SCHEDULER_STATUS = PREFIX + "scheduler:status"
 SCHEDULER_POLICY = PREFIX + "scheduler:policy"  # Hash: the policy the leader runs (name, since, scheduler).
 WAKE = PREFIX + "wake"  # Pub/sub channel: the route hook publishes "<model>@<version>" when a lookup opens a

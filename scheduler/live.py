@@ -253,6 +253,7 @@ class Scheduler:
             "trigger": "wake" if woken_by else "interval", "policy": self.policy.name,
             "left_out": ",".join(sorted(result.left_out)), "expert": self._expert(),
             "loads_ahead": self._loads_ahead(), "fills": self._fills(), "link_waits": self._link_waits(),
+            "stale_rates": self._stale_rates(),
             "failover_hold": "1" if self.failover.holding(now) else "0"})
         result.round_trips = self.round_trips.value - trips_before  # the status write included
         return result
@@ -291,6 +292,13 @@ class Scheduler:
         if st is None or not self.config.link_wait:
             return ""
         return str(st.link_wait_why())
+
+    def _stale_rates(self) -> str:
+        """Whether a silent model's measured rate is refuted on this traffic and the record behind it (silences.py),
+        else "": only the automatic reading (PolicyConfig.refute_stale_rate "auto") has one."""
+        if getattr(self.policy, "state", None) is None or self.config.refute_stale_rate != "auto":
+            return ""
+        return self.reader.history.silences.why()
 
     def _drain_round(self, fleet: state.Fleet, now: float) -> list[drain.Replacement]:
         """services.drain's round: replacements for the draining nodes' replicas that need a home."""

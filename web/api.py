@@ -151,12 +151,11 @@ def policy_view() -> dict[str, Any]:
     run = running_policy.running(c.r)
     if run is None:
         return {"name": c.settings.policy, "since": None, "scheduler": None, "source": "settings",
-                "expert": "", "loads_ahead": "", "fills": "", "link_waits": ""}
-    # what the leader's no-regret layer, loads-ahead and first-request records say at its last tick ("" where
+                **dict.fromkeys(running_policy.JUDGEMENTS, "")}
+    # what the leader's no-regret layer, loads-ahead, first-request and silence records say at its last tick ("" where
     # it has none)
-    expert, ahead, fills, link_waits = running_policy.judgement(c.r)
     return {"name": run.name, "since": run.since, "scheduler": run.scheduler, "source": "scheduler",
-            "expert": expert, "loads_ahead": ahead, "fills": fills, "link_waits": link_waits}
+            **running_policy.judgement(c.r)}
 
 
 @bp.get("/api/fleet")

@@ -40,10 +40,13 @@ def running(r: redis.Redis) -> Running | None:
     return Running(h["name"], since, h.get("scheduler", ""))
 
 
-def judgement(r: redis.Redis) -> tuple[str, str, str, str]:
-    """(which expert's eviction order leads and why, whether loads ahead go on and why, whether fills take all
-    free memory and why, which demand loads wait for a busy link), as the leader wrote them at its last tick; ""
-    each where its policy has no such record (or no tick yet)."""
-    got = r.hmget(keys.SCHEDULER_STATUS, ["expert", "loads_ahead", "fills", "link_waits"])
-    expert, ahead, fills, link_waits = ((v or b"").decode(errors="replace") for v in got)
-    return expert, ahead, fills, link_waits
+JUDGEMENTS = ("expert", "loads_ahead", "fills", "link_waits", "stale_rates")
+
+
+def judgement(r: redis.Redis) -> dict[str, str]:
+    """What the leader wrote at its last tick, by JUDGEMENTS' names: which expert's eviction order leads and why,
+    whether loads ahead go on and why, whether fills take all free memory and why, which demand loads wait for a
+    busy link, whether a silent model's measured rate is refuted and why; "" each where its policy has no such
+    record (or no tick yet)."""
+    got = r.hmget(keys.SCHEDULER_STATUS, list(JUDGEMENTS))
+    return {k: (v or b"").decode(errors="replace") for k, v in zip(JUDGEMENTS, got, strict=True)}

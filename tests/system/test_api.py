@@ -285,20 +285,24 @@ def test_the_fleet_says_which_expert_orders_evictions_and_whether_loads_ahead_go
     assert client.get("/api/fleet").get_json()["policy"]["expert"] == ""  # no scheduler has led yet
     assert client.get("/api/fleet").get_json()["policy"]["fills"] == ""
     assert client.get("/api/fleet").get_json()["policy"]["link_waits"] == ""
+    assert client.get("/api/fleet").get_json()["policy"]["stale_rates"] == ""
     assert 'id="expert-line"' not in client.get("/fleet").get_data(as_text=True)
     running_policy.swap(r, "prewarm", "s1")
     why = "expert lru leads (lru on trial against prewarm in turns (prewarm's victims cost 0.2000, lru's 0.1000)"
     fills = "fills keep to the speculative share: 1.0 asked for while resident, 5.0 evicted unasked (decayed)"
     waits = "1 demand load(s) wait for a busy link: beta for n1/cuda:0's link (free in about 3 s)"
+    stale = ("silent models keep their measured rate: of the silences that refuted a model's rate lately, 2.0 went "
+             "on (stops) and 9.0 ended within as long again (pauses), decayed over 6 h")
     r.hset(keys.SCHEDULER_STATUS, mapping={"expert": why, "loads_ahead": "loads ahead held back: on this traffic",
-                                           "fills": fills, "link_waits": waits})
+                                           "fills": fills, "link_waits": waits, "stale_rates": stale})
     policy = client.get("/api/fleet").get_json()["policy"]
     assert policy["expert"] == why and policy["loads_ahead"].startswith("loads ahead held back")
-    assert policy["fills"] == fills and policy["link_waits"] == waits
+    assert policy["fills"] == fills and policy["link_waits"] == waits and policy["stale_rates"] == stale
     page = client.get("/fleet").get_data(as_text=True)
     assert "eviction order: expert lru leads (lru on trial against prewarm" in page
     assert "loads ahead held back" in page and 'id="fills-line"' in page and fills in page
     assert 'id="link-waits-line"' in page and "beta for n1/cuda:0&#39;s link" in page
+    assert 'id="stale-rates-line"' in page and "9.0 ended within as long again" in page
 
 
 def test_a_gpu_whose_heartbeat_is_late_is_marked_in_the_fleet(client: FlaskClient, r: redis.Redis) -> None:

@@ -127,6 +127,8 @@ def test_burst_of_wake_ups_is_one_tick_and_standby_ignores_them(ctx: Context, r:
     assert (r.hget(keys.SCHEDULER_STATUS, "fills") or b"").startswith(b"fills take all free memory:")
     # ... and no demand load held back for a busy link (written each tick: no GPU loads anything here)
     assert r.hget(keys.SCHEDULER_STATUS, "link_waits") == b""
+    # ... and the record of silences keeps a silent model's measured rate while it has no verdict (silences.py)
+    assert (r.hget(keys.SCHEDULER_STATUS, "stale_rates") or b"").startswith(b"silent models keep their measured rate")
     assert standby.wake(["m0@v1"]) is None  # a standby plans nothing on a wake-up
     assert len(wakes(r)) == 1
 
