@@ -153,6 +153,12 @@ def add_prewarm_switches(p: argparse.ArgumentParser) -> None:
                    "(PolicyConfig.refute_stale_rate; auto by default, as simulate)")
 
 
+def prewarm_switches(args: argparse.Namespace) -> dict[str, Any]:
+    """This run's prewarm switches as sweep.json's header names them (kept_rows compares a kept sweep's)."""
+    return {"no_regret": args.no_regret == "on", "link_wait": args.link_wait == "on",
+            "refute_stale_rate": args.refute_stale_rate}
+
+
 def _ints(s: str, what: str) -> list[int]:
     try:
         out = [int(x) for x in s.split(",") if x.strip()]
@@ -360,11 +366,13 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[tuple[str, int, int, str]],
-              horizon: dict[str, float | None] | None = None) -> list[dict]:
+              horizon: dict[str, float | None] | None = None, prewarm: dict[str, Any] | None = None) -> list[dict]:
     """The rows of an earlier sweep.json for every (sample, gpus, seed, policy) not rerun now;
     refused (ValueError) when that sweep ran on other GPUs or load slots, or replayed a sample run
-    now for another horizon (`horizon`: sample -> hours this run replays), whose figures would not
-    compare. A row from before issue 26 has no `hours`: it replayed its whole trace."""
+    now for another horizon (`horizon`: sample -> hours this run replays), or keeps prewarm rows made with other
+    prewarm switches than this run's (`prewarm`: the sweep.json header's names and this run's values), whose figures
+    would not compare. A row from before issue 26 has no `hours`: it replayed its whole trace; a header without a
+    switch predates it."""
     try:
         old = json.loads(Path(path).read_text())
         rows = old["rows"]
@@ -375,6 +383,14 @@ def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[tuple[str, int, 
                          f"{old.get('load_slots')}; this sweep has {gpu_bytes} and {slots}: rerun with the same "
                          "--gpu-memory and --load-slots")
     kept = [r for r in rows if (r.get("sample"), r.get("gpus"), r.get("seed"), r.get("policy")) not in rerun]
+    if prewarm and any(r.get("policy") == "prewarm" for r in kept):
+        for name, now in prewarm.items():
+            was = old.get(name)
+            if name == "refute_stale_rate" and isinstance(was, bool):
+                was = "on" if was else "off"  # written as a flag before "auto"
+            if was is not None and was != now:
+                raise ValueError(f"--keep {path}: its prewarm rows ran with {name}={was}, this run has {now}: the "
+                                 "table would mix them (rerun prewarm at every point, or with the same switch)")
     for r in kept:
         sample = r.get("sample")
         if horizon and sample in horizon and r.get("hours") != horizon[sample]:
@@ -423,7 +439,7 @@ def run_cli(args: argparse.Namespace) -> int:
         rows: list[dict] = [] if args.keep is None else kept_rows(
             args.keep, gpu_bytes, args.load_slots,
             {(j.point.sample.name, j.point.gpus, j.point.seed, j.policy) for j in jobs},
-            {pt.sample.name: pt.hours for pt in pts})
+            {pt.sample.name: pt.hours for pt in pts}, prewarm_switches(args))
     except ValueError as e:
         print(f"simulate-sweep: {e}", file=sys.stderr)
         return 2
@@ -447,8 +463,7 @@ def run_cli(args: argparse.Namespace) -> int:
                  for k, pols in points(rows).items() if (s := point_summary(pols)) is not None]
     (out / "sweep.json").write_text(json.dumps(
         {"load_slots": args.load_slots, "gpu_bytes": gpu_bytes, "idle_memory_budget": idle_budget,
-         "no_regret": args.no_regret == "on", "link_wait": args.link_wait == "on",
-         "refute_stale_rate": args.refute_stale_rate, "rows": rows, "kept_from": args.keep,
+         **prewarm_switches(args), "rows": rows, "kept_from": args.keep,
          # of the runs made now (kept rows carry their own runtime_s)
          "cpu_seconds": round(sum(r["runtime_s"] for r in done), 1),
          "wall_seconds": round(time.perf_counter() - t0, 1),

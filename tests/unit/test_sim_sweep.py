@@ -150,6 +150,13 @@ def test_sweep_runs_the_servegen_family_alone_on_a_short_horizon(tmp_path, capsy
     assert sweep_main([*common, "--hours", "2", "--policies", "prewarm", "--keep",
                        str(tmp_path / "a" / "sweep.json"), "--out", str(tmp_path / "b")]) == 2
     assert "mix horizons" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    # keeping prewarm's rows made with other prewarm switches would mix them: refused; rerunning prewarm is not
+    assert sweep_main([*common, "--hours", "1", "--policies", "faascache", "--link-wait", "off", "--keep",
+                       str(tmp_path / "a" / "sweep.json"), "--out", str(tmp_path / "b")]) == 2
+    assert "ran with link_wait=True, this run has False" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert sweep_main([*common, "--hours", "1", "--policies", "prewarm", "--refute-stale-rate", "off", "--keep",
+                       str(tmp_path / "a" / "sweep.json"), "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "sweep.json").read_text())["refute_stale_rate"] == "off"
     # the Azure family is not in this folder: a clear error naming the missing files
     assert sweep_main(["--traces", str(traces), "--family", "azure"]) == 2
     assert "azure2019-1350/invocations.csv" in capsys.readouterr().err
