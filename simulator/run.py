@@ -96,6 +96,8 @@ def simulate(
             res["whole"] = pol.policy.whole.describe()  # which whole policy planned at the end, how often it moved
         if isinstance(pol, Prewarm) and pol.cfg.ahead_gate:
             res["ahead"] = pol.state.ahead.describe()  # what loads ahead won and lost, decayed, at the end
+        if isinstance(pol, Prewarm) and pol.cfg.refute_stale_rate == "auto":
+            res["stale_rates"] = pol.history.silences.describe()  # how often a stopped stream's rate was refuted
         out["policies"][name] = res
         if progress:
             build = f" ({out['policy_build']} policy build)" if name == "prewarm" else ""
@@ -106,6 +108,10 @@ def simulate(
             if "ahead" in res:
                 a = res["ahead"]
                 build += f"; loads ahead {'on' if a['open'] else 'held back'} (won {a['won']}, lost {a['lost']})"
+            if "stale_rates" in res:
+                sr = res["stale_rates"]
+                build += (f"; stale rates refuted at {sr['refuting_share']:.0%} of plans (stops {sr['stops']}, "
+                          f"pauses {sr['pauses']} at the end)")
             print(f"  {name}: {res['cold_starts']} cold starts in {res['runtime_s']} s{build}", file=sys.stderr)
     oracle = out["policies"].get("oracle")
     for res in out["policies"].values():

@@ -25,6 +25,7 @@ def test_streams_that_stop_refute_and_streams_that_pause_do_not() -> None:
     assert not stops.streams_stop(960.0)  # refuted at ~907 s, but the verdict waits a minute more
     assert stops.streams_stop(1000.0)
     assert (stops.silences.stopped, stops.silences.returned) == (10.0, 0.0)
+    assert stops.silences.describe() == {"refuting_share": 0.333, "stops": 10.0, "pauses": 0.0}  # 1 of 3 reads
     assert not pauses.streams_stop(1000.0) and pauses.silences.returned == 10.0
     assert "valued by their idle-time model" in stops.silences.why()
     assert "keep their measured rate" in pauses.silences.why()

@@ -40,6 +40,8 @@ class Silences:
         self._hours: dict[int, list[float]] = {}  # hour -> [returned, stopped]
         self.returned = 0.0  # the decayed counts as of the last stop() call
         self.stopped = 0.0
+        self.reads = 0  # stop() calls, and those that refuted (a replay's summary: describe())
+        self.refuting = 0
 
     def watch(self, model: str, last: int) -> None:
         """`model`'s silence from `last` is one to judge (its EWMA is fed enough)."""
@@ -91,11 +93,20 @@ class Silences:
             returned += r * w
             stopped += s * w
         self.returned, self.stopped = returned, stopped
-        return self.stops_outweigh()
+        self.reads += 1
+        if self.stops_outweigh():
+            self.refuting += 1
+            return True
+        return False
 
     def stops_outweigh(self) -> bool:
         """As of the last stop() call (a record with no verdict yet keeps the rate)."""
         return self.stopped > self.returned + PRIOR_RETURNS
+
+    def describe(self) -> dict[str, float]:
+        """For a replay's results: the share of plan calls that refuted, and the decayed record at the end."""
+        return {"refuting_share": round(self.refuting / self.reads, 3) if self.reads else 0.0,
+                "stops": round(self.stopped, 2), "pauses": round(self.returned, 2)}
 
     def why(self) -> str:
         """For the console and the leader's status: which reading of a silent model's rate the record chose."""
