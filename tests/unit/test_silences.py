@@ -83,3 +83,13 @@ def test_a_warm_up_of_minute_counts_is_not_judged() -> None:
     assert judged.value_inputs("m") == warm.value_inputs("m")
     run(warm, "m", 3600, 4500, 2)  # the per-second feed after it is judged
     assert warm.silences._hours
+
+
+def test_the_record_stays_bounded_where_nothing_reads_it() -> None:
+    """With the reading fixed on or off, plan() never reads the record: a verdict every hour for ten days still keeps
+    at most two days of hours (older ones weigh e^-8 and less)."""
+    h = TrafficHistory()
+    for hour in range(240):
+        run(h, "m", hour * 3600, hour * 3600 + 900, 2)  # 15 minutes of requests, then a stop
+    assert len(h.silences._hours) <= 49 and max(h.silences._hours) == 238  # each stop counted at its return
+    assert all(c == [0.0, 1.0] for c in h.silences._hours.values())

@@ -23,6 +23,7 @@ MIN_WAIT_S = 60.0
 DECAY_S = 6 * 3600.0
 HOUR_S = 3600.0
 PRIOR_RETURNS = 1.0  # counted in advance: the first verdict alone does not refute
+KEEP_HOURS = int(8 * DECAY_S / HOUR_S)  # older hours weigh e^-8 and less: dropped
 
 
 def verdict_at(last: float, s0: float) -> float:
@@ -60,10 +61,16 @@ class Silences:
         self._counted.pop(model, None)
 
     def _add(self, t: float, stopped: int) -> None:
-        c = self._hours.get(int(t // HOUR_S))
+        hour = int(t // HOUR_S)
+        c = self._hours.get(hour)
         if c is None:
-            c = self._hours[int(t // HOUR_S)] = [0.0, 0.0]
+            self._drop_before(hour - KEEP_HOURS)  # bounded where nothing reads it (the reading fixed on or off)
+            c = self._hours[hour] = [0.0, 0.0]
         c[stopped] += 1.0
+
+    def _drop_before(self, hour: int) -> None:
+        for h in [h for h in self._hours if h < hour]:
+            del self._hours[h]
 
     def stop(self, now: float, current: Callable[[str], tuple[int, float] | None]) -> bool:
         """Stops outweigh returns in the decayed record as of `now`. `current(model)`: its silence now, as (last
@@ -86,8 +93,7 @@ class Silences:
                 self._add(v, 1)
         returned = stopped = 0.0
         hour = int(now // HOUR_S)
-        for h in [h for h in self._hours if h < hour - 8 * DECAY_S / HOUR_S]:  # weighed e^-8 and less: dropped
-            del self._hours[h]
+        self._drop_before(hour - KEEP_HOURS)
         for h, (r, s) in self._hours.items():
             w = math.exp(-max(0.0, now - (h + 0.5) * HOUR_S) / DECAY_S)
             returned += r * w
