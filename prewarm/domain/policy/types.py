@@ -137,9 +137,9 @@ class PolicyConfig:
     # A model's measured (10-minute) rate stops valuing it once the silence since its last request is implausible at
     # that rate (value.stale): a stream that stopped is then valued by its idle-time model, not by the rate it had
     # while it ran. "on" / "off" always; "auto" (the default) while the fleet's own record says such silences have
-    # lately been stops more often than pauses (silences.py): on bursty on/off traffic -15 to -26 % cold starts, where
-    # on the real families, whose long silences are mostly pauses, "on" cost up to +5.7 % (docs/simulation.md, "A
-    # stopped stream's rate"). PREWARM_REFUTE_STALE_RATE
+    # lately been stops more often than pauses (silences.py): on bursty on/off traffic -14 to -25 % cold starts, and
+    # nothing changes on the real families, whose long silences are mostly pauses and where "on" cost up to +5.7 %
+    # (docs/simulation.md, "A stopped stream's rate, chosen at run time"). PREWARM_REFUTE_STALE_RATE
     refute_stale_rate: str = "auto"
     new_gpu_window_s: float = 120.0  # a GPU this recently joined gets the hottest models
     new_gpu_hot_models: int = 4

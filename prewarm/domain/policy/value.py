@@ -26,8 +26,6 @@ def promote_seconds(spec: ModelSpec, cfg: PolicyConfig) -> float:
     return min(p, load_seconds(spec, cfg))
 
 
-
-
 def stale(rate: tuple[float, float, float, float], now: float) -> bool:
     """The long-rate EWMA (ewma_rate's parts), as it stood at its last request, is refuted by the silence since.
     Monotone in `now`: a model refuted stays so until its next request."""
