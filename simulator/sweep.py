@@ -432,14 +432,14 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"simulate-sweep: missing {', '.join(missing)} (set --traces to the folder holding the samples, "
               "or narrow the run with --family / --samples)", file=sys.stderr)
         return 2
-    jobs = [Job(pt, pol, str(folders[pt.sample.name]), gpu_bytes, args.load_slots, idle_budget,
-                args.no_regret == "on", args.link_wait == "on", args.refute_stale_rate)
+    switches = prewarm_switches(args)
+    jobs = [Job(pt, pol, str(folders[pt.sample.name]), gpu_bytes, args.load_slots, idle_budget, **switches)
             for pt in pts for pol in names]
     try:
         rows: list[dict] = [] if args.keep is None else kept_rows(
             args.keep, gpu_bytes, args.load_slots,
             {(j.point.sample.name, j.point.gpus, j.point.seed, j.policy) for j in jobs},
-            {pt.sample.name: pt.hours for pt in pts}, prewarm_switches(args))
+            {pt.sample.name: pt.hours for pt in pts}, switches)
     except ValueError as e:
         print(f"simulate-sweep: {e}", file=sys.stderr)
         return 2
@@ -463,7 +463,7 @@ def run_cli(args: argparse.Namespace) -> int:
                  for k, pols in points(rows).items() if (s := point_summary(pols)) is not None]
     (out / "sweep.json").write_text(json.dumps(
         {"load_slots": args.load_slots, "gpu_bytes": gpu_bytes, "idle_memory_budget": idle_budget,
-         **prewarm_switches(args), "rows": rows, "kept_from": args.keep,
+         **switches, "rows": rows, "kept_from": args.keep,
          # of the runs made now (kept rows carry their own runtime_s)
          "cpu_seconds": round(sum(r["runtime_s"] for r in done), 1),
          "wall_seconds": round(time.perf_counter() - t0, 1),
