@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -248,6 +249,29 @@ def test_prewarm_goes_through_plan_and_serves_every_request() -> None:
     assert all(np.isfinite(sim.waits))
     assert sim.policy.actions >= 2  # type: ignore[union-attr]
 
+
+def test_a_tick_plans_once_while_a_demand_load_waits_for_a_busy_link() -> None:
+    """While a demand load waits for a busy link (PolicyConfig.link_wait), prewarm's plan is woken when a load ends
+    (wakes_on_ready); the engine's retry of stalled misses right after a tick is not such an end, and plans nothing
+    the tick's plan did not see: as live, one plan per tick. A (1 GiB, 10 s) loads at 0 s; B (1 GiB, 100 s) is
+    asked for at 1 s and waits for A's link rather than share it until A ends at 10 s."""
+    calls: list[float] = []  # the instants prewarm planned at
+    waited: list[float] = []
+
+    class Counting(POLICIES["prewarm"]):  # type: ignore[misc,valid-type]
+        def _plan(self, t: float) -> None:
+            calls.append(t)
+            super()._plan(t)
+            if self.state.link_waits:
+                waited.append(t)
+
+    tr = trace([(0.0, "A"), (1.0, "B"), (300.0, "A")])
+    sim = Simulation(tr, np.array([GIB, GIB], dtype=np.int64), np.array([10.0, 100.0]), 1, 2 * GIB, "shared")
+    sim.run(Counting(PolicyConfig(fill_free_memory=False)))
+    assert waited and min(waited) < 4.0 <= max(waited)  # the premise: B waited for the link across ticks
+    assert sim.cold == 2 and all(np.isfinite(sim.waits))
+    # each tick while B waits, once (before: twice); 0 s has A's miss beside the tick, 10 s A's end
+    assert [Counter(calls)[t] for t in (2.0, 4.0, 6.0, 8.0)] == [1, 1, 1, 1]
 
 def test_requests_still_waiting_when_the_trace_ends_are_served_by_later_ticks() -> None:
     """A and B (1 GiB, 10 s loads) are asked for at 99.5 s of a 100 s trace on a 1 GiB GPU. A loads
