@@ -232,27 +232,19 @@ def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _G
     gj, gexact, gden, gdx = gd.grid_j_l, gd.grid_exact_l, gd.grid_den_l, gd.grid_dx_l
     node, aexact, aden, adx, beyond = ah.node, ah.exact, ah.den, ah.dx, ah.beyond
     m = ah.m
-    s_d: list[float] = []
-    p: list[float] = []
-    for i in range(nk):
-        j = gj[i]
-        y0 = s_edges[j]
-        sd = y0 if gexact[i] else (s_edges[j + 1] - y0) / gden[i] * gdx[i] + y0
-        s_d.append(sd)
-        if i < m:
-            k = node[i]
-            yk = s_edges[k]
-            sa = yk if aexact[i] else (s_edges[k + 1] - yk) / aden[i] * adx[i] + yk
-        else:
-            sa = tail_mass * beyond[i - m]
-        p.append((sd - sa) / sd if sd > 1e-12 else 0.0)
     p_tail = 1.0 - math.exp(-(ah.lead + cfg.window_s) / cfg.tail_mean_s) if tail_mass > 1e-12 else 0.0
 
-    # From the end: the mean residual life (trapezoids of S summed backwards as numpy's cumsum of the
-    # reversed row, plus the tail) and the labels as _build_rows gives them: 1 hot, 2 cold (p < p_release
-    # for `need` points ahead, the tail counting as an endless run of its own), 0 neither.
+    # From the end, in one pass: S and p at each grid point (S read off the edges as np.interp does; p the chance
+    # of a request within the lead and window), the mean residual life (trapezoids of S summed backwards as
+    # numpy's cumsum of the reversed row, plus the tail) and the labels as _build_rows gives them: 1 hot, 2 cold
+    # (p < p_release for `need` points ahead, the tail counting as an endless run of its own), 0 neither; a run
+    # of one label is a segment, found from its end.
+    p = [0.0] * nk
     mrl = [0.0] * nk
-    labels = [0] * nk
+    names = ("", "hot", "cold")
+    backwards: list[tuple[float, float, str]] = []
+    end = nk  # the current run of `cur` ends at end (exclusive)
+    cur = -1
     tm = tail_mass * cfg.tail_mean_s
     need = gd.need
     p_pre, p_rel = cfg.p_prefetch, cfg.p_release
@@ -260,22 +252,29 @@ def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _G
     acc = 0.0
     nxt = s_edges[nb]
     for i in range(nk - 1, -1, -1):
-        sd = s_d[i]
+        j = gj[i]
+        y0 = s_edges[j]
+        sd = y0 if gexact[i] else (s_edges[j + 1] - y0) / gden[i] * gdx[i] + y0
+        if i < m:
+            k = node[i]
+            yk = s_edges[k]
+            sa = yk if aexact[i] else (s_edges[k + 1] - yk) / aden[i] * adx[i] + yk
+        else:
+            sa = tail_mass * beyond[i - m]
+        pi = (sd - sa) / sd if sd > 1e-12 else 0.0
+        p[i] = pi
         acc += (sd + nxt) * 0.5 * g
         nxt = sd
         mrl[i] = (acc + tm) / sd if sd > 1e-12 else INF
-        pi = p[i]
         run = (run + 1 if run < need else need) if pi < p_rel else 0
-        labels[i] = 1 if pi >= p_pre else (2 if run >= need else 0)
-    names = ("", "hot", "cold")
-    segments: list[tuple[float, float, str]] = []
-    start = 0
-    for i in range(1, nk + 1):
-        if i == nk or labels[i] != labels[start]:
-            lab = labels[start]
-            if lab:
-                segments.append((float(start * g), float(i * g), names[lab]))
-            start = i
+        lab = 1 if pi >= p_pre else (2 if run >= need else 0)
+        if lab != cur:
+            if cur > 0:
+                backwards.append((float((i + 1) * g), float(end * g), names[cur]))
+            cur, end = lab, i + 1
+    if cur > 0:
+        backwards.append((0.0, float(end * g), names[cur]))
+    segments = backwards[::-1]
     _add_tail(segments, p_tail, gd.span, cfg)
     return ArrivalModel(
         grid_s=g,
