@@ -273,6 +273,7 @@ def test_a_tick_plans_once_while_a_demand_load_waits_for_a_busy_link() -> None:
     # each tick while B waits, once (before: twice); 0 s has A's miss beside the tick, 10 s A's end
     assert [Counter(calls)[t] for t in (2.0, 4.0, 6.0, 8.0)] == [1, 1, 1, 1]
 
+
 def test_requests_still_waiting_when_the_trace_ends_are_served_by_later_ticks() -> None:
     """A and B (1 GiB, 10 s loads) are asked for at 99.5 s of a 100 s trace on a 1 GiB GPU. A loads
     on its miss; B waits: A is ready at 109.5 s and evictable at 109.5 + 10 (min residency), so the
