@@ -37,7 +37,6 @@ beyond its adapter's load time.
 
 from __future__ import annotations
 
-import csv
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +48,7 @@ import numpy as np
 
 from prewarm.domain.states import LOADING, READY
 
-from .trace import Trace
+from .trace import ProfileError, Trace, profile_number, profile_rows
 
 # the engine's event kind for an adapter load's end: after loads and stages, before timers and ticks at one instant
 ADAPTER_DONE = 2
@@ -74,14 +73,17 @@ def read_adapter_columns(path: str | Path | None) -> dict[str, tuple[str, int, i
     if path is None:
         return None
     rows: dict[str, tuple[str, int, int, float]] = {}
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if "base" not in (reader.fieldnames or ()):
-            return None
-        for row in reader:
-            slots = (row.get("max_adapters") or "").strip()
-            rows[row["model"]] = ((row.get("base") or "").strip(), int(slots) if slots else 0,
-                                  int(float(row["size_bytes"])), float(row["load_seconds"]))
+    read = profile_rows(path)
+    if not read or "base" not in read[0][1]:  # no base column (each row has every column of the header)
+        return None
+    for line, row in read:
+        slots = (row.get("max_adapters") or "").strip()
+        if slots and not slots.isdigit():
+            raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: max_adapters {slots!r} is not a "
+                               "whole number of 0 or more")
+        rows[row["model"]] = ((row.get("base") or "").strip(), int(slots) if slots else 0,
+                              int(profile_number(path, line, row, "size_bytes")),
+                              profile_number(path, line, row, "load_seconds"))
     if not any(base for base, *_ in rows.values()):
         return None
     return rows

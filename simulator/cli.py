@@ -13,7 +13,7 @@ from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import FORMATS, GIB, parse_bytes, read_trace
+from .trace import FORMATS, GIB, ProfileError, parse_bytes, read_trace
 
 
 def register(subparsers: Any) -> None:
@@ -200,12 +200,16 @@ def run_cli(args: argparse.Namespace) -> int:
     if stage_bw <= 0 or (promote_bw is not None and promote_bw <= 0):
         print("simulate: --stage-bandwidth and --promote-bandwidth must be positive", file=sys.stderr)
         return 2
-    out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
-                   host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
-                   load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
-                   max_demand_wait=max_wait, no_regret=args.no_regret == "on",
-                   adapter_slot_replicas=args.adapter_slot_replicas == "on", link_wait=args.link_wait == "on",
-                   refute_stale_rate=args.refute_stale_rate)
+    try:  # simulate() reads the profile before it replays anything
+        out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
+                       host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
+                       load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
+                       max_demand_wait=max_wait, no_regret=args.no_regret == "on",
+                       adapter_slot_replicas=args.adapter_slot_replicas == "on", link_wait=args.link_wait == "on",
+                       refute_stale_rate=args.refute_stale_rate)
+    except (OSError, ProfileError) as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
     out["seed"] = args.seed
     print(table(out))
     if args.json_out:

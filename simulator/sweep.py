@@ -29,7 +29,7 @@ from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import GIB, Trace, parse_bytes, read_trace
+from .trace import GIB, Trace, load_profile, parse_bytes, read_trace
 
 
 @dataclass(frozen=True)
@@ -431,6 +431,12 @@ def run_cli(args: argparse.Namespace) -> int:
     if missing:
         print(f"simulate-sweep: missing {', '.join(missing)} (set --traces to the folder holding the samples, "
               "or narrow the run with --family / --samples)", file=sys.stderr)
+        return 2
+    try:  # a malformed profile is refused here, not in each job that reads it
+        for s in samples:
+            load_profile(folders[s.name] / "profile.csv", [])
+    except (OSError, ValueError) as e:
+        print(f"simulate-sweep: {e}", file=sys.stderr)
         return 2
     switches = prewarm_switches(args)
     jobs = [Job(pt, pol, str(folders[pt.sample.name]), gpu_bytes, args.load_slots, idle_budget, **switches)

@@ -84,9 +84,17 @@ def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
         for row in reader:
             if not row:
                 continue
+            if len(row) < len(header):  # (more is let be: a trailing separator adds an empty field)
+                raise ValueError(f"{path}: line {reader.line_num}: {len(row)} fields where the header has "
+                                 f"{len(header)}")
             names.append(row[fn_col])
             rows.append([row[i] for i in minute_cols])
-    counts = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(minute_cols)), dtype=np.int64)
+    try:
+        counts = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(minute_cols)), dtype=np.int64)
+    except ValueError:  # say which cell: numpy names only the text it could not read
+        r, c = next((r, c) for r, cells in enumerate(rows) for c, x in enumerate(cells) if not _is_count(x))
+        raise ValueError(f"{path}: function {names[r]!r}, minute {header[minute_cols[c]]}: count "
+                         f"{rows[r][c]!r} is not a whole number") from None
     if (counts < 0).any():
         raise ValueError("negative request count in trace")
     first = int(minutes.min()) if len(minutes) else 0
@@ -99,6 +107,14 @@ def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
     order = np.argsort(times, kind="stable")
     span = float((int(minutes.max()) - first + 1) * 60) if len(minutes) else 0.0
     return Trace(names, times[order], mids[order], span, str(path), "azure-minute")
+
+
+def _is_count(x: str) -> bool:
+    try:
+        int(x)
+    except ValueError:
+        return False
+    return True
 
 
 def _parse_ts(s: str) -> float:
@@ -160,13 +176,44 @@ def default_load_seconds(size_bytes: int) -> float:
     return 1.5 + gib / 2.0 + 0.1 * gib
 
 
+PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds")  # a profile's required header
+
+
+class ProfileError(ValueError):
+    """A profile CSV that cannot be read as one; the message names the file, the line and what to fix."""
+
+
+def profile_rows(path: str | Path) -> list[tuple[int, dict[str, str]]]:
+    """The profile's rows with their line numbers, once its header is checked (PROFILE_COLUMNS)."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in PROFILE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ProfileError(f"profile {path}: missing column(s) {', '.join(missing)} (the header must name "
+                               f"{','.join(PROFILE_COLUMNS)})")
+        return [(reader.line_num, row) for row in reader]
+
+
+def profile_number(path: str | Path, line: int, row: dict[str, str], column: str) -> float:
+    """One number of a profile row: finite and at least 0."""
+    text = (row.get(column) or "").strip()
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not 0 <= x < math.inf:
+        raise ProfileError(f"profile {path}: line {line}: model {row.get('model')!r}: {column} {text!r} is not a "
+                           "number of 0 or more")
+    return x
+
+
 def load_profile(path: str | Path | None, models: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Sizes (int64 bytes) and load seconds (float64) per model index."""
+    """Sizes (int64 bytes) and load seconds (float64) per model index (ProfileError: a row that says neither)."""
     prof: dict[str, tuple[int, float]] = {}
     if path is not None:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                prof[row["model"]] = (int(float(row["size_bytes"])), float(row["load_seconds"]))
+        for line, row in profile_rows(path):
+            prof[row["model"]] = (int(profile_number(path, line, row, "size_bytes")),
+                                  profile_number(path, line, row, "load_seconds"))
     sizes = np.zeros(len(models), dtype=np.int64)
     loads = np.zeros(len(models), dtype=np.float64)
     for i, m in enumerate(models):
@@ -191,23 +238,22 @@ def load_profile_fields(path: str | Path | None, models: list[str]) -> tuple[lis
         return prio, ages
     index = {m: i for i, m in enumerate(models)}
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            i = index.get(row["model"])
-            if i is None:
-                continue
-            p = (row.get("priority") or "").strip() or "normal"
-            if p not in PRIORITY_RANK:
-                raise ValueError(f"profile {path}: model {row['model']!r}: priority {p!r} is not one of "
-                                 f"{', '.join(PRIORITY_RANK)}")
-            prio[i] = PRIORITY_RANK[p]
-            a = (row.get("max_replica_age") or "").strip().lower()
-            if a:
-                m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smh]?)", a)
-                if not m or float(m.group(1)) <= 0:
-                    raise ValueError(f"profile {path}: model {row['model']!r}: max_replica_age {a!r} is not a "
-                                     "duration such as 90s, 30m or 6h")
-                ages[i] = float(m.group(1)) * units.get(m.group(2), 1.0)
+    for line, row in profile_rows(path):
+        i = index.get(row["model"])
+        if i is None:
+            continue
+        p = (row.get("priority") or "").strip() or "normal"
+        if p not in PRIORITY_RANK:
+            raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: priority {p!r} is not one "
+                               f"of {', '.join(PRIORITY_RANK)}")
+        prio[i] = PRIORITY_RANK[p]
+        a = (row.get("max_replica_age") or "").strip().lower()
+        if a:
+            m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smh]?)", a)
+            if not m or float(m.group(1)) <= 0:
+                raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: max_replica_age {a!r} is "
+                                   "not a duration such as 90s, 30m or 6h")
+            ages[i] = float(m.group(1)) * units.get(m.group(2), 1.0)
     return prio, ages
 
 

@@ -355,6 +355,37 @@ def test_simulation_is_deterministic_and_cli_writes_json_and_plot(tmp_path) -> N
     assert cli_main(["simulate", str(inv), "--policies", "nope"]) == 2
 
 
+TRACE = "HashOwner,HashApp,HashFunction,1,2\no,a,f,1,0\no,a,g,0,2\n"
+PROFILE = "model,size_bytes,load_seconds\nf,1e9,2\ng,2e9,3\n"
+
+
+@pytest.mark.parametrize(("trace_text", "profile_text", "says"), [
+    ("HashOwner,HashApp,HashFunction,1,2\no,a,f,1,x\n", PROFILE, "function 'f', minute 2: count 'x' is not a whole"),
+    ("HashOwner,HashApp,HashFunction,1,2\no,a,f,1\n", PROFILE, "line 2: 4 fields where the header has 5"),
+    (TRACE, "model,size\nf,1\n", "missing column(s) size_bytes, load_seconds"),
+    (TRACE, "model,size_bytes,load_seconds\nf,1e9,2\ng,12GB,3\n", "line 3: model 'g': size_bytes '12GB' is not a number"),
+    (TRACE, "model,size_bytes,load_seconds\nf,1e9,-2\n", "line 2: model 'f': load_seconds '-2' is not a number"),
+    (TRACE, "model,size_bytes,load_seconds,base,max_adapters\nf,1e9,2,,\ng,1e7,1,f,x\n",
+     "line 3: model 'g': max_adapters 'x' is not a whole number"),
+    (TRACE, "model,size_bytes,load_seconds,priority\nf,1e9,2,urgent\n", "line 2: model 'f': priority 'urgent'"),
+    (TRACE, None, "No such file or directory"),
+])
+def test_simulate_refuses_a_malformed_trace_or_profile_saying_where(tmp_path, capsys, trace_text: str,
+                                                                   profile_text: str | None, says: str) -> None:
+    """Bad input is refused with what to fix (the file, the line or cell, the value), not a traceback."""
+    inv, prof = tmp_path / "inv.csv", tmp_path / "profile.csv"
+    inv.write_text(trace_text)
+    if profile_text is not None:
+        prof.write_text(profile_text)
+    assert cli_main(["simulate", str(inv), "--profile", str(prof), "--gpus", "1", "--policies", "on-demand-lru"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    # the same files, well formed, run
+    inv.write_text(TRACE)
+    prof.write_text(PROFILE)
+    assert cli_main(["simulate", str(inv), "--profile", str(prof), "--gpus", "1", "--policies", "on-demand-lru"]) == 0
+
+
 # ---- host-memory staging tier (issue 4) --------------------------------------------------------
 
 class Scripted(_Base):

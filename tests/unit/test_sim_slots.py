@@ -306,6 +306,17 @@ def test_sweep_refuses_missing_traces(tmp_path, capsys) -> None:
     assert "missing" in capsys.readouterr().err
 
 
+def test_sweep_refuses_a_malformed_profile_before_any_job(tmp_path, capsys) -> None:
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "invocations.csv").write_text("HashOwner,HashApp,HashFunction,1\no,a,f,1\n")
+    (d / "profile.csv").write_text("model,size_bytes,load_seconds\nf,big,2\n")
+    assert sweep_main(["--traces", str(tmp_path), "--samples", "mine", "--policies", "on-demand-lru",
+                       "--out", str(tmp_path / "out")]) == 2
+    assert "line 2: model 'f': size_bytes 'big' is not a number" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_cancelled_load_frees_its_slot_and_bytes_and_its_waiting_requests_are_placed_again() -> None:
     # One GPU, 1 slot. A@0 loads (10 s); B@1 is queued behind it. At B's miss A's load is cancelled (as the
     # worker does on an evict): B takes the slot at 1 and is ready at 11 (wait 10); A's request still waits,
