@@ -135,9 +135,13 @@ def load_requests(path: str | Path) -> Trace:
             raise ValueError("requests trace needs a header with timestamp,model")
         for row in reader:
             m = row["model"]
-            idx = names.setdefault(m, len(names))
-            ts.append(_parse_ts(row["timestamp"]))
-            ms.append(idx)
+            try:
+                t = _parse_ts(row["timestamp"] or "")
+            except ValueError:
+                raise ValueError(f"{path}: line {reader.line_num}: timestamp {row['timestamp']!r} is neither "
+                                 "seconds nor an ISO 8601 time") from None
+            ts.append(t)
+            ms.append(names.setdefault(m, len(names)))
     times = np.array(ts, dtype=np.float64)
     mids = np.array(ms, dtype=np.int32)
     order = np.argsort(times, kind="stable")

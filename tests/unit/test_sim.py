@@ -369,6 +369,7 @@ PROFILE = "model,size_bytes,load_seconds\nf,1e9,2\ng,2e9,3\n"
      "line 3: model 'g': max_adapters 'x' is not a whole number"),
     (TRACE, "model,size_bytes,load_seconds,priority\nf,1e9,2,urgent\n", "line 2: model 'f': priority 'urgent'"),
     (TRACE, None, "No such file or directory"),
+    ("timestamp,model\n1.0,f\nnotatime,g\n", PROFILE, "line 3: timestamp 'notatime' is neither seconds nor an ISO"),
 ])
 def test_simulate_refuses_a_malformed_trace_or_profile_saying_where(tmp_path, capsys, trace_text: str,
                                                                    profile_text: str | None, says: str) -> None:
@@ -377,7 +378,9 @@ def test_simulate_refuses_a_malformed_trace_or_profile_saying_where(tmp_path, ca
     inv.write_text(trace_text)
     if profile_text is not None:
         prof.write_text(profile_text)
-    assert cli_main(["simulate", str(inv), "--profile", str(prof), "--gpus", "1", "--policies", "on-demand-lru"]) == 2
+    fmt = "requests" if trace_text.startswith("timestamp") else "azure-minute"
+    assert cli_main(["simulate", str(inv), "--format", fmt, "--profile", str(prof), "--gpus", "1",
+                     "--policies", "on-demand-lru"]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
     # the same files, well formed, run
