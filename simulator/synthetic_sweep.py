@@ -37,6 +37,13 @@ def _list(s: str, known: tuple[str, ...] | None, what: str) -> list[str]:
     return items
 
 
+def _whole(items: list[str], what: str, example: str) -> list[int]:
+    bad = [x for x in items if not x.lstrip("-").isdigit()]
+    if bad:
+        raise ValueError(f"--{what}: {', '.join(repr(x) for x in bad)} is not a whole number (e.g. --{what} {example})")
+    return [int(x) for x in items]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator.synthetic_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--regimes", default="all", help=f"comma list of {', '.join(synthetic.REGIMES)}, or all")
@@ -55,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         regimes = _list(a.regimes, synthetic.REGIMES, "regimes")
         policies = _list(a.policies, tuple(POLICIES), "policies")
-        gpus = [int(x) for x in _list(a.gpus, None, "gpus")]
-        seeds = [int(x) for x in _list(a.seeds, None, "seeds")]
+        gpus = _whole(_list(a.gpus, None, "gpus"), "gpus", "4,8,16")
+        seeds = _whole(_list(a.seeds, None, "seeds"), "seeds", "0,1")
         gpu_bytes = parse_bytes(a.gpu_memory)
         if min(gpus) < 1 or gpu_bytes <= 0 or a.jobs < 1 or a.load_slots < 0:
             raise ValueError("--gpus, --gpu-memory and --jobs must be positive, --load-slots 0 or more")

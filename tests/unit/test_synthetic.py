@@ -107,11 +107,16 @@ def test_the_synthetic_sweep_runs_every_policy_on_each_regime_and_writes_the_swe
     assert "synthetic-onoff-s3" in (tmp_path / "sweep.md").read_text()
 
 
-def test_the_synthetic_sweep_refuses_an_unknown_regime_or_policy(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_the_synthetic_sweep_refuses_an_unknown_regime_or_policy_or_a_bad_number(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from simulator import synthetic_sweep
 
     assert synthetic_sweep.main(["--regimes", "zipf,burst", "--out", str(tmp_path)]) == 2
     assert "unknown burst" in capsys.readouterr().err
     assert synthetic_sweep.main(["--policies", "lru", "--out", str(tmp_path)]) == 2
     assert "unknown lru" in capsys.readouterr().err
+    assert not (tmp_path / "traces").exists()
+    assert synthetic_sweep.main(["--seeds", "0,one", "--out", str(tmp_path)]) == 2
+    assert "--seeds: 'one' is not a whole number (e.g. --seeds 0,1)" in capsys.readouterr().err
+    assert synthetic_sweep.main(["--gpus", "4,8x", "--out", str(tmp_path)]) == 2
+    assert "--gpus: '8x' is not a whole number" in capsys.readouterr().err
     assert not (tmp_path / "traces").exists()
