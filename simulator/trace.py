@@ -92,7 +92,10 @@ def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
     try:
         counts = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(minute_cols)), dtype=np.int64)
     except ValueError:  # say which cell: numpy names only the text it could not read
-        r, c = next((r, c) for r, cells in enumerate(rows) for c, x in enumerate(cells) if not _is_count(x))
+        bad = next(((r, c) for r, cells in enumerate(rows) for c, x in enumerate(cells) if not _is_count(x)), None)
+        if bad is None:
+            raise
+        r, c = bad
         raise ValueError(f"{path}: function {names[r]!r}, minute {header[minute_cols[c]]}: count "
                          f"{rows[r][c]!r} is not a whole number") from None
     if (counts < 0).any():
