@@ -11,7 +11,8 @@
                            priority: this lookup's on-demand preload waits for a load slot at that
                            priority instead of the model's catalog one (400 on another value)
                            retry=1: a repeat lookup while waiting for a cold model; not counted again in
-                           prewarm_route_lookups_total (which counts requests, not polls)
+                           prewarm_route_lookups_total (which counts requests, not polls); true/yes in any
+                           case too, 0/false/no a request, another value a 400
                            a new cold episode also PUBLISHes <model>@<version> on keys.WAKE: the leader
                            scheduler plans at once (e.g. makes room) instead of at its next tick
     POST /hooks/rollout    {"model", "version", "traffic_fraction"} -> 202; the scheduler warms it
@@ -116,9 +117,25 @@ def route_hook() -> ResponseReturnValue:
     entry, _ = _model_arg()
     # One lookup per request: a router re-asking while it waits for a cold model passes retry=1, so the
     # hit rate and cold-start share count requests, not polls.
-    answer = routing.lookup(ctx(), entry, priority=_priority_arg(entry),
-                            counted=request.args.get("retry") not in ("1", "true"), counters=_COUNTERS)
+    answer = routing.lookup(ctx(), entry, priority=_priority_arg(entry), counted=not _retry_arg(),
+                            counters=_COUNTERS)
     return jsonify(answer.body), 200, answer.headers
+
+
+_RETRY = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
+
+
+def _retry_arg() -> bool:
+    """The lookup's `retry` flag, in any case: a Python router's `params={"retry": True}` sends "True", which
+    must not count its poll as another request; a value that is neither is refused, not read as a request."""
+    raw = request.args.get("retry")
+    if raw is None:
+        return False
+    flag = _RETRY.get(raw.strip().lower())
+    if flag is None:
+        raise ApiError(400, f"retry: {raw!r} is not a flag; pass retry=1 (or true) on a router's repeat lookup "
+                            "while it waits for a cold model, retry=0 (or leave it out) on a request", "retry")
+    return flag
 
 
 def _priority_arg(entry: ModelEntry) -> str:

@@ -13,14 +13,14 @@ import redis
 import requests
 from flask.testing import FlaskClient
 
-from prewarm import state
+from prewarm import keys, state
 from prewarm.config import Settings
 from prewarm.context import Context
 from prewarm.store import memory_time
 from tests.model_files import tiny_catalog
 from tests.procs import wait_for, worker_factory  # noqa: F401  (fixture)
 from tests.scheduler_procs import SchedulerProc
-from tests.web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, replica
+from tests.web_support import MIB, WebProc, make_catalog, make_context, publish_gpu, queued_tasks, replica
 from web.app import create_app
 
 GPU = "node-a/cpu:0"
@@ -62,6 +62,28 @@ def test_roi_counts_warm_hits_cold_starts_and_those_avoided(redis_url: str, cata
     assert (rows["gamma"]["warm_hits"], rows["gamma"]["cold_starts_avoided"]) == (1, 0)  # loaded for a request
     assert (rows["beta"]["warm_hits"], rows["beta"]["cold_starts"]) == (0, 1)
     assert body["totals"]["warm_hits"] == 4
+
+
+def test_a_retry_flag_in_any_case_is_a_poll_and_any_other_value_is_refused(redis_url: str, catalog: Path,
+                                                                            r: redis.Redis) -> None:
+    """`retry=True` (what a Python router's params={"retry": True} sends) is a poll, not another request; a value
+    that is no flag is a 400 naming `retry`, before anything is counted or an episode opened."""
+    client = _client(redis_url, catalog)
+    g = publish_gpu(r, GPU, total_mib=64)
+    publish_gpu(r, GPU, total_mib=64, replicas=[replica("alpha", GPU, "ready")])
+    assert client.get("/hooks/route?model=alpha").get_json()["state"] == "ready"
+    for flag in ("True", "TRUE", "yes", "1"):
+        assert client.get(f"/hooks/route?model=alpha&retry={flag}").status_code == 200
+    for bad in ("maybe", "2", "on-ish"):
+        for model in ("alpha", "beta"):
+            answer = client.get(f"/hooks/route?model={model}&retry={bad}")
+            assert answer.status_code == 400, answer.get_json()
+            assert answer.get_json()["field"] == "retry" and repr(bad) in answer.get_json()["error"]
+    assert not r.hexists(keys.COLD_STARTS, "beta") and queued_tasks(r, g.queue) == []  # refused before anything
+    for flag in ("0", "false", "No"):  # a request, counted
+        assert client.get(f"/hooks/route?model=alpha&retry={flag}").status_code == 200
+    rows = {m["id"]: m for m in client.get("/api/roi?window=600").get_json()["models"]}
+    assert rows["alpha"]["warm_hits"] == 4  # the first lookup and the three flagged as requests, no poll
 
 
 def test_roi_memory_time_and_its_cost(redis_url: str, catalog: Path, r: redis.Redis) -> None:
