@@ -328,6 +328,17 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return rc if rc is not None else _err(f"timed out after {args.timeout:.0f} s waiting for {args.node} to drain")
 
 
+def _at_least_one(raw: str) -> int:
+    """argparse type: a whole number >= 1 (0 or a negative limit printed one event)."""
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least 1")
+    return n
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     ctx = _ctx()
     evs = events.read(ctx.r, limit=args.limit, model=args.model, gpu=args.gpu)
@@ -395,6 +406,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("events", help="print the decision log")
     p.add_argument("--model")
     p.add_argument("--gpu")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=_at_least_one, default=50, help="the newest N events (default 50)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_events)

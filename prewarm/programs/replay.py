@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import random
 import statistics
 import sys
@@ -45,9 +46,12 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
     """Requests in trace seconds, each minute's requests spread uniformly within it (seeded)."""
     with open(path, newline="") as f:
         reader = csv.reader(f)
-        header = next(reader)
-        first = next(i for i, h in enumerate(header) if h.replace("minute_", "").isdigit())
-        rows = [[int(x or 0) for x in row[first:]] for row in reader]
+        header = next(reader, None)
+        first = next((i for i, h in enumerate(header or ()) if h.replace("minute_", "").isdigit()), None)
+        if first is None:
+            raise ValueError(f"{path}: no minute columns in the header (azure-minute: e.g. HashFunction,minute_1,"
+                             "minute_2,…; a per-request file is --format requests)")
+        rows = [_minute_counts(row[first:], path, reader.line_num) for row in reader]
     active = sorted((r for r in rows if sum(1 for x in r if x) >= min_active), key=sum)
     if not active:
         raise ValueError(f"{path}: no function is active in {min_active} minutes or more")
@@ -81,6 +85,17 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
     return out
 
 
+def _minute_counts(cells: list[str], path: Path, line: int) -> list[int]:
+    try:
+        counts = [int(x or 0) for x in cells]
+    except ValueError:
+        bad = next(x for x in cells if not x.strip().lstrip("-").isdigit() and x)
+        raise ValueError(f"{path}, line {line}: {bad!r} is not a request count") from None
+    if any(c < 0 for c in counts):
+        raise ValueError(f"{path}, line {line}: a request count is negative")
+    return counts
+
+
 def light_requests(models: list[str], span: float, every: float) -> list[Request]:
     """One request every `every` trace seconds for each of `models` over `span` trace seconds: steady
     light traffic that keeps a model with a slow start (an engine) warm instead of loading it in bursts."""
@@ -102,13 +117,24 @@ def load_requests_csv(path: Path) -> list[Request]:
 
     out = []
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            ts = row["timestamp"]
+        reader = csv.DictReader(f)
+        missing = {"timestamp", "model"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: no {' or '.join(sorted(missing))} column (requests: timestamp,model; a "
+                             "file of per-minute counts is --format azure-minute)")
+        for row in reader:
+            ts, model = row["timestamp"], row["model"]
             try:
                 t = float(ts)
-            except ValueError:
-                t = datetime.fromisoformat(ts).timestamp()
-            out.append(Request(t, row["model"]))
+            except (TypeError, ValueError):
+                try:
+                    t = datetime.fromisoformat(ts).timestamp()
+                except (TypeError, ValueError):
+                    raise ValueError(f"{path}, line {reader.line_num}: timestamp {ts!r} is neither seconds nor an "
+                                     "ISO 8601 time") from None
+            if not model or not math.isfinite(t):
+                raise ValueError(f"{path}, line {reader.line_num}: a request needs a model and a finite timestamp")
+            out.append(Request(t, model))
     out.sort()
     t0 = out[0].t if out else 0.0
     return [Request(r.t - t0, r.model) for r in out]
@@ -257,6 +283,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     router = Router(args.url, args.token or settings.hook_token)
     rng = random.Random(args.seed)
     trace = Path(args.trace) if args.trace else BUNDLED_TRACE
+    if not trace.is_file():  # before waiting for the web: a mistyped path is said at once
+        print(f"prewarm replay: {trace}: no such file", file=sys.stderr)
+        return 2
     # Wait for the web process (under `prewarm up` it starts beside us).
     deadline = time.monotonic() + args.wait_for_web
     while True:
@@ -268,16 +297,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print(f"prewarm replay: {args.url} does not answer: {exc}", file=sys.stderr)
                 return 2
             time.sleep(0.5)
-    if args.format == "requests":
-        reqs = load_requests_csv(trace)
-    else:
-        models, light = split_models(models, args.light, args.skip)
-        if args.models:
-            models = models[: args.models]
-        reqs = load_azure_minutes(trace, models, rng, target_rate=args.rate, speed=args.speed)
+    try:
+        if args.format == "requests":
+            reqs = load_requests_csv(trace)
+            light = []
+        else:
+            models, light = split_models(models, args.light, args.skip)
+            if args.models:
+                models = models[: args.models]
+            reqs = load_azure_minutes(trace, models, rng, target_rate=args.rate, speed=args.speed)
         if light:
             span = (reqs[-1].t + 1) if reqs else args.light_interval * args.speed
             reqs = sorted(reqs + light_requests(light, span, args.light_interval * args.speed))
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:  # the file, or an option, says what to fix
+        print(f"prewarm replay: {exc}", file=sys.stderr)
+        return 2
     celery = None if args.no_infer else make_celery(args.redis_url or redis_url(settings, start=False))
     player = Player(router, celery, cold_timeout=args.cold_timeout)
     per_model = Counter(r.model for r in reqs)
