@@ -168,5 +168,5 @@ def test_greedy_dual_ranks_real_victims_by_the_real_keys_not_its_ghosts() -> Non
     ex.gd.request("quiet", 1, 10.0, GIB)
     assert not ex.ghost("greedy-dual").ready  # the ghost holds neither
     entries: list[tuple[float, str, object]] = [(0.0, "busy", None), (0.0, "quiet", None)]
-    ex.order("greedy-dual", tr, 20.0, CFG, entries, lambda _m: False)
+    ex.order("greedy-dual", tr, 20.0, CFG, entries, set())  # none quiet
     assert [e[1] for e in entries] == ["quiet", "busy"]

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from .duels import Duels
 from .history import TrafficHistory, new_requests
@@ -220,24 +220,28 @@ class Experts:
         return out
 
     def order(self, leader: str, tr: TrafficHistory, now: float, cfg: PolicyConfig,
-              entries: list[tuple[float, str, object]], first: Callable[[str], bool]) -> None:
+              entries: list[tuple[float, str, object]], quiet: Collection[str]) -> None:
         """Sort a GPU's victim entries ((value per GiB, model, replica), Values.victim_list) in the
-        leader's eviction order, after the models `first` names (first victims whatever the order)."""
-        def key(e: tuple[float, str, object]) -> tuple[int, float, str]:
+        leader's eviction order, after the first victims of every order: `quiet` models and those never
+        requested."""
+        # decorated, not sort(key=...): the keys are made by direct calls, and flat (rank, value, model, index) tuples
+        # compare natively (the model makes each key unique, so the index never decides)
+        keyed: list[tuple[int, float, str, int]] = []
+        for i, e in enumerate(entries):
             m = e[1]
-            if first(m):
-                return (0, e[0], m)
             a = tr.last_arrival(m)
-            t = a if a is not None else -math.inf
-            if leader == "greedy-dual":
-                return (1, self.gd.key(m), m)
-            if leader == "forecast":
+            if a is None or m in quiet:
+                keyed.append((0, e[0], m, i))
+            elif leader == "greedy-dual":
+                keyed.append((1, self.gd.key(m), m, i))
+            elif leader == "forecast":
                 lam = tr.rate_short(m, now)
                 hot = -math.expm1(-lam * (self.ld.get(m, 0.0) + cfg.tick_s)) >= FORECAST_P
-                return (1, t + (_HOT if hot else 0.0), m)
-            return (1, t, m)
-
-        entries.sort(key=key)
+                keyed.append((1, a + (_HOT if hot else 0.0), m, i))
+            else:
+                keyed.append((1, a, m, i))
+        keyed.sort()
+        entries[:] = [entries[k[3]] for k in keyed]
 
     def _choose(self, cfg: PolicyConfig) -> None:
         if cfg.expert_duels:

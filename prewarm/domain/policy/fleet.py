@@ -30,6 +30,20 @@ def ready_models(snap: Snapshot) -> set[str]:
     return out
 
 
+class _GpuSums:
+    """One GPU's sums while Fleet.__init__ reads the replicas: one dict read per replica finds them all (natively,
+    its fields are struct reads), and the per-GPU dicts are written once per GPU after the loop."""
+
+    __slots__ = ("og", "lm", "used", "loading", "spec")
+
+    def __init__(self, og: dict[str, ReplicaState], lm: list[str]) -> None:
+        self.og = og
+        self.lm = lm
+        self.used = 0
+        self.loading = 0
+        self.spec = 0
+
+
 class Fleet:
     """Tentative view of the fleet for one plan() call: what each GPU and host cache holds and will
     hold once this call's actions (and the unconfirmed intents before them) are done."""
@@ -48,8 +62,8 @@ class Fleet:
         self.loading_models: dict[str, list[str]] = {g: [] for g in self.gpus}  # in the snapshot
         self.host_victims: dict[str, list[tuple[float, str, StagedState]]] = {}  # node -> staged, by value per byte
         traffic = snap.traffic
-        used, spec, loading, on_gpu, of_model = self.used, self.spec, self.loading, self.on_gpu, self.of_model
-        loading_models = self.loading_models
+        of_model = self.of_model
+        sums = {g: _GpuSums(self.on_gpu[g], self.loading_models[g]) for g in self.gpus}
         # the hot loop of every plan() call (hundreds of replicas): each attribute read once, READY (most
         # replicas) tested first
         for r in snap.replicas:
@@ -58,15 +72,15 @@ class Fleet:
             if not ready and st not in HOLDING:
                 continue
             g = r.gpu
-            u = used.get(g)
-            if u is None:
+            gs = sums.get(g)
+            if gs is None:
                 continue
             m = r.model
             size = r.bytes
-            used[g] = u + size
-            og = on_gpu[g]
+            gs.used += size
+            og = gs.og
             if not ready and st in IN_FLIGHT and m not in og:
-                loading_models[g].append(m)
+                gs.lm.append(m)
             og[m] = r
             if st == EVICTING:
                 self.evicting.add((m, g))
@@ -77,13 +91,17 @@ class Fleet:
             else:
                 gl.append(g)
             if not ready:
-                loading[g] += 1
+                gs.loading += 1
             lr = r.last_request
             since = r.since
             if lr is None or lr < since:
                 a = traffic.last_arrival(m)
                 if a is None or a < since:
-                    spec[g] += size
+                    gs.spec += size
+        for g, gs in sums.items():
+            self.used[g] = gs.used
+            self.loading[g] = gs.loading
+            self.spec[g] = gs.spec
         for it in snap.intents:
             if it.gpu not in self.gpus or it.expires_at <= now:
                 continue

@@ -94,24 +94,27 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
         idle = [Room(gid, f.gpus[gid].node, f.avail(gid), f.loading[gid]) for gid in order
                 if (f.loading[gid] == 0 or (yields and f.loading[gid] == len(v.yielding(gid))))
                 and f.gpus[gid].node not in nodes_with
-                and v.held.get(gid, spec.id) == spec.id]
-        easy = rank(idle, size, staged_on, {gid for gid in order if (spec.id, gid) in f.evicting})
+                and (not v.held or v.held.get(gid, spec.id) == spec.id)]
+        easy = rank(idle, size, staged_on,
+                    {gid for gid in order if (spec.id, gid) in f.evicting} if f.evicting else ())
         if easy:
             return Placement(easy[0].gpu, [], 0.0)
     # Cost = victims (>= 0) + link contention, so (node spread, contention) is a lower bound on
     # a GPU's key: visit GPUs in that order and stop once the bound passes the best found.
     bounded = []
+    # (each dict read once per GPU, and an empty one not read: this loop runs for every GPU on every placement)
+    evicting, held, loading = f.evicting, v.held, f.loading
     for gid in order:
         g = f.gpus[gid]
-        if gid in hosting or g.total_bytes < size or (spec.id, gid) in f.evicting:
+        if gid in hosting or g.total_bytes < size or (evicting and (spec.id, gid) in evicting):
             continue
-        if v.held.get(gid, spec.id) != spec.id:
+        if held and held.get(gid, spec.id) != spec.id:
             continue  # held for an overdue model
-        if speculative and f.loading[gid] >= cfg.max_speculative_loads_per_gpu:
+        k = loading[gid]
+        if speculative and k >= cfg.max_speculative_loads_per_gpu:
             continue
-        if cfg.max_loads_per_gpu and f.loading[gid] >= cfg.max_loads_per_gpu:
+        if cfg.max_loads_per_gpu and k >= cfg.max_loads_per_gpu:
             continue
-        k = f.loading[gid]
         if k and yields:
             k -= len(v.yielding(gid))  # fills give way to a demand load (PlanCall.yield_link)
         ld = ld_host if g.node in staged_on else ld_storage
@@ -142,7 +145,7 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
             freed = 0
             spec_freed = 0
             for vpb, _m, r in v.victim_list(gid):
-                if r.model in v.floors and not v.evictable(r):
+                if v.floors and r.model in v.floors and not v.evictable(r):
                     continue  # its replica count dropped to its floor during this call
                 if speculative and outranks(v, r.model, spec):
                     continue

@@ -30,7 +30,8 @@ def stale(rate: tuple[float, float, float, float], now: float) -> bool:
     """The long-rate EWMA (ewma_rate's parts), as it stood at its last request, is refuted by the silence since.
     Monotone in `now`: a model refuted stays so until its next request."""
     last = rate[1]
-    return ewma_rate(*rate, last) * (now - last) > STALE_REQUESTS
+    # the parts spelled out, not *rate: the native build then calls ewma_rate directly, not through Python
+    return ewma_rate(rate[0], last, rate[2], rate[3], last) * (now - last) > STALE_REQUESTS
 
 
 # A quiet replica's kept value counts this much of its loss(): it goes before every replica with
@@ -130,7 +131,8 @@ class Values:
 
     def reload_s(self, spec: ModelSpec) -> float:
         """How long the next load of this model takes: from a node's host cache if it is staged."""
-        if spec.id in self.fleet.staged_nodes:
+        staged = self.fleet.staged_nodes
+        if staged and spec.id in staged:
             return promote_seconds(spec, self.cfg)
         return load_seconds(spec, self.cfg)
 
@@ -166,15 +168,18 @@ class Values:
         if now >= e.steady_from:
             rate = e.inv_mrl
         else:
-            rate = ewma_rate(*e.rate, now)
+            r = e.rate
+            rate = ewma_rate(r[0], r[1], r[2], r[3], now)  # spelled out: a direct call natively (stale())
             if rate <= e.inv_mrl or (self.refute and stale(e.rate, now)):
                 rate = e.inv_mrl
                 e.steady_from = now
-        x = self.expect.get(model)
+        # (an empty dict is not asked: no partners, no host tier, on most calls; loss() runs for every resident)
+        x = self.expect.get(model) if self.expect else None
         if x is not None and x[0] / self.cfg.partner_window_s > rate:
             rate = x[0] / self.cfg.partner_window_s  # a partner of a model that just started
         # a reload from host memory is cheaper: a staged model is worth less kept
-        ld = promote_seconds(e.spec, self.cfg) if model in self.fleet.staged_nodes else e.load_s
+        staged = self.fleet.staged_nodes
+        ld = promote_seconds(e.spec, self.cfg) if staged and model in staged else e.load_s
         # own cold requests during the (stretched) reload, plus the requests its link time
         # would hold up on loads sharing the link then (judged by those waiting now)
         link = self._link_rate if self._link_rate is not None else self.link_rate()
@@ -224,7 +229,6 @@ class Values:
             young = self.now - self.cfg.min_residency_s
             of_model = f.of_model
             known = self._loss
-            loss = self.loss
             quiet = self.quiet
             for m, r in f.on_gpu[gpu].items():
                 # evictable(), inlined: this loop is the policy's hot path
@@ -236,8 +240,8 @@ class Values:
                     continue
                 value = known.get(m)
                 if value is None:
-                    value = loss(m)
-                if m in quiet:
+                    value = self.loss(m)  # a method call, not a bound-method alias: native-to-native
+                if quiet and m in quiet:
                     value *= QUIET_WEIGHT
                 v.append((value / max(1, n) / max(r.bytes / GIB, 1e-3), m, r))
             self.sort_victims(self.st.experts.leader if self.cfg.no_regret else "prewarm", v)
@@ -254,9 +258,7 @@ class Values:
         if expert == "prewarm":
             v.sort()  # (value, model) is unique on a GPU: the replica is never compared
             return
-        tr, quiet = self.tr, self.quiet
-        self.st.experts.order(expert, tr, self.now, self.cfg, v,  # type: ignore[arg-type]
-                              lambda x: x in quiet or tr.last_arrival(x) is None)
+        self.st.experts.order(expert, self.tr, self.now, self.cfg, v, self.quiet)  # type: ignore[arg-type]
 
     def yielding(self, gpu: str) -> list[ReplicaState]:
         """The loads in flight on `gpu` that give way to a demand load (PolicyConfig.fill_yields): fills, of
