@@ -86,13 +86,16 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
 
 
 def _minute_counts(cells: list[str], path: Path, line: int) -> list[int]:
-    try:
-        counts = [int(x or 0) for x in cells]
-    except ValueError:
-        bad = next(x for x in cells if not x.strip().lstrip("-").isdigit() and x)
-        raise ValueError(f"{path}, line {line}: {bad!r} is not a request count") from None
-    if any(c < 0 for c in counts):
-        raise ValueError(f"{path}, line {line}: a request count is negative")
+    """One row's per-minute counts (an empty cell is 0); a cell that is no count names its line."""
+    counts: list[int] = []
+    for x in cells:
+        try:
+            c = int(x or 0)
+        except ValueError:
+            raise ValueError(f"{path}, line {line}: {x!r} is not a request count") from None
+        if c < 0:
+            raise ValueError(f"{path}, line {line}: a request count is negative ({c})")
+        counts.append(c)
     return counts
 
 

@@ -20,6 +20,8 @@ AZURE = "HashFunction,minute_1,minute_2,minute_3,minute_4,minute_5,minute_6\n"
     ("azure-minute", "", "no minute columns in the header"),
     ("azure-minute", AZURE + "f1,1,1,1,1,1,1\nf2,3,x,1,1,1,1\n", "line 3: 'x' is not a request count"),
     ("azure-minute", AZURE + "f1,1,1,1,1,1,-4\n", "line 2: a request count is negative"),
+    ("azure-minute", AZURE + "f1,1,1,1,1,1,\u00b2\n", "line 2: '\u00b2' is not a request count"),
+    ("azure-minute", AZURE + "f1,1,1,1.5,1,1,1\n", "line 2: '1.5' is not a request count"),
     ("requests", "ts,model\n1,a\n", "no timestamp column"),
     ("requests", "timestamp\n1\n", "no model column"),
     ("requests", "timestamp,model\n1.5,a\nyesterday,a\n", "line 3: timestamp 'yesterday' is neither seconds nor"),
