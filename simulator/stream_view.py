@@ -11,6 +11,10 @@ ServeGen streams, 1.8 M requests over 14 days) as they are, and gives each model
 per GiB, simulator.trace.default_load_seconds). On it the no-regret layer once cost 5x the cold starts of
 prewarm's own order, while the request count it read halved with busy models' histograms (docs/simulation.md,
 "The layer off by default" and "The layer on again").
+
+`--top 313 --every 5` (or `--every 4`, or `--every 2 --min-gib 1 --max-gib 5`) takes streams from the whole popularity
+range instead: sparse traffic, where a fleet of four to eight GPUs holds most of the catalog and cold starts come hours
+apart (docs/simulation.md, "Sparse traffic: a long record for the whole experts").
 """
 
 from __future__ import annotations
