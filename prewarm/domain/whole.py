@@ -370,7 +370,7 @@ class WholeExperts:
                             for k, v in sorted(self.cold.items()))
         delay = f" (each load {self.delay:.1f} s after its request, as the fleet's)" if self.delay > 0.0 else ""
         long = ""
-        if self.real < MIN_COLD * self.rate and self.long_real >= MIN_LONG * self.rate:
+        if self._record()[1] is self.long_cold:
             long = (f"; too few of late, so the long record judges: fleet {self.long_real:.0f}, shadows "
                     + ", ".join(f"{k} {v:.0f}" for k, v in sorted(self.long_cold.items())))
         return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}{delay}{long}"
