@@ -14,7 +14,7 @@ prewarm's own order, while the request count it read halved with busy models' hi
 
 `--top 313 --every 5` (or `--every 4`, or `--every 2 --min-gib 1 --max-gib 5`) takes streams from the whole popularity
 range instead: sparse traffic, where a fleet of four to eight GPUs holds most of the catalog and cold starts come hours
-apart (docs/simulation.md, "Sparse traffic: a long record for the whole experts").
+apart (docs/simulation.md, "Sparse traffic").
 """
 
 from __future__ import annotations

@@ -18,14 +18,6 @@ lead clears a margin, so that switches stay few):
 - while prewarm's plan leads, an expert whose shadow's decayed cold requests are below the real fleet's by
   MARGIN (and the fleet's record holds MIN_COLD) takes over: its rule plans the real fleet
   (baselines.live.BaselinePolicy, as when an operator picks it) for a hold, HOLD_HALFLIVES half-lives at first;
-- where cold requests are too sparse for that record ever to hold MIN_COLD (hours apart: tens of models on a
-  fleet that holds most of them), a long record of the same counts, decayed over LONG_HALFLIVES half-lives,
-  decides instead once it holds MIN_LONG, by the same margin. This is the two time scales of adaptive experts
-  (a recent record to follow a change, a long one to have evidence at all; cf. CACHEUS's learning rate, which
-  adapts to the traffic). It must also show evidence (LONG_Z): handing over on a tie costs a change of rule. On 63
-  ServeGen streams of every popularity, 2-7 GiB, 14 days on 4 × 40 GiB, the recent record never reached 100:
-  prewarm's plan had 173 cold starts where on-demand LRU as a whole had 118; with the long record, 136 (docs/
-  simulation.md, "Sparse traffic: a long record for the whole experts");
 - when the hold ends the plan goes back to prewarm's on probation: the records go on, and the expert takes
   over again only once prewarm's fleet falls behind its shadow by the margin again, for twice the hold. A
   leader that stays better is left after log2(hours) probations; one that was better only for a while costs
@@ -50,7 +42,6 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -82,14 +73,6 @@ PROBATION_COLD = 50.0
 # An expert's overhead (its fleet's cold requests over its shadow's while it plans) is charged once its shadow has
 # this many cold requests in its holds: fewer say little
 HOLD_COLD = 50.0
-# Sparse traffic: where the recent record holds fewer than MIN_COLD, the long record (decayed over this many
-# half-lives: a week at the default hour) decides once the real fleet has MIN_LONG cold requests on it
-LONG_HALFLIVES = 168.0
-MIN_LONG = 30.0
-# ... and only on evidence: the requests cold on one side and warm on the other (McNemar's paired test, as both
-# sides serve the same requests) must favour the expert by this many standard deviations. A count of tens is
-# within its noise of a 10 % margin, and a hand-over on a tie costs the fleet a change of rule
-LONG_Z = 2.0
 
 
 class WholeExperts:
@@ -107,11 +90,6 @@ class WholeExperts:
         self.eligible = False
         self.real = 0.0  # decayed cold requests of the real fleet
         self.cold: dict[str, float] = {}  # and of each shadow
-        self.long_real = 0.0  # the same, decayed over LONG_HALFLIVES half-lives (sparse traffic's record)
-        self.long_cold: dict[str, float] = {}
-        # in the long record, per expert: requests cold on the real fleet and warm on its shadow, and the reverse
-        self.long_worse: dict[str, float] = {}
-        self.long_better: dict[str, float] = {}
         self.requests = 0.0
         self.at: float | None = None
         self.since: float | None = None  # when the shadows started: a record younger than a half-life says nothing
@@ -176,10 +154,6 @@ class WholeExperts:
                         for name in WHOLE_EXPERTS}
         self.cold = dict.fromkeys(WHOLE_EXPERTS, 0.0)
         self.real = 0.0
-        self.long_cold = dict.fromkeys(WHOLE_EXPERTS, 0.0)
-        self.long_real = 0.0
-        self.long_worse = dict.fromkeys(WHOLE_EXPERTS, 0.0)
-        self.long_better = dict.fromkeys(WHOLE_EXPERTS, 0.0)
         self.requests = 0.0
         self.since = None
         self.probation = None
@@ -204,12 +178,6 @@ class WholeExperts:
             self.requests *= f
             for k in self.cold:
                 self.cold[k] *= f
-            f = 0.5 ** ((now - self.at) / (LONG_HALFLIVES * cfg.expert_halflife_s))
-            self.long_real *= f
-            for k in self.long_cold:
-                self.long_cold[k] *= f
-                self.long_worse[k] *= f
-                self.long_better[k] *= f
         self.at = now if self.at is None else max(self.at, now)
         if self.since is None:
             self.since = now
@@ -237,14 +205,8 @@ class WholeExperts:
         cold = {name: sum(c for m, c in got if not sh.ready(m)) for name, sh in self.shadows.items()}
         for name, c in cold.items():
             self.cold[name] += c
-            self.long_cold[name] += c
-        warm = [names[m] in ready for m, _c in got]
-        for name, sh in self.shadows.items():
-            self.long_worse[name] += sum(c for (m, c), w in zip(got, warm, strict=True) if not w and sh.ready(m))
-            self.long_better[name] += sum(c for (m, c), w in zip(got, warm, strict=True) if w and not sh.ready(m))
-        real = sum(c for (_m, c), w in zip(got, warm, strict=True) if not w)
+        real = sum(c for m, c in got if names[m] not in ready)
         self.real += real
-        self.long_real += real
         if self.probation is not None:
             self.trial_real += real
             self.trial_cold += cold[self.probation]
@@ -256,32 +218,12 @@ class WholeExperts:
 
     def best(self, now: float, halflife_s: float) -> str | None:
         """The expert whose shadow leads the real fleet by the margin, if any. The fleet and the shadows all
-        start cold (every first request is cold everywhere), so a record younger than a half-life is no lead. The
-        recent record decides where it holds MIN_COLD, else the long one where it holds MIN_LONG (sparse traffic), and
-        there only where the requests that one side served cold and the other warm favour the expert by LONG_Z."""
-        if not self.cold or self.since is None or now - self.since < halflife_s:
+        start cold (every first request is cold everywhere), so a record younger than a half-life is no lead."""
+        if self.real < MIN_COLD * self.rate or not self.cold or self.since is None or now - self.since < halflife_s:
             return None
-        real, cold = self._record()
-        if real is None:
-            return None
-        charged = {k: v * self.overhead(k) for k, v in cold.items()}
+        charged = {k: v * self.overhead(k) for k, v in self.cold.items()}
         name = min(charged, key=lambda k: (charged[k], k))
-        if charged[name] >= (1.0 - MARGIN) * real:
-            return None
-        if cold is self.long_cold:
-            worse, better = self.long_worse[name], self.long_better[name]
-            if worse - better < LONG_Z * math.sqrt(worse + better):
-                return None
-        return name
-
-    def _record(self) -> tuple[float | None, dict[str, float]]:
-        """The record that judges: the recent one, or the long one where the recent one is too thin; (None, {})
-        where neither holds enough cold requests to say anything."""
-        if self.real >= MIN_COLD * self.rate:
-            return self.real, self.cold
-        if self.long_real >= MIN_LONG * self.rate:
-            return self.long_real, self.long_cold
-        return None, {}
+        return name if charged[name] < (1.0 - MARGIN) * self.real else None
 
     def overhead(self, name: str) -> float:
         """What the real fleet pays over expert `name`'s shadow while that expert plans it: its cold requests over
@@ -369,11 +311,7 @@ class WholeExperts:
                                               if self.overhead(k) > 1.0 else "")
                             for k, v in sorted(self.cold.items()))
         delay = f" (each load {self.delay:.1f} s after its request, as the fleet's)" if self.delay > 0.0 else ""
-        long = ""
-        if self._record()[1] is self.long_cold:
-            long = (f"; too few of late, so the long record judges: fleet {self.long_real:.0f}, shadows "
-                    + ", ".join(f"{k} {v:.0f}" for k, v in sorted(self.long_cold.items())))
-        return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}{delay}{long}"
+        return f"decayed cold requests: fleet {self.real:.0f}, shadows {shadows}{delay}"
 
     def describe(self) -> dict[str, Any]:
         return {"leader": self.leader, "switches": self.switches,
@@ -381,9 +319,5 @@ class WholeExperts:
                 "moves": [(round(t / 3600, 2), who) for t, who in self.moves],  # (hour, who plans from then)
                 "real_cold": round(self.real, 2),
                 "shadow_cold": {k: round(v, 2) for k, v in self.cold.items()},
-                "long_real_cold": round(self.long_real, 2),
-                "long_shadow_cold": {k: round(v, 2) for k, v in self.long_cold.items()},
-                # (requests the real fleet served cold and the shadow warm, and the reverse) in the long record
-                "long_apart": {k: [round(self.long_worse[k], 2), round(self.long_better[k], 2)] for k in self.long_cold},
                 "overhead": {k: round(self.overhead(k), 3) for k in self.cold},
                 "requests": round(self.requests, 2), "eligible": self.eligible, "delay_s": round(self.delay, 3)}

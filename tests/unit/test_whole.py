@@ -14,7 +14,7 @@ from prewarm.domain.baselines.shadow import ShadowFleet
 from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
 from prewarm.domain.states import LOADING, READY
-from prewarm.domain.whole import HOME, LONG_HALFLIVES, MIN_LONG, WholeExperts
+from prewarm.domain.whole import HOME, WholeExperts
 from simulator import synthetic
 from simulator.engine import Simulation
 from simulator.policies import Prewarm
@@ -244,57 +244,3 @@ def test_the_plan_changes_hands_only_once_the_new_leaders_first_call_can_start_t
     assert w.decide(snap("bc", loading="d"), 7201.0, []) is None and w.leader == HOME  # 2 waiting, 1 slot free
     assert w.decide(snap("ab"), 7202.0, []) is not None  # a is ready: only b waits with no replica
     assert w.leader == "on-demand-lru" and w.moves == [(7202.0, "on-demand-lru")]
-
-
-def test_where_cold_requests_are_too_sparse_for_the_recent_record_the_long_one_judges() -> None:
-    """Cold requests hours apart never fill the recent record (MIN_COLD): the long record, decayed over
-    LONG_HALFLIVES half-lives, decides once it holds MIN_LONG, by the same margin and on evidence (the requests one
-    side served cold and the other warm favour the expert by LONG_Z sd), and says so; a recent record that holds
-    enough decides whatever the long one says."""
-    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
-    tr = TrafficHistory.for_config(PolicyConfig())
-    w = WholeExperts()
-    w.decide(_snapshot(models, tr), 0.0, [])
-    w.real, w.cold = 2.0, {"on-demand-lru": 1.0, "faascache": 3.0}  # the recent record: too thin to say anything
-    w.long_real, w.long_cold = MIN_LONG - 1.0, {"on-demand-lru": 5.0, "faascache": 40.0}
-    assert w.decide(_snapshot(models, tr), 7200.0, []) is None and w.leader == HOME  # the long one not yet either
-    w.long_real = 60.0
-    w.long_worse["on-demand-lru"], w.long_better["on-demand-lru"] = 30.0, 10.0  # a lead of 20 on 40 apart: 3.2 sd
-    actions = w.decide(_snapshot(models, tr), 7201.0, [])
-    assert actions is not None and w.leader == "on-demand-lru" and w.moves == [(7201.0, "on-demand-lru")]
-    [load] = actions
-    assert "too few of late, so the long record judges: fleet 60" in load.reason
-    assert w.describe()["long_real_cold"] == 60.0
-    # by a margin only: a shadow 5 % better on the long record leads nothing
-    w2 = WholeExperts()
-    w2.decide(_snapshot(models, tr), 0.0, [])
-    w2.real, w2.cold = 2.0, {"on-demand-lru": 1.0, "faascache": 3.0}
-    w2.long_real, w2.long_cold = 60.0, {"on-demand-lru": 57.0, "faascache": 90.0}
-    w2.long_worse["on-demand-lru"], w2.long_better["on-demand-lru"] = 30.0, 27.0
-    assert w2.decide(_snapshot(models, tr), 7200.0, []) is None and w2.leader == HOME
-    # ... and on evidence only: 20 % fewer, but a lead of 12 on 48 requests apart (1.7 sd) is within the noise
-    w2.long_cold["on-demand-lru"] = 48.0
-    w2.long_worse["on-demand-lru"], w2.long_better["on-demand-lru"] = 30.0, 18.0
-    assert w2.decide(_snapshot(models, tr), 7200.5, []) is None and w2.leader == HOME
-    # a recent record that holds MIN_COLD judges, whatever the long one says
-    w2.real, w2.cold = 200.0, {"on-demand-lru": 199.0, "faascache": 300.0}
-    w2.long_real, w2.long_cold = 60.0, {"on-demand-lru": 5.0, "faascache": 90.0}
-    assert w2.decide(_snapshot(models, tr), 7201.0, []) is None and w2.leader == HOME
-
-
-def test_the_long_record_decays_over_its_own_half_lives() -> None:
-    """Both records count the same cold requests; the long one keeps them LONG_HALFLIVES times longer."""
-    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
-    tr = TrafficHistory.for_config(PolicyConfig())
-    w = WholeExperts()
-    w.decide(_snapshot(models, tr), 0.0, [])
-    w.decide(_snapshot(models, tr), 1.0, [("b", 0.5, 3)])  # b has no ready replica: cold for all
-    assert w.real == w.long_real == 3.0 and w.long_cold == w.cold == {"on-demand-lru": 3.0, "faascache": 3.0}
-    assert w.long_worse == w.long_better == {"on-demand-lru": 0.0, "faascache": 0.0}  # cold on both sides
-    w.decide(_snapshot(models, tr), 2.0, [("a", 1.5, 2)])  # a is ready on the real fleet, on no shadow
-    assert w.long_better == {"on-demand-lru": 2.0, "faascache": 2.0} and w.real == pytest.approx(3.0, rel=1e-3)
-    h = PolicyConfig().expert_halflife_s
-    w.decide(_snapshot(models, tr), 2.0 + h, [])
-    assert w.real == pytest.approx(1.5, rel=1e-3)
-    assert w.long_real == pytest.approx(3.0 * 0.5 ** (1.0 / LONG_HALFLIVES), rel=1e-5)
-    assert w.long_better["faascache"] == pytest.approx(2.0 * 0.5 ** (1.0 / LONG_HALFLIVES), rel=1e-5)
