@@ -57,6 +57,15 @@ class PrewarmPolicy:
         actions = self.whole.decide(snap, now, arrivals)
         if actions is not None:
             return actions
+        ex = self.state.experts
+        verdict = self.whole.long_verdict(ex.leader) if snap.config.no_regret and snap.config.whole_experts else None
+        if verdict is not None:  # sparse traffic: a whole expert ahead on the long record lends the plan its order
+            order, take = verdict
+            if take:
+                self.whole.took(order if ex.adopt(order, now) else None)
+            else:
+                ex.give_back(order, now)
+                self.whole.took(None)
         return plan_with_adapters(snap, now, self.state)
 
 

@@ -18,6 +18,19 @@ lead clears a margin, so that switches stay few):
 - while prewarm's plan leads, an expert whose shadow's decayed cold requests are below the real fleet's by
   MARGIN (and the fleet's record holds MIN_COLD) takes over: its rule plans the real fleet
   (baselines.live.BaselinePolicy, as when an operator picks it) for a hold, HOLD_HALFLIVES half-lives at first;
+- where cold requests are sparse as a rule (per half-life, on average over the long record, fewer than MIN_COLD: tens
+  of models on a fleet that holds most of them, cold starts hours apart), that record never judges. A long record of
+  the same counts (LONG_HALFLIVES half-lives, a week at the default hour) does, once the real fleet has MIN_LONG cold
+  requests on it, by the same MARGIN and only on evidence: the requests one side served cold and the other warm must
+  favour the expert by LONG_Z standard deviations (McNemar's paired test; cf. CACHEUS's learning rate, which adapts
+  to the traffic, for the two time scales). Its verdict is not a hand-over: prewarm's plan takes the expert's eviction
+  order (ORDER_OF: on-demand LRU's is `recency`, policy/experts.py) and keeps its own fills, GPU choice and loads
+  ahead, which beat LRU as a whole there when forced from the start (108 cold starts against 118 on 63 ServeGen
+  streams × 4 GPUs). The record then starts again and judges the order's course against the same shadow at the ratio
+  the two had when it was adopted (the shadow takes the traffic's own changes out); worse by MARGIN and GIVE_BACK_Z,
+  the order is given back and sits out a ban (Duels.give_back). A long record that handed the fleet over was built
+  first and not kept: the plan swapped between LRU and FaasCache 32 times in 4.5 h on a hand-built trace whose two
+  shadows were within one cold request of each other (docs/simulation.md, "Sparse traffic");
 - when the hold ends the plan goes back to prewarm's on probation: the records go on, and the expert takes
   over again only once prewarm's fleet falls behind its shadow by the margin again, for twice the hold. A
   leader that stays better is left after log2(hours) probations; one that was better only for a while costs
@@ -42,6 +55,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -73,6 +87,23 @@ PROBATION_COLD = 50.0
 # An expert's overhead (its fleet's cold requests over its shadow's while it plans) is charged once its shadow has
 # this many cold requests in its holds: fewer say little
 HOLD_COLD = 50.0
+# Sparse traffic (cold requests hours apart: the recent record never holds MIN_COLD): a long record of the same
+# counts, decayed over this many half-lives (a week at the default hour), and per expert the requests one side served
+# cold and the other warm ...
+LONG_HALFLIVES = 168.0
+MIN_LONG = 30.0  # ... judges once the real fleet has this many cold requests on it ...
+# ... and only on evidence: those paired counts must favour the expert by this many standard deviations (McNemar's
+# test: both sides serve the same requests), as well as by MARGIN. What it decides is not a hand-over (ORDER_OF)
+LONG_Z = 2.0
+# The eviction order inside prewarm's plan (policy/experts.py) that stands for each whole expert's rule: where the long
+# record finds a whole expert ahead, prewarm's plan takes its order rather than handing the fleet to its rule
+ORDER_OF = {"on-demand-lru": "recency", "faascache": "greedy-dual"}
+# An order so adopted is given back when the real fleet's cold requests since exceed its yardstick (the adopted
+# expert's shadow's, at their ratio when it was adopted) by MARGIN and this many standard deviations: a test repeated
+# at every call over days (a sequential one: Pocock's bound for many looks is near 3, not 2), whose false alarm costs a
+# ban. At 2 the 157-stream sparse view gave recency back after 73 h on 40 cold requests against 29 expected (2.05 sd),
+# where recency led from the start has 172 cold starts against prewarm's own order's 303 (docs/simulation.md)
+GIVE_BACK_Z = 3.0
 
 
 class WholeExperts:
@@ -91,6 +122,13 @@ class WholeExperts:
         self.real = 0.0  # decayed cold requests of the real fleet
         self.cold: dict[str, float] = {}  # and of each shadow
         self.requests = 0.0
+        self.long_real = 0.0  # the long record (sparse traffic; LONG_HALFLIVES): the real fleet's cold requests
+        self.long_cold: dict[str, float] = {}  # each shadow's
+        self.long_worse: dict[str, float] = {}  # requests cold on the real fleet and warm on the shadow
+        self.long_better: dict[str, float] = {}  # ... and the reverse
+        self.age = 0.0  # half-lives fed since the shadows were built
+        self.adopted: str | None = None  # the whole expert whose order (ORDER_OF) leads prewarm's plan on its verdict
+        self.yardstick = 1.0  # the real fleet's cold requests over that expert's shadow's when it was adopted
         self.at: float | None = None
         self.since: float | None = None  # when the shadows started: a record younger than a half-life says nothing
         self.leader = HOME
@@ -155,6 +193,9 @@ class WholeExperts:
         self.cold = dict.fromkeys(WHOLE_EXPERTS, 0.0)
         self.real = 0.0
         self.requests = 0.0
+        self._new_long()
+        self.age = 0.0
+        self.adopted = None
         self.since = None
         self.probation = None
         self.held = {}
@@ -178,6 +219,13 @@ class WholeExperts:
             self.requests *= f
             for k in self.cold:
                 self.cold[k] *= f
+            self.age += (now - self.at) / cfg.expert_halflife_s
+            f = 0.5 ** ((now - self.at) / (LONG_HALFLIVES * cfg.expert_halflife_s))
+            self.long_real *= f
+            for k in self.long_cold:
+                self.long_cold[k] *= f
+                self.long_worse[k] *= f
+                self.long_better[k] *= f
         self.at = now if self.at is None else max(self.at, now)
         if self.since is None:
             self.since = now
@@ -205,8 +253,18 @@ class WholeExperts:
         cold = {name: sum(c for m, c in got if not sh.ready(m)) for name, sh in self.shadows.items()}
         for name, c in cold.items():
             self.cold[name] += c
-        real = sum(c for m, c in got if names[m] not in ready)
+        warm = [names[m] in ready for m, _c in got]
+        real = sum(c for (_m, c), w in zip(got, warm, strict=True) if not w)
         self.real += real
+        self.long_real += real
+        for name, sh in self.shadows.items():
+            self.long_cold[name] += cold[name]
+            for (m, c), w in zip(got, warm, strict=True):
+                if w != sh.ready(m):
+                    if w:
+                        self.long_better[name] += c
+                    else:
+                        self.long_worse[name] += c
         if self.probation is not None:
             self.trial_real += real
             self.trial_cold += cold[self.probation]
@@ -224,6 +282,65 @@ class WholeExperts:
         charged = {k: v * self.overhead(k) for k, v in self.cold.items()}
         name = min(charged, key=lambda k: (charged[k], k))
         return name if charged[name] < (1.0 - MARGIN) * self.real else None
+
+    def _new_long(self) -> None:
+        self.long_real = 0.0
+        self.long_cold = dict.fromkeys(self.shadows, 0.0)
+        self.long_worse = dict.fromkeys(self.shadows, 0.0)
+        self.long_better = dict.fromkeys(self.shadows, 0.0)
+
+    def sparse(self) -> bool:
+        """Cold requests are sparse as a rule: the real fleet's, per half-life on average over the long record, are
+        fewer than the recent record needs (each record's decayed sum of a steady pace is the pace times the integral
+        of its decay over the time fed)."""
+        long_span = LONG_HALFLIVES * -math.expm1(-self.age * math.log(2.0) / LONG_HALFLIVES)
+        short_span = -math.expm1(-self.age * math.log(2.0))
+        return self.long_real * short_span < MIN_COLD * self.rate * long_span
+
+    def _ahead(self) -> str | None:
+        """The whole expert whose shadow the long record finds ahead of the real fleet, by MARGIN and LONG_Z both."""
+        if not self.long_cold or self.long_real < MIN_LONG * self.rate:
+            return None
+        charged = {k: v * self.overhead(k) for k, v in self.long_cold.items()}
+        name = min(charged, key=lambda k: (charged[k], k))
+        worse, better = self.long_worse[name], self.long_better[name]
+        if charged[name] >= (1.0 - MARGIN) * self.long_real or worse - better < LONG_Z * math.sqrt(worse + better):
+            return None
+        return name
+
+    def _course_worse(self) -> bool:
+        """The adopted order did worse than the plan's own before it: the real fleet's cold requests since, against
+        the adopted expert's shadow's times their ratio when it was adopted (the shadow is the yardstick that takes
+        the traffic's own changes out), above it by MARGIN and GIVE_BACK_Z standard deviations (Poisson) both."""
+        assert self.adopted is not None
+        if self.long_real < MIN_LONG * self.rate:
+            return False
+        expected = self.yardstick * self.long_cold[self.adopted] * self.overhead(self.adopted)
+        return self.long_real > (1.0 + MARGIN) * expected and \
+            self.long_real - expected >= GIVE_BACK_Z * math.sqrt(max(expected, 1.0))
+
+    def long_verdict(self, inner: str) -> tuple[str, bool] | None:
+        """Sparse traffic, while prewarm plans (`inner`: the order leading its plan now): (order, True) where a
+        whole expert's shadow is ahead on the long record, so its order (ORDER_OF) should lead the plan; (order,
+        False) where an order so adopted did worse on its course and should be given back; None: nothing to do.
+        The caller reports what it did with `took`."""
+        if self.adopted is not None and ORDER_OF[self.adopted] != inner:
+            self.adopted = None  # the plan's own record moved the lead since
+        if self.leader != HOME or not self.sparse():
+            return None
+        if self.adopted is not None:
+            return (ORDER_OF[self.adopted], False) if self._course_worse() else None
+        name = self._ahead()
+        return None if name is None else (ORDER_OF[name], True)
+
+    def took(self, order: str | None) -> None:
+        """The plan's lead is now `order` (None: its own, or what it was) on the long record's verdict: the record
+        starts again, to judge what follows against the adopted expert's shadow at their ratio until now."""
+        name = next((k for k, v in ORDER_OF.items() if v == order), None)
+        if name is not None:
+            self.yardstick = self.long_real / max(self.long_cold[name] * self.overhead(name), 1.0)
+        self.adopted = name
+        self._new_long()
 
     def overhead(self, name: str) -> float:
         """What the real fleet pays over expert `name`'s shadow while that expert plans it: its cold requests over
@@ -320,4 +437,9 @@ class WholeExperts:
                 "real_cold": round(self.real, 2),
                 "shadow_cold": {k: round(v, 2) for k, v in self.cold.items()},
                 "overhead": {k: round(self.overhead(k), 3) for k in self.cold},
+                "long": {"sparse": self.sparse(), "adopted": self.adopted, "real_cold": round(self.long_real, 2),
+                         "shadow_cold": {k: round(v, 2) for k, v in self.long_cold.items()},
+                         # (requests the real fleet served cold and the shadow warm, and the reverse)
+                         "apart": {k: [round(self.long_worse[k], 2), round(self.long_better[k], 2)]
+                                   for k in self.long_cold}},
                 "requests": round(self.requests, 2), "eligible": self.eligible, "delay_s": round(self.delay, 3)}

@@ -266,3 +266,20 @@ def test_a_record_expires_oldest_first_and_stops_at_the_first_newer_entry() -> N
     made = {"a": 1.0, "b": 2.0, "c": 5.0, "d": 3.0}
     assert made_before(made, float, 4.0) == ["a", "b"]  # d is older but after c: the walk has stopped
     assert made_before(made, float, 0.5) == [] and made_before({}, float, 9.0) == []
+
+
+def test_an_adopted_lead_has_no_trial_and_its_course_is_judged_by_whoever_lent_it() -> None:
+    """Duels.adopt (the whole experts' long record, sparse traffic): the lead moves at once, without a trial; this
+    record's course guard leaves it be (its cold requests are too few for COURSE_HALFLIVES); give_back sends the lead
+    home and bans the order as a failed course does."""
+    d = Duels((*NAMES, "recency"), halflife=120.0)
+    assert not d.adopt("prewarm", 0.0) and not d.adopt("nobody", 0.0)  # leads already; not an expert
+    assert d.adopt("recency", 0.0) and d.leader == "recency" and d.adopted and d.trial is None
+    d.home = {"requests": 1000.0, "cold": 10.0}
+    d.course = {"requests": 1000.0, "cold": 500.0}  # far colder than the home order was: a trial's pass would go back
+    assert not d.choose(2.0, now=10 * COURSE_MIN_HALFLIVES * 120.0) and d.leader == "recency"
+    assert not d.give_back("lru", 5000.0)  # not the leader
+    assert d.give_back("recency", 5000.0) and d.leader == "prewarm" and not d.adopted and d.reverts == 1
+    assert d.banned["recency"] == 5000.0 + COURSE_BAN_HALFLIVES * 120.0
+    assert not d.adopt("recency", 5001.0)  # sits out its ban
+    assert d.adopt("recency", d.banned["recency"] + 1.0)

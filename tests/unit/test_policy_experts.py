@@ -170,3 +170,17 @@ def test_greedy_dual_ranks_real_victims_by_the_real_keys_not_its_ghosts() -> Non
     entries: list[tuple[float, str, object]] = [(0.0, "busy", None), (0.0, "quiet", None)]
     ex.order("greedy-dual", tr, 20.0, CFG, entries, set())  # none quiet
     assert [e[1] for e in entries] == ["quiet", "busy"]
+
+
+def test_recency_ranks_quiet_replicas_by_their_last_request_where_lru_takes_them_first() -> None:
+    """The two recency orders: `lru` takes quiet replicas first (prewarm's soft release), `recency` (the order the
+    whole experts' long record lends on sparse traffic: whole.py) ranks them by their last request as any other.
+    Never-requested replicas (fills, unused loads ahead) go first in both; first victims go by value among themselves."""
+    tr = TrafficHistory.for_config(CFG)
+    tr.add("b", 50.0)
+    tr.add("a", 100.0)  # quiet, but asked for after b
+    ex = Experts()
+    for leader, want in (("lru", ["a", "c", "b"]), ("recency", ["c", "b", "a"])):
+        entries: list[tuple[float, str, object]] = [(1.0, "a", None), (2.0, "b", None), (3.0, "c", None)]
+        ex.order(leader, tr, 200.0, CFG, entries, {"a"})
+        assert [e[1] for e in entries] == want, leader

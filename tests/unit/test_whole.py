@@ -244,3 +244,68 @@ def test_the_plan_changes_hands_only_once_the_new_leaders_first_call_can_start_t
     assert w.decide(snap("bc", loading="d"), 7201.0, []) is None and w.leader == HOME  # 2 waiting, 1 slot free
     assert w.decide(snap("ab"), 7202.0, []) is not None  # a is ready: only b waits with no replica
     assert w.leader == "on-demand-lru" and w.moves == [(7202.0, "on-demand-lru")]
+
+
+def _sparse(w: WholeExperts, real: float, lru: float, apart: tuple[float, float]) -> None:
+    """A long record of sparse traffic: 200 half-lives fed, the real fleet's cold requests and LRU's shadow's, and
+    (cold on the fleet and warm on LRU's shadow, the reverse); FaasCache's shadow well behind."""
+    w.age = 200.0
+    w.long_real, w.long_cold = real, {"on-demand-lru": lru, "faascache": 2 * real}
+    w.long_worse, w.long_better = {"on-demand-lru": apart[0], "faascache": 0.0}, {"on-demand-lru": apart[1],
+                                                                                 "faascache": real}
+
+
+def test_on_sparse_traffic_the_long_record_lends_the_plan_lrus_order_and_judges_its_course() -> None:
+    """Cold requests hours apart never fill the recent record (MIN_COLD). Over a week-long record, where LRU's
+    shadow served warm what the fleet served cold by MARGIN and LONG_Z (McNemar), prewarm's plan takes LRU's order
+    (recency) rather than handing the fleet over; it is given back where the fleet then does worse against the same
+    shadow than before, by GIVE_BACK_Z."""
+    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    w = WholeExperts()
+    w.decide(_snapshot(models, tr), 0.0, [])
+    _sparse(w, 40.0, 20.0, (12.0, 6.0))  # 2x fewer, but 6 of 18 apart: 1.4 sd
+    assert w.sparse() and w.long_verdict("prewarm") is None
+    _sparse(w, 40.0, 20.0, (25.0, 5.0))  # 3.7 sd
+    assert w.long_verdict("prewarm") == ("recency", True)
+    _sparse(w, 20.0, 10.0, (25.0, 5.0))  # fewer than MIN_LONG cold requests on record: too few to say
+    assert w.long_verdict("prewarm") is None
+    _sparse(w, 40_000.0, 20_000.0, (25_000.0, 5_000.0))  # busy: the recent record judges (and hands over)
+    assert not w.sparse() and w.long_verdict("prewarm") is None
+    _sparse(w, 40.0, 20.0, (25.0, 5.0))
+    w.took("recency")
+    assert w.adopted == "on-demand-lru" and w.yardstick == 2.0 and w.long_real == 0.0  # the record starts again
+    assert w.describe()["long"]["adopted"] == "on-demand-lru"
+    w.age = 300.0
+    w.long_real, w.long_cold["on-demand-lru"] = 50.0, 20.0  # 50 against 40 expected: within 3 sd
+    assert w.long_verdict("recency") is None
+    w.long_real = 60.0  # 60 against 40: 3.2 sd and 50 % above
+    assert w.long_verdict("recency") == ("recency", False)
+    w.took(None)
+    assert w.adopted is None and w.long_real == 0.0
+    _sparse(w, 40.0, 20.0, (25.0, 5.0))
+    w.took("recency")
+    assert w.long_verdict("prewarm") is None and w.adopted is None  # the plan's own record moved the lead since
+
+
+def test_the_policy_takes_the_order_the_long_record_lends_and_gives_it_back() -> None:
+    """PrewarmPolicy between the whole experts and the plan: the long record's verdict moves the plan's inner lead
+    (Experts.adopt: no trial; Duels.give_back: a ban), and its evictions then say so."""
+    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
+    tr = TrafficHistory.for_config(PolicyConfig())
+    pol = PrewarmPolicy(PolicyConfig())
+    pol.decide(_snapshot(models, tr), 0.0, [])
+    pol.decide(_snapshot(models, tr), 60.0, [])
+    ex = pol.state.experts
+    assert ex.leader == "prewarm"
+    _sparse(pol.whole, 40.0, 20.0, (25.0, 5.0))
+    pol.decide(_snapshot(models, tr), 120.0, [])
+    assert ex.leader == "recency" and ex.duels.adopted and ex.duels.trial is None and pol.whole.adopted
+    assert "adopted on the whole experts' long record" in ex.why()
+    pol.whole.long_real, pol.whole.long_cold["on-demand-lru"] = 60.0, 20.0
+    pol.whole.age = 300.0
+    pol.decide(_snapshot(models, tr), 180.0, [])
+    assert ex.leader == "prewarm" and ex.duels.banned["recency"] > 180.0 and pol.whole.adopted is None
+    _sparse(pol.whole, 40.0, 20.0, (25.0, 5.0))
+    pol.decide(_snapshot(models, tr), 240.0, [])  # banned: the verdict is taken, nothing changes
+    assert ex.leader == "prewarm" and pol.whole.adopted is None and pol.whole.long_real == 0.0

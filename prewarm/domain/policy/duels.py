@@ -185,6 +185,9 @@ class Duels:
         self.home = {"requests": 0.0, "cold": 0.0}
         self.course = {"requests": 0.0, "cold": 0.0}
         self.lead_since = 0.0
+        # the leader was adopted on the whole experts' long record (sparse traffic, whole.py): that record judges its
+        # course, not this one's (its cold requests come too seldom for COURSE_HALFLIVES)
+        self.adopted = False
         self._new_record()
 
     def _new_record(self) -> None:
@@ -297,7 +300,7 @@ class Duels:
         """Judge a trial that has its evictions, else hand the lead to the expert whose record clears the
         margin by most; True when the lead changed."""
         trial = self.trial
-        if trial is None and self.leader != self.names[0] and self._course_worse(now):
+        if trial is None and self.leader != self.names[0] and not self.adopted and self._course_worse(now):
             self._fail(self.leader, now, COURSE_BAN_HALFLIVES)
             self.leader = self.names[0]
             self.reverts += 1
@@ -322,6 +325,7 @@ class Duels:
                 self.reverts += 1
                 return True
             self.leader = trial.candidate
+            self.adopted = False
             self.course = {"requests": 0.0, "cold": 0.0}
             self.lead_since = now
             return False
@@ -340,6 +344,31 @@ class Duels:
         self.trial = Trial(self.leader, best, now + TRIAL_WINDOW_HALFLIVES * self.halflife)
         self.leader = best
         self.switches += 1
+        self._new_record()
+        return True
+
+    def adopt(self, name: str, now: float) -> bool:
+        """`name` leads from now, without a trial (its windows would see no evictions), on the whole experts' long
+        record (whole.py), which judges its course; False where it leads already, sits out a ban or a trial runs."""
+        if name == self.leader or name not in self.names or self.banned.get(name, -1.0) > now \
+                or self.trial is not None:
+            return False
+        self.leader = name
+        self.adopted = name != self.names[0]
+        self.switches += 1
+        self.lead_since = now
+        self._new_record()
+        return True
+
+    def give_back(self, name: str, now: float) -> bool:
+        """The adopted `name` did worse on its course (whole.py): the home order leads again and `name` sits out
+        COURSE_BAN_HALFLIVES half-lives, doubled at each further failure; False where `name` does not lead."""
+        if name != self.leader or not self.adopted:
+            return False
+        self._fail(name, now, COURSE_BAN_HALFLIVES)
+        self.leader = self.names[0]
+        self.adopted = False
+        self.reverts += 1
         self._new_record()
         return True
 
@@ -370,13 +399,15 @@ class Duels:
                  if t is not None else "")
         course = (f"since its trial {self._share(self.course):.1%} of requests served cold, against "
                   f"{self._share(self.home):.1%} under {self.names[0]}; "
-                  if t is None and self.leader != self.names[0] else "")
+                  if t is None and self.leader != self.names[0] and not self.adopted else "")
+        if self.adopted:
+            course = "adopted on the whole experts' long record of sparse cold starts; "
         return (f"expert {self.leader} leads ({trial}{course}its victims' returns cost {self.per_request():.4f} cold "
                 f"requests per request; against the others' on this fleet, decayed: {parts})")
 
     def describe(self) -> dict[str, object]:
         return {"leader": self.leader, "switches": self.switches, "reverts": self.reverts,
-                "on_trial": self.trial is not None, "per_request": round(self.per_request(), 5),
+                "on_trial": self.trial is not None, "adopted": self.adopted, "per_request": round(self.per_request(), 5),
                 "cold_share": {"course": round(self._share(self.course), 4), "home": round(self._share(self.home), 4)},
                 "settled": self.settled,
                 "open_duels": len(self.duels),

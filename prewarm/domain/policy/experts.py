@@ -31,7 +31,11 @@ The experts (their eviction order; the ghost loads on a miss as every policy doe
 - `lru`: the least recently requested first (the `on-demand-lru` baseline's rule);
 - `forecast`: the `forecast` baseline's rule: models whose request rate gives P(a request within their
   load time + one tick) >= 0.3 are kept, the others go least recently used first (the rate here is the
-  traffic's 60 s EWMA, not the baseline's fitted exponential smoothing: same threshold, cheaper input).
+  traffic's 60 s EWMA, not the baseline's fitted exponential smoothing: same threshold, cheaper input);
+- `recency`: the least recently requested first, replicas in a quiet stretch of their timeline among the rest (not
+  first, as in every other order: soft release). It is the order the whole experts' long record lends the plan where
+  cold starts are sparse and on-demand LRU's shadow is ahead (whole.py, ORDER_OF): there quiet stretches end within
+  hours, and one-step duels do not see what the order gains (docs/simulation.md, "Sparse traffic: LRU's order, lent").
 
 The ghosts' misses are not the default judge (PolicyConfig.expert_duels=False selects them): measured on
 both trace families, their lead does not carry over to the real fleet (ServeGen 72 h on 16 × 80 GiB:
@@ -73,7 +77,7 @@ from .duels import Duels
 from .history import TrafficHistory, new_requests
 from .types import GIB, ModelSpec, PolicyConfig
 
-EXPERTS: tuple[str, ...] = ("prewarm", "greedy-dual", "lru", "forecast")
+EXPERTS: tuple[str, ...] = ("prewarm", "greedy-dual", "lru", "forecast", "recency")
 EXPERT_SAMPLE = 16  # prewarm's ghost values this many least recently used residents per eviction
 EXPERT_MIN_MISSES = 8.0  # decayed misses the record must hold before it moves the lead
 FORECAST_P = 0.3  # the forecast baseline's threshold (baselines.forecast.Forecast.threshold)
@@ -222,15 +226,15 @@ class Experts:
     def order(self, leader: str, tr: TrafficHistory, now: float, cfg: PolicyConfig,
               entries: list[tuple[float, str, object]], quiet: Collection[str]) -> None:
         """Sort a GPU's victim entries ((value per GiB, model, replica), Values.victim_list) in the
-        leader's eviction order, after the first victims of every order: `quiet` models and those never
-        requested."""
+        leader's eviction order, after the first victims of every order: models never requested, and `quiet`
+        ones (but for `recency`)."""
         # decorated, not sort(key=...): the keys are made by direct calls, and flat (rank, value, model, index) tuples
         # compare natively (the model makes each key unique, so the index never decides)
         keyed: list[tuple[int, float, str, int]] = []
         for i, e in enumerate(entries):
             m = e[1]
             a = tr.last_arrival(m)
-            if a is None or m in quiet:
+            if a is None or (m in quiet and leader != "recency"):
                 keyed.append((0, e[0], m, i))
             elif leader == "greedy-dual":
                 keyed.append((1, self.gd.key(m), m, i))
@@ -242,6 +246,20 @@ class Experts:
                 keyed.append((1, a, m, i))
         keyed.sort()
         entries[:] = [entries[k[3]] for k in keyed]
+
+    def adopt(self, name: str, now: float) -> bool:
+        """`name`'s order leads from now on the whole experts' long record (whole.py: sparse traffic); False where
+        it leads already, sits out a ban or a trial runs (Duels.adopt)."""
+        if not self.duels.adopt(name, now):
+            return False
+        self.leader = name
+        self.switches += 1
+        return True
+
+    def give_back(self, name: str, now: float) -> None:
+        """The adopted `name`'s course was worse (whole.py): the home order leads again (Duels.give_back)."""
+        if self.duels.give_back(name, now):
+            self.leader = self.duels.leader
 
     def _choose(self, cfg: PolicyConfig) -> None:
         if cfg.expert_duels:
