@@ -95,12 +95,9 @@ MIN_LONG = 30.0  # ... judges once the real fleet has this many cold requests on
 # ... and only on evidence: those paired counts must favour the expert by this many standard deviations (McNemar's
 # test: both sides serve the same requests), as well as by MARGIN. What it decides is not a hand-over (ORDER_OF)
 LONG_Z = 2.0
-# The eviction order inside prewarm's plan (policy/experts.py) that stands for a whole expert's rule: where the long
-# record finds that expert ahead, prewarm's plan takes its order rather than handing the fleet to its rule. Only LRU's:
-# greedy-dual already competes in the plan's own duels (duels.py), while what `recency` gains is the fleet it grows,
-# which one-step duels do not see. Lent on FaasCache's record, greedy-dual changed nothing on 157 ServeGen streams × 8
-# (303 cold starts either way) and kept recency out (244 with it; docs/simulation.md)
-ORDER_OF = {"on-demand-lru": "recency"}
+# The eviction order inside prewarm's plan (policy/experts.py) that stands for each whole expert's rule: where the long
+# record finds a whole expert ahead, prewarm's plan takes its order rather than handing the fleet to its rule
+ORDER_OF = {"on-demand-lru": "recency", "faascache": "greedy-dual"}
 # An order so adopted is given back when the real fleet's cold requests since exceed its yardstick (the adopted
 # expert's shadow's, at their ratio when it was adopted) by MARGIN and this many standard deviations: a test repeated
 # at every call over days (a sequential one: Pocock's bound for many looks is near 3, not 2), whose false alarm costs a
@@ -130,7 +127,6 @@ class WholeExperts:
         self.long_worse: dict[str, float] = {}  # requests cold on the real fleet and warm on the shadow
         self.long_better: dict[str, float] = {}  # ... and the reverse
         self.age = 0.0  # half-lives fed since the shadows were built
-        self.asked: set[int] = set()  # the models (shadow indexes) requested since then
         self.adopted: str | None = None  # the whole expert whose order (ORDER_OF) leads prewarm's plan on its verdict
         self.yardstick = 1.0  # the real fleet's cold requests over that expert's shadow's when it was adopted
         self.at: float | None = None
@@ -199,7 +195,6 @@ class WholeExperts:
         self.requests = 0.0
         self._new_long()
         self.age = 0.0
-        self.asked = set()
         self.adopted = None
         self.since = None
         self.probation = None
@@ -261,18 +256,10 @@ class WholeExperts:
         warm = [names[m] in ready for m, _c in got]
         real = sum(c for (_m, c), w in zip(got, warm, strict=True) if not w)
         self.real += real
-        # the long record judges orders: a model's first requests are the fill's to serve (and cold everywhere
-        # without one), so they are left out of it
-        asked = self.asked
-        again = [m in asked for m, _c in got]
-        asked.update(m for m, _c in got)
-        self.long_real += sum(c for (_m, c), w, a in zip(got, warm, again, strict=True) if a and not w)
+        self.long_real += real
         for name, sh in self.shadows.items():
-            for (m, c), w, a in zip(got, warm, again, strict=True):
-                if not a:
-                    continue
-                if not sh.ready(m):
-                    self.long_cold[name] += c
+            self.long_cold[name] += cold[name]
+            for (m, c), w in zip(got, warm, strict=True):
                 if w != sh.ready(m):
                     if w:
                         self.long_better[name] += c
@@ -311,11 +298,10 @@ class WholeExperts:
         return self.long_real * short_span < MIN_COLD * self.rate * long_span
 
     def _ahead(self) -> str | None:
-        """The whole expert with an order to lend (ORDER_OF) whose shadow the long record finds ahead of the real fleet,
-        by MARGIN and LONG_Z both."""
+        """The whole expert whose shadow the long record finds ahead of the real fleet, by MARGIN and LONG_Z both."""
         if not self.long_cold or self.long_real < MIN_LONG * self.rate:
             return None
-        charged = {k: v * self.overhead(k) for k, v in self.long_cold.items() if k in ORDER_OF}
+        charged = {k: v * self.overhead(k) for k, v in self.long_cold.items()}
         name = min(charged, key=lambda k: (charged[k], k))
         worse, better = self.long_worse[name], self.long_better[name]
         if charged[name] >= (1.0 - MARGIN) * self.long_real or worse - better < LONG_Z * math.sqrt(worse + better):

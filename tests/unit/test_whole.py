@@ -259,8 +259,7 @@ def test_on_sparse_traffic_the_long_record_lends_the_plan_lrus_order_and_judges_
     """Cold requests hours apart never fill the recent record (MIN_COLD). Over a week-long record, where LRU's
     shadow served warm what the fleet served cold by MARGIN and LONG_Z (McNemar), prewarm's plan takes LRU's order
     (recency) rather than handing the fleet over; it is given back where the fleet then does worse against the same
-    shadow than before, by GIVE_BACK_Z. FaasCache's shadow ahead lends nothing (ORDER_OF: greedy-dual competes in
-    the plan's own duels)."""
+    shadow than before, by GIVE_BACK_Z."""
     models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
     tr = TrafficHistory.for_config(PolicyConfig())
     w = WholeExperts()
@@ -269,9 +268,6 @@ def test_on_sparse_traffic_the_long_record_lends_the_plan_lrus_order_and_judges_
     assert w.sparse() and w.long_verdict("prewarm") is None
     _sparse(w, 40.0, 20.0, (25.0, 5.0))  # 3.7 sd
     assert w.long_verdict("prewarm") == ("recency", True)
-    w.long_cold = {"on-demand-lru": 40.0, "faascache": 5.0}
-    w.long_worse, w.long_better = {"on-demand-lru": 0.0, "faascache": 35.0}, {"on-demand-lru": 0.0, "faascache": 0.0}
-    assert w.long_verdict("prewarm") is None
     _sparse(w, 20.0, 10.0, (25.0, 5.0))  # fewer than MIN_LONG cold requests on record: too few to say
     assert w.long_verdict("prewarm") is None
     _sparse(w, 40_000.0, 20_000.0, (25_000.0, 5_000.0))  # busy: the recent record judges (and hands over)
@@ -313,16 +309,3 @@ def test_the_policy_takes_the_order_the_long_record_lends_and_gives_it_back() ->
     _sparse(pol.whole, 40.0, 20.0, (25.0, 5.0))
     pol.decide(_snapshot(models, tr), 240.0, [])  # banned: the verdict is taken, nothing changes
     assert ex.leader == "prewarm" and pol.whole.adopted is None and pol.whole.long_real == 0.0
-
-
-def test_the_long_record_leaves_out_a_models_first_requests() -> None:
-    """A model's first requests are the fill's to serve (cold everywhere without one): the long record, which judges
-    orders, counts a model's requests only from its second call on; the recent record counts them all."""
-    models = {"a": ModelSpec("a", GIB, load_seconds=5.0), "b": ModelSpec("b", GIB, load_seconds=5.0)}
-    tr = TrafficHistory.for_config(PolicyConfig())
-    w = WholeExperts()
-    w.decide(_snapshot(models, tr), 0.0, [])
-    w.decide(_snapshot(models, tr), 10.0, [("b", 9.0, 2)])  # b's first: cold on the fleet (no replica) and shadows
-    assert w.real == 2.0 and w.long_real == 0.0 and w.long_cold == {"on-demand-lru": 0.0, "faascache": 0.0}
-    w.decide(_snapshot(models, tr), 11.0, [("b", 10.0, 1)])  # again: the shadows are still loading it (5 s)
-    assert w.long_real == 1.0 and w.long_cold == {"on-demand-lru": 1.0, "faascache": 1.0}
