@@ -250,21 +250,26 @@ class WholeExperts:
             return
         ready = ready_models(snap)
         names = self.names
-        cold = {name: sum(c for m, c in got if not sh.ready(m)) for name, sh in self.shadows.items()}
-        for name, c in cold.items():
-            self.cold[name] += c
         warm = [names[m] in ready for m, _c in got]
         real = sum(c for (_m, c), w in zip(got, warm, strict=True) if not w)
         self.real += real
         self.long_real += real
-        for name, sh in self.shadows.items():
-            self.long_cold[name] += cold[name]
+        cold: dict[str, float] = {}
+        for name, sh in self.shadows.items():  # each shadow's readiness read once: its cold requests and the pairs
+            n = worse = better = 0.0
             for (m, c), w in zip(got, warm, strict=True):
-                if w != sh.ready(m):
+                if sh.ready(m):
+                    if not w:
+                        worse += c
+                else:
+                    n += c
                     if w:
-                        self.long_better[name] += c
-                    else:
-                        self.long_worse[name] += c
+                        better += c
+            cold[name] = n
+            self.cold[name] += n
+            self.long_cold[name] += n
+            self.long_worse[name] += worse
+            self.long_better[name] += better
         if self.probation is not None:
             self.trial_real += real
             self.trial_cold += cold[self.probation]
