@@ -373,6 +373,28 @@ def test_a_victim_that_the_last_one_made_needless_is_kept() -> None:
     assert [a.model for a in acts if isinstance(a, Evict)] == ["big"] and ("new", "n1/cuda:0") in w.replicas
 
 
+def test_of_two_models_silent_past_the_histogram_the_longer_silent_goes_first() -> None:
+    """A full 3 GiB GPU: `z_old` and `a_recent` (1 GiB each) were asked for alike, every 10 min for a day, and have
+    been silent since, 20 h and 6 h: both past the idle-time histogram's 4 h, where its tail alone speaks. The
+    longer silence is the longer expected wait (the Lomax tail's mean residual life grows with it), so a 1 GiB
+    demand load evicts z_old. With a memoryless tail they were worth the same, and the name broke the tie."""
+    cfg = PolicyConfig(p_release=0.0, no_regret=False)  # no quiet releases; prewarm's own order
+    w = World([spec("z_old", 1), spec("a_recent", 1), spec("hot", 1), spec("new", 1)], [gpu("n1/cuda:0", 3)],
+              cfg=cfg)
+    day = 86400.0
+    for m, end in (("z_old", day), ("a_recent", day + 14 * 3600.0)):
+        for s in range(int(end - day), int(end), 600):
+            w.traffic.add(m, float(s))
+    now = day + 20 * 3600.0
+    for s in range(0, int(now), 20):
+        w.traffic.add("hot", float(s))
+    for m in ("z_old", "a_recent", "hot"):
+        w.add_replica(m, "n1/cuda:0")
+    w.traffic.add("new", now)
+    acts = w.tick(now + 0.5)
+    assert [a.model for a in acts if isinstance(a, Evict)] == ["z_old"] and ("new", "n1/cuda:0") in w.replicas
+
+
 def test_the_cheapest_subset_of_the_victims_that_still_makes_room() -> None:
     a, big, b, c = (0.01, 2 * GIB), (0.05, 6 * GIB), (0.02, GIB), (0.02, GIB)
     assert cheapest_cover([a, big], 3 * GIB, 0.06) == [1]  # big alone frees the room

@@ -166,3 +166,26 @@ def test_the_one_model_path_gives_the_2d_paths_bits(cfg: PolicyConfig) -> None:
     assert all(_same(a, reference_build(h, oob, ld, cfg))
                for (h, oob, ld), a in zip(few, arrivals.build_many(few, cfg), strict=True))
     assert len({am.segments for am in ones}) > 20 and len({am.p.tobytes() for am in ones}) > 100
+
+
+def test_beyond_the_histogram_the_expected_wait_grows_with_the_silence() -> None:
+    """Past the histogram's span the mean residual life is the tail's posterior one: tail_mean_s plus the excess
+    silence over (alpha - 1 + k), k the idle times seen past the span. A model silent for a day is expected to stay
+    silent longer than one silent for 5 h; one seen often to come back after long gaps waits less longer. Both
+    build paths carry it; a prior with alpha = 1 and no long gap seen leaves the exponential tail's mean."""
+    cfg = PolicyConfig()
+    span = cfg.hist_bins * cfg.hist_bin_s
+    hist = tuple(1.0 if i % 7 == 0 else 0.0 for i in range(cfg.hist_bins))
+    gd = arrivals._grid_for(cfg)
+    day = 24 * 3600.0
+    for oob in (0.0, 3.0):
+        one = arrivals._build_one(hist, oob, 5.0, gd)
+        rows = arrivals._build_rows([(hist, oob, 5.0), (None, 1.0, 9.0)], gd)[0]
+        for m in (one, rows):
+            assert m.mrl_at(span) == cfg.tail_mean_s
+            assert m.mrl_at(5 * 3600.0) < m.mrl_at(day)
+            assert m.mrl_at(day) == pytest.approx(cfg.tail_mean_s + (day - span) / (cfg.prior_alpha - 1.0 + oob))
+    seen_often = arrivals._build_one(hist, 10.0, 5.0, gd)
+    assert seen_often.mrl_at(day) < arrivals._build_one(hist, 0.0, 5.0, gd).mrl_at(day)
+    flat = PolicyConfig(prior_alpha=1.0)
+    assert arrivals._build_one(hist, 0.0, 5.0, arrivals._grid_for(flat)).mrl_at(day) == flat.tail_mean_s

@@ -9,7 +9,12 @@ idle times d (time since the model's last request):
 - a timeline of segments labelled "hot" (p >= p_prefetch: worth loading now) and "cold"
   (p < p_release for at least release_min_gap_s: worth releasing).
 
-Idle times beyond the histogram's range follow an exponential tail with mean tail_mean_s.
+Idle times beyond the histogram's range follow an exponential tail with mean tail_mean_s, whose rate is
+itself uncertain (a Gamma prior of the prior's shape, updated by the idle times seen past the range): past the range
+the mean residual life grows with the silence (`_slope`), so of two models silent for hours the longer silent is
+worth less kept. With a memoryless tail, every model silent past the range was worth the same per request, and its
+size alone ordered them as victims: on sparse traffic prewarm evicted replicas idle 6 h where LRU evicted those idle
+18 h, and had twice LRU's evictions (docs/simulation.md, "Silence is evidence").
 Pure numpy on a few hundred points per model, many models at once (build_many); cached by the caller
 per (histogram version, load time).
 """
@@ -38,6 +43,9 @@ class ArrivalModel:
     mrl_tail: float
     segments: tuple[tuple[float, float, str], ...]  # (start idle, end idle, "hot" | "cold")
     samples: float  # idle times observed (after halving)
+    # beyond the grid the mean residual life grows with the silence: mrl_tail + (idle - tail_from) * tail_slope
+    tail_from: float = INF
+    tail_slope: float = 0.0
 
     def index(self, idle: float) -> int:
         return int(idle // self.grid_s) if idle >= 0 else 0
@@ -48,13 +56,25 @@ class ArrivalModel:
 
     def mrl_at(self, idle: float) -> float:
         k = self.index(idle)
-        return self.mrl[k] if k < len(self.mrl) else self.mrl_tail
+        if k < len(self.mrl):
+            return self.mrl[k]
+        return self.mrl_tail + max(0.0, idle - self.tail_from) * self.tail_slope
 
     def segment_at(self, idle: float) -> str | None:
         for start, end, label in self.segments:
             if start <= idle < end:
                 return label
         return None
+
+
+def _slope(cfg: PolicyConfig, oob: float) -> float:
+    """How fast the mean residual life grows with the silence past the histogram's span: 1 / (a + k - 1), the
+    posterior of the tail's unknown rate (Gamma, shape a = the prior's alpha, its mean excess tail_mean_s) after k
+    idle times seen past the span (`oob`, each taken at that mean). Silence is evidence: after an excess e the
+    posterior mean wait is tail_mean_s + e / (a + k - 1) (the Lomax's mean residual life where k = 0); a model
+    seen often to come back after long gaps has a tail it knows, and waits little longer for them."""
+    shape = cfg.prior_alpha - 1.0 + oob
+    return 1.0 / shape if shape > 0.0 else 0.0
 
 
 def _lomax_survival(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
@@ -284,6 +304,8 @@ def _build_one(hist: tuple[float, ...] | None, oob: float, load_s: float, gd: _G
         mrl_tail=cfg.tail_mean_s if tail_mass > 1e-12 else INF,
         segments=tuple(segments),
         samples=n,
+        tail_from=gd.span,
+        tail_slope=_slope(cfg, oob),
     )
 
 
@@ -420,5 +442,7 @@ def _build_rows(inputs: list[tuple[tuple[float, ...] | None, float, float]], gd:
             mrl_tail=tail_mean if tails[r] > 1e-12 else INF,
             segments=tuple(segments),
             samples=samples[r],
+            tail_from=span,
+            tail_slope=_slope(cfg, inputs[r][1]),
         ))
     return out
