@@ -21,7 +21,7 @@ from .baselines.live import Arrival, BaselinePolicy
 from .policy.adapters import plan_with_adapters
 from .policy.planner import PolicyState
 from .policy.types import Action, PolicyConfig, Snapshot
-from .whole import HOME, WholeExperts
+from .whole import HOME, ORDER_OF, WholeExperts
 
 
 class Policy(Protocol):
@@ -58,13 +58,14 @@ class PrewarmPolicy:
         if actions is not None:
             return actions
         ex = self.state.experts
-        verdict = self.whole.long_verdict(ex.leader) if snap.config.no_regret and snap.config.whole_experts else None
+        verdict = self.whole.long_verdict(ex.adopted_order(), ex.on_trial()) \
+            if snap.config.no_regret and snap.config.whole_experts else None
         if verdict is not None:  # sparse traffic: a whole expert ahead on the long record lends the plan its order
-            order, take = verdict
+            name, take = verdict
             if take:
-                self.whole.took(order if ex.adopt(order, now) else None)
+                self.whole.took(name if ex.adopt(ORDER_OF[name], now) else None)
             else:
-                ex.give_back(order, now)
+                ex.give_back(ORDER_OF[name], now)
                 self.whole.took(None)
         return plan_with_adapters(snap, now, self.state)
 

@@ -324,24 +324,25 @@ class WholeExperts:
         return self.long_real > (1.0 + MARGIN) * expected and \
             self.long_real - expected >= GIVE_BACK_Z * math.sqrt(max(expected, 1.0))
 
-    def long_verdict(self, inner: str) -> tuple[str, bool] | None:
-        """Sparse traffic, while prewarm plans (`inner`: the order leading its plan now): (order, True) where a
-        whole expert's shadow is ahead on the long record, so its order (ORDER_OF) should lead the plan; (order,
-        False) where an order so adopted did worse on its course and should be given back; None: nothing to do.
-        The caller reports what it did with `took`."""
-        if self.adopted is not None and ORDER_OF[self.adopted] != inner:
+    def long_verdict(self, standing: str | None, trial: bool = False) -> tuple[str, bool] | None:
+        """Sparse traffic, while prewarm plans: (expert, True) where a whole expert's shadow is ahead on the long
+        record, so its order (ORDER_OF) should lead the plan; (expert, False) where the order adopted so did worse on
+        its course and should be given back; None: nothing to do. `standing`: the inner order adopted on this record
+        that still stands (Experts.adopted_order); `trial`: a short-record trial runs on top of it, and its course is
+        judged once the trial ends. The caller reports what it did with `took`."""
+        if self.adopted is not None and ORDER_OF[self.adopted] != standing:
             self.adopted = None  # the plan's own record moved the lead since
         if self.leader != HOME or not self.sparse():
             return None
         if self.adopted is not None:
-            return (ORDER_OF[self.adopted], False) if self._course_worse() else None
+            return (self.adopted, False) if not trial and self._course_worse() else None
         name = self._ahead()
-        return None if name is None else (ORDER_OF[name], True)
+        return None if name is None else (name, True)
 
-    def took(self, order: str | None) -> None:
-        """The plan's lead is now `order` (None: its own, or what it was) on the long record's verdict: the record
-        starts again, to judge what follows against the adopted expert's shadow at their ratio until now."""
-        name = next((k for k, v in ORDER_OF.items() if v == order), None)
+    def took(self, name: str | None) -> None:
+        """The plan's lead is now whole expert `name`'s order (None: its own, or what it was) on the long record's
+        verdict: the record starts again, to judge what follows against that expert's shadow at their ratio until
+        now."""
         if name is not None:
             self.yardstick = self.long_real / max(self.long_cold[name] * self.overhead(name), 1.0)
         self.adopted = name

@@ -13,6 +13,7 @@ from prewarm.domain.baselines import RULES
 from prewarm.domain.baselines.shadow import ShadowFleet
 from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import GpuState, ModelSpec, PolicyConfig, ReplicaState, Snapshot, TrafficHistory
+from prewarm.domain.policy.duels import Trial
 from prewarm.domain.states import LOADING, READY
 from prewarm.domain.whole import HOME, WholeExperts
 from simulator import synthetic
@@ -265,27 +266,29 @@ def test_on_sparse_traffic_the_long_record_lends_the_plan_lrus_order_and_judges_
     w = WholeExperts()
     w.decide(_snapshot(models, tr), 0.0, [])
     _sparse(w, 40.0, 20.0, (12.0, 6.0))  # 2x fewer, but 6 of 18 apart: 1.4 sd
-    assert w.sparse() and w.long_verdict("prewarm") is None
+    assert w.sparse() and w.long_verdict(None) is None
     _sparse(w, 40.0, 20.0, (25.0, 5.0))  # 3.7 sd
-    assert w.long_verdict("prewarm") == ("recency", True)
+    assert w.long_verdict(None) == ("on-demand-lru", True)
     _sparse(w, 20.0, 10.0, (25.0, 5.0))  # fewer than MIN_LONG cold requests on record: too few to say
-    assert w.long_verdict("prewarm") is None
+    assert w.long_verdict(None) is None
     _sparse(w, 40_000.0, 20_000.0, (25_000.0, 5_000.0))  # busy: the recent record judges (and hands over)
-    assert not w.sparse() and w.long_verdict("prewarm") is None
+    assert not w.sparse() and w.long_verdict(None) is None
     _sparse(w, 40.0, 20.0, (25.0, 5.0))
-    w.took("recency")
+    w.took("on-demand-lru")
     assert w.adopted == "on-demand-lru" and w.yardstick == 2.0 and w.long_real == 0.0  # the record starts again
     assert w.describe()["long"]["adopted"] == "on-demand-lru"
     w.age = 300.0
     w.long_real, w.long_cold["on-demand-lru"] = 50.0, 20.0  # 50 against 40 expected: within 3 sd
     assert w.long_verdict("recency") is None
     w.long_real = 60.0  # 60 against 40: 3.2 sd and 50 % above
-    assert w.long_verdict("recency") == ("recency", False)
+    # a short-record trial runs on top of the adopted order: its course is judged once the trial ends
+    assert w.long_verdict("recency", trial=True) is None and w.adopted == "on-demand-lru"
+    assert w.long_verdict("recency") == ("on-demand-lru", False)
     w.took(None)
     assert w.adopted is None and w.long_real == 0.0
     _sparse(w, 40.0, 20.0, (25.0, 5.0))
-    w.took("recency")
-    assert w.long_verdict("prewarm") is None and w.adopted is None  # the plan's own record moved the lead since
+    w.took("on-demand-lru")
+    assert w.long_verdict(None) is None and w.adopted is None  # the plan's own record moved the lead since
 
 
 def test_the_policy_takes_the_order_the_long_record_lends_and_gives_it_back() -> None:
@@ -302,6 +305,13 @@ def test_the_policy_takes_the_order_the_long_record_lends_and_gives_it_back() ->
     pol.decide(_snapshot(models, tr), 120.0, [])
     assert ex.leader == "recency" and ex.duels.adopted and ex.duels.trial is None and pol.whole.adopted
     assert "adopted on the whole experts' long record" in ex.why()
+    # a short-record trial on top of it: the adoption stands (the trial's candidate may fail back to it)
+    ex.duels.trial = Trial("recency", "greedy-dual", 1e9)
+    ex.duels.leader = ex.leader = "greedy-dual"
+    pol.decide(_snapshot(models, tr), 150.0, [])
+    assert ex.leader == "greedy-dual" and ex.adopted_order() == "recency" and pol.whole.adopted == "on-demand-lru"
+    ex.duels.trial = None  # the candidate failed: the adopted order leads again
+    ex.duels.leader = ex.leader = "recency"
     pol.whole.long_real, pol.whole.long_cold["on-demand-lru"] = 60.0, 20.0
     pol.whole.age = 300.0
     pol.decide(_snapshot(models, tr), 180.0, [])

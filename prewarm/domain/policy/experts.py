@@ -256,6 +256,20 @@ class Experts:
         self.switches += 1
         return True
 
+    def adopted_order(self) -> str | None:
+        """The order adopted on the whole experts' long record (`adopt`) while it stands: leading, or the lead that a
+        short-record trial on top of it returns to if its candidate fails; None once the plan's own record moved the
+        lead (a trial's candidate won, or the ghosts chose another)."""
+        d = self.duels
+        if not d.adopted:
+            return None
+        if d.trial is not None:
+            return d.trial.before
+        return d.leader if self.leader == d.leader else None
+
+    def on_trial(self) -> bool:
+        return self.duels.trial is not None
+
     def give_back(self, name: str, now: float) -> None:
         """The adopted `name`'s course was worse (whole.py): the home order leads again (Duels.give_back)."""
         if self.duels.give_back(name, now):
