@@ -13,8 +13,8 @@ Idle times beyond the histogram's range follow an exponential tail with mean tai
 itself uncertain (a Gamma prior of the prior's shape, updated by the idle times seen past the range): past the range
 the mean residual life grows with the silence (`_slope`), so of two models silent for hours the longer silent is
 worth less kept. With a memoryless tail, every model silent past the range was worth the same per request, and its
-size alone ordered them as victims: on sparse traffic prewarm evicted replicas idle 6 h where LRU evicted those idle
-18 h, and had twice LRU's evictions (docs/simulation.md, "Silence is evidence").
+size alone ordered them as victims: on sparse traffic the victims that came back cold had been idle 6 h where LRU's
+had been idle 18 h, and prewarm evicted twice as often (docs/simulation.md, "Silence is evidence").
 Pure numpy on a few hundred points per model, many models at once (build_many); cached by the caller
 per (histogram version, load time).
 """

@@ -268,6 +268,7 @@ class Experts:
         return d.leader if self.leader == d.leader else None
 
     def on_trial(self) -> bool:
+        """A short-record trial runs (Duels.trial): its turns move the lead, whatever was adopted."""
         return self.duels.trial is not None
 
     def give_back(self, name: str, now: float) -> None:
