@@ -51,9 +51,6 @@ class Fleet:
     def __init__(self, snap: Snapshot, now: float) -> None:
         cfg = snap.config
         self.gpus: dict[str, GpuState] = {g.id: g for g in snap.gpus if g.alive}
-        self.used: dict[str, int] = dict.fromkeys(self.gpus, 0)
-        self.spec: dict[str, int] = dict.fromkeys(self.gpus, 0)
-        self.loading: dict[str, int] = dict.fromkeys(self.gpus, 0)
         self.pending_intent: dict[str, int] = dict.fromkeys(self.gpus, 0)
         self.on_gpu: dict[str, dict[str, ReplicaState]] = {g: {} for g in self.gpus}
         self.of_model: dict[str, list[str]] = {}
@@ -98,10 +95,10 @@ class Fleet:
                 a = traffic.last_arrival(m)
                 if a is None or a < since:
                     gs.spec += size
-        for g, gs in sums.items():
-            self.used[g] = gs.used
-            self.loading[g] = gs.loading
-            self.spec[g] = gs.spec
+        # per live GPU (sums' keys, in self.gpus' order): bytes held, loads in flight, bytes loaded ahead unasked
+        self.used: dict[str, int] = {g: gs.used for g, gs in sums.items()}
+        self.loading: dict[str, int] = {g: gs.loading for g, gs in sums.items()}
+        self.spec: dict[str, int] = {g: gs.spec for g, gs in sums.items()}
         for it in snap.intents:
             if it.gpu not in self.gpus or it.expires_at <= now:
                 continue
