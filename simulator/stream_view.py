@@ -26,7 +26,9 @@ import random
 import sys
 from pathlib import Path
 
-from .trace import GIB, ID_COLUMNS, default_load_seconds
+from prewarm.domain import trace_format as tf
+
+from .trace import GIB, default_load_seconds
 
 
 def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: int = 3,
@@ -37,18 +39,22 @@ def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: i
                          f"{min_gib}, {max_gib})")
     with open(source, newline="") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or "HashFunction" not in header:
-            raise ValueError(f"{source}: not an azure-minute trace (no HashFunction column in its header)")
-        counts = [i for i, c in enumerate(header) if c not in ID_COLUMNS]
+        header = next(reader, None) or []
+        try:  # the format's rules (prewarm.domain.trace_format), as the simulator reads the view after
+            name = tf.function_column(header)
+            counts = [i for i, _n in tf.minute_columns(header)]
+        except ValueError as e:
+            raise tf.at(source, 1, f"not an azure-minute trace: {e}") from None
         rows = []
-        for n, row in enumerate(reader, start=2):
+        for row in reader:
+            if not row:
+                continue
             try:
-                total = sum(int(row[i]) for i in counts if row[i])
-            except (ValueError, IndexError) as e:
-                raise ValueError(f"{source}:{n}: a count that is not a whole number, or a row shorter than the "
-                                 f"header ({e})") from None
-            rows.append((total, n, row))
+                tf.check_row(row, len(header))
+                total = sum(tf.count(row[i]) for i in counts)
+            except ValueError as e:
+                raise tf.at(source, reader.line_num, str(e)) from None
+            rows.append((total, reader.line_num, row))
     rows.sort(key=lambda x: (-x[0], x[1]))  # busiest first; ties in file order
     kept = [row for _total, _n, row in rows[:top:every]]
     out = Path(out_dir)
@@ -57,7 +63,6 @@ def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: i
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(kept)
-    name = header.index("HashFunction")
     with open(out / "profile.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "size_bytes", "load_seconds"])

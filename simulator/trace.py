@@ -1,6 +1,7 @@
 """Trace and profile loading.
 
-`read_trace` is the one reader dispatch (`prewarm simulate`, `simulator.diagnose` and the sweep). Formats:
+`read_trace` is the one reader dispatch (`prewarm simulate`, `simulator.diagnose` and the sweep). Formats (what a
+header, a cell and a timestamp must be: prewarm.domain.trace_format, the rules `prewarm replay` reads by too):
 - azure-minute: Azure Functions 2019 per-minute counts. Header `HashOwner,HashApp,HashFunction[,Trigger]`
   (any order) then one column per minute, headed by the minute number or `minute_N`. A row is a
   model, named by its HashFunction. The requests of each minute are placed at uniformly random
@@ -24,13 +25,14 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
+from prewarm.domain import trace_format as tf
+
 GIB = 1 << 30
-ID_COLUMNS = {"HashOwner", "HashApp", "HashFunction", "Trigger"}
+ID_COLUMNS = tf.ID_COLUMNS
 
 
 @dataclass
@@ -62,45 +64,36 @@ def first_hours(trace: Trace, hours: float) -> Trace:
                  f"{trace.source} (first {hours:g} h)", trace.fmt)
 
 
-def _minute_number(col: str) -> int:
-    m = re.fullmatch(r"(?:minute_)?(\d+)", col.strip())
-    if not m:
-        raise ValueError(f"not a minute column: {col!r}")
-    return int(m.group(1))
-
-
 def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
     with open(path, newline="") as f:
         reader = csv.reader(f)
-        header = next(reader)
-        id_cols = [i for i, c in enumerate(header) if c in ID_COLUMNS]
-        if "HashFunction" not in header:
-            raise ValueError("azure-minute trace needs a HashFunction column")
-        fn_col = header.index("HashFunction")
-        minute_cols = [i for i in range(len(header)) if i not in id_cols]
-        minutes = np.array([_minute_number(header[i]) for i in minute_cols], dtype=np.int64)
+        header = next(reader, None) or []
+        try:
+            fn_col = tf.function_column(header)
+            cols = tf.minute_columns(header)
+        except ValueError as e:
+            raise tf.at(path, 1, str(e)) from None
+        minute_cols = [i for i, _n in cols]
+        minutes = np.array([n for _i, n in cols], dtype=np.int64)
         names: list[str] = []
         rows: list[list[str]] = []
         for row in reader:
             if not row:
                 continue
-            if len(row) < len(header):  # (more is let be: a trailing separator adds an empty field)
-                raise ValueError(f"{path}: line {reader.line_num}: {len(row)} fields where the header has "
-                                 f"{len(header)}")
+            try:
+                tf.check_row(row, len(header))
+            except ValueError as e:
+                raise tf.at(path, reader.line_num, str(e)) from None
             names.append(row[fn_col])
             rows.append([row[i] for i in minute_cols])
     try:
         counts = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(minute_cols)), dtype=np.int64)
-    except ValueError:  # say which cell: numpy names only the text it could not read
-        bad = next(((r, c) for r, cells in enumerate(rows) for c, x in enumerate(cells) if not _is_count(x)), None)
-        if bad is None:
-            raise
-        r, c = bad
-        raise ValueError(f"{path}: function {names[r]!r}, minute {header[minute_cols[c]]}: count "
-                         f"{rows[r][c]!r} is not a whole number") from None
-    if (counts < 0).any():
-        raise ValueError("negative request count in trace")
-    first = int(minutes.min()) if len(minutes) else 0
+        if (counts < 0).any():
+            raise ValueError("negative")
+    except ValueError:  # the rule's own reading, cell by cell: an empty cell is 0, a bad one is named
+        counts = np.array([[_count(path, names[r], header[minute_cols[c]], x) for c, x in enumerate(cells)]
+                           for r, cells in enumerate(rows)], dtype=np.int64)
+    first = int(minutes.min())
     r_idx, c_idx = np.nonzero(counts)  # row-major order: deterministic draw order
     n = counts[r_idx, c_idx]
     mids = np.repeat(r_idx.astype(np.int32), n)
@@ -108,24 +101,15 @@ def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
     rng = np.random.default_rng(seed)
     times = starts + rng.random(len(starts)) * 60.0
     order = np.argsort(times, kind="stable")
-    span = float((int(minutes.max()) - first + 1) * 60) if len(minutes) else 0.0
+    span = float((int(minutes.max()) - first + 1) * 60)
     return Trace(names, times[order], mids[order], span, str(path), "azure-minute")
 
 
-def _is_count(x: str) -> bool:
+def _count(path: str | Path, name: str, column: str, cell: str) -> int:
     try:
-        int(x)
-    except ValueError:
-        return False
-    return True
-
-
-def _parse_ts(s: str) -> float:
-    s = s.strip()
-    try:
-        return float(s)
-    except ValueError:
-        return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+        return tf.count(cell)
+    except ValueError as e:
+        raise ValueError(f"{path}: function {name!r}, minute {column}: {e}") from None
 
 
 def load_requests(path: str | Path) -> Trace:
@@ -134,15 +118,15 @@ def load_requests(path: str | Path) -> Trace:
     ms: list[int] = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        if reader.fieldnames is None or "timestamp" not in reader.fieldnames or "model" not in reader.fieldnames:
-            raise ValueError("requests trace needs a header with timestamp,model")
+        try:
+            tf.request_columns(reader.fieldnames)
+        except ValueError as e:
+            raise tf.at(path, 1, str(e)) from None
         for row in reader:
-            m = row["model"]
             try:
-                t = _parse_ts(row["timestamp"] or "")
-            except ValueError:
-                raise ValueError(f"{path}: line {reader.line_num}: timestamp {row['timestamp']!r} is neither "
-                                 "seconds nor an ISO 8601 time") from None
+                t, m = tf.request(row["timestamp"], row["model"])
+            except ValueError as e:
+                raise tf.at(path, reader.line_num, str(e)) from None
             ts.append(t)
             ms.append(names.setdefault(m, len(names)))
     times = np.array(ts, dtype=np.float64)
@@ -155,7 +139,7 @@ def load_requests(path: str | Path) -> Trace:
     return Trace(list(names), times, mids, span, str(path), "requests")
 
 
-FORMATS = ("azure-minute", "requests")  # what --format accepts in simulate, diagnose and the sweep
+FORMATS = tf.FORMATS  # what --format accepts in simulate, diagnose and the sweep
 
 
 def read_trace(path: str | Path, fmt: str = "azure-minute", seed: int = 0, hours: float | None = None) -> Trace:

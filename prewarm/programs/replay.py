@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import random
 import statistics
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 import requests
 
 from prewarm.domain import states as rs
+from prewarm.domain import trace_format as tf
 
 BUNDLED_TRACE = Path(__file__).parents[1] / "data" / "traces" / "azure2019-500" / "invocations.csv"  # prewarm/data
 
@@ -43,22 +43,35 @@ class Request:
 
 def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_active: int = 5,
                        target_rate: float | None = None, speed: float = 60.0) -> list[Request]:
-    """Requests in trace seconds, each minute's requests spread uniformly within it (seeded)."""
+    """Requests in trace seconds, each minute's requests spread uniformly within it (seeded). The file's rules
+    (header, rows, counts) are prewarm.domain.trace_format's, as the simulator's."""
     with open(path, newline="") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        first = next((i for i, h in enumerate(header or ()) if h.replace("minute_", "").isdigit()), None)
-        if first is None:
-            raise ValueError(f"{path}: no minute columns in the header (azure-minute: e.g. HashFunction,minute_1,"
-                             "minute_2,…; a per-request file is --format requests)")
-        rows = [_minute_counts(row[first:], path, reader.line_num) for row in reader]
+        header = next(reader, None) or []
+        try:
+            cols = tf.minute_columns(header)
+        except ValueError as e:
+            raise tf.at(path, 1, str(e)) from None
+        first_minute = min(n for _i, n in cols)
+        minutes = max(n for _i, n in cols) - first_minute + 1
+        rows: list[list[int]] = []
+        for row in reader:
+            if not row:
+                continue
+            try:
+                tf.check_row(row, len(header))
+                counts = [0] * minutes
+                for i, n in cols:
+                    counts[n - first_minute] += tf.count(row[i])
+            except ValueError as e:
+                raise tf.at(path, reader.line_num, str(e)) from None
+            rows.append(counts)
     active = sorted((r for r in rows if sum(1 for x in r if x) >= min_active), key=sum)
     if not active:
-        raise ValueError(f"{path}: no function is active in {min_active} minutes or more")
+        raise tf.at(path, None, f"no function is active in {min_active} minutes or more")
     n = len(models)
     picked = [active[min(len(active) - 1, (i * (len(active) - 1)) // max(1, n - 1))] for i in range(n)]
     totals = [max(1, sum(r)) for r in picked]
-    minutes = len(picked[0])
     # Thin each model's requests with probability p = min(1, c / total^0.75): busy models are thinned
     # most, rare ones kept whole, and every model keeps its own shape in time. c is solved (bisection)
     # so the whole replay runs near target_rate requests per real second.
@@ -85,20 +98,6 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
     return out
 
 
-def _minute_counts(cells: list[str], path: Path, line: int) -> list[int]:
-    """One row's per-minute counts (an empty cell is 0); a cell that is no count names its line."""
-    counts: list[int] = []
-    for x in cells:
-        try:
-            c = int(x or 0)
-        except ValueError:
-            raise ValueError(f"{path}, line {line}: {x!r} is not a request count") from None
-        if c < 0:
-            raise ValueError(f"{path}, line {line}: a request count is negative ({c})")
-        counts.append(c)
-    return counts
-
-
 def light_requests(models: list[str], span: float, every: float) -> list[Request]:
     """One request every `every` trace seconds for each of `models` over `span` trace seconds: steady
     light traffic that keeps a model with a slow start (an engine) warm instead of loading it in bursts."""
@@ -116,27 +115,19 @@ def split_models(models: list[str], light: list[str], skip: list[str]) -> tuple[
 
 
 def load_requests_csv(path: Path) -> list[Request]:
-    from datetime import datetime
-
+    """A `timestamp,model` file's requests, by prewarm.domain.trace_format's rules (as the simulator's)."""
     out = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = {"timestamp", "model"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: no {' or '.join(sorted(missing))} column (requests: timestamp,model; a "
-                             "file of per-minute counts is --format azure-minute)")
+        try:
+            tf.request_columns(reader.fieldnames)
+        except ValueError as e:
+            raise tf.at(path, 1, str(e)) from None
         for row in reader:
-            ts, model = row["timestamp"], row["model"]
             try:
-                t = float(ts)
-            except (TypeError, ValueError):
-                try:
-                    t = datetime.fromisoformat(ts).timestamp()
-                except (TypeError, ValueError):
-                    raise ValueError(f"{path}, line {reader.line_num}: timestamp {ts!r} is neither seconds nor an "
-                                     "ISO 8601 time") from None
-            if not model or not math.isfinite(t):
-                raise ValueError(f"{path}, line {reader.line_num}: a request needs a model and a finite timestamp")
+                t, model = tf.request(row["timestamp"], row["model"])
+            except ValueError as e:
+                raise tf.at(path, reader.line_num, str(e)) from None
             out.append(Request(t, model))
     out.sort()
     t0 = out[0].t if out else 0.0

@@ -25,7 +25,7 @@ AZURE = "HashFunction,minute_1,minute_2,minute_3,minute_4,minute_5,minute_6\n"
     ("requests", "ts,model\n1,a\n", "no timestamp column"),
     ("requests", "timestamp\n1\n", "no model column"),
     ("requests", "timestamp,model\n1.5,a\nyesterday,a\n", "line 3: timestamp 'yesterday' is neither seconds nor"),
-    ("requests", "timestamp,model\n1.5,a\nnan,a\n", "line 3: a request needs a model and a finite timestamp"),
+    ("requests", "timestamp,model\n1.5,a\nnan,a\n", "line 3: timestamp 'nan' is not a finite time"),
     ("requests", "timestamp,model\n1.5,\n", "line 2: a request needs a model"),
 ])
 def test_a_malformed_trace_is_refused_naming_the_file_and_line(tmp_path: Path, fmt: str, text: str,

@@ -360,7 +360,7 @@ PROFILE = "model,size_bytes,load_seconds\nf,1e9,2\ng,2e9,3\n"
 
 
 @pytest.mark.parametrize(("trace_text", "profile_text", "says"), [
-    ("HashOwner,HashApp,HashFunction,1,2\no,a,f,1,x\n", PROFILE, "function 'f', minute 2: count 'x' is not a whole"),
+    ("HashOwner,HashApp,HashFunction,1,2\no,a,f,1,x\n", PROFILE, "function 'f', minute 2: 'x' is not a request count"),
     ("HashOwner,HashApp,HashFunction,1,2\no,a,f,1\n", PROFILE, "line 2: 4 fields where the header has 5"),
     (TRACE, "model,size\nf,1\n", "missing column(s) size_bytes, load_seconds"),
     (TRACE, "model,size_bytes,load_seconds\nf,1e9,2\ng,12GB,3\n", "line 3: model 'g': size_bytes '12GB' is not a number"),

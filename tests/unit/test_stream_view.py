@@ -44,7 +44,7 @@ def test_bad_input_is_refused_with_what_to_fix(tmp_path, capsys) -> None:
     with pytest.raises(ValueError, match="no HashFunction column"):
         write_view(bad, tmp_path / "out")
     junk = trace(tmp_path / "junk.csv", [("a", ["1", "x", "2"])])
-    with pytest.raises(ValueError, match=r"junk.csv:2: a count that is not a whole number"):
+    with pytest.raises(ValueError, match=r"junk.csv, line 2: 'x' is not a request count"):
         write_view(junk, tmp_path / "out")
     with pytest.raises(ValueError, match="min_gib <= max_gib"):
         write_view(trace(tmp_path / "ok.csv", [("a", ["1", "1", "1"])]), tmp_path / "out", min_gib=7, max_gib=2)
