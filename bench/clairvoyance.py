@@ -158,14 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     if native.active() is not None:
         sys.exit("bench.clairvoyance: the policy loaded its native build; run it as `python -m bench.clairvoyance`")
     folder = Path(a.folder)
-    if (folder / "invocations.csv").is_file():
-        trace = read_trace(folder / "invocations.csv", "azure-minute", seed=a.seed, hours=a.hours)
-    elif (folder / "requests.csv").is_file():
-        trace = read_trace(folder / "requests.csv", "requests", hours=a.hours)
-    else:
-        sys.exit(f"bench.clairvoyance: {folder} has neither invocations.csv nor requests.csv")
     profile = folder / "profile.csv"
-    sizes, loads = load_profile(profile if profile.is_file() else None, trace.models)
+    try:  # bad input is said in a line, as simulate says it
+        if (folder / "invocations.csv").is_file():
+            trace = read_trace(folder / "invocations.csv", "azure-minute", seed=a.seed, hours=a.hours)
+        elif (folder / "requests.csv").is_file():
+            trace = read_trace(folder / "requests.csv", "requests", hours=a.hours)
+        else:
+            sys.exit(f"bench.clairvoyance: {folder} has neither invocations.csv nor requests.csv")
+        sizes, loads = load_profile(profile if profile.is_file() else None, trace.models)
+    except (OSError, ValueError) as e:
+        sys.exit(f"bench.clairvoyance: {e}")
     baselines = [b for b in a.baselines.split(",") if b]
     unknown = [b for b in baselines if b not in POLICIES or b == "prewarm"]
     if unknown:

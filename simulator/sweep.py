@@ -420,8 +420,8 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"simulate-sweep: unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})",
               file=sys.stderr)
         return 2
-    if min(gpus) < 1 or gpu_bytes <= 0 or args.jobs < 1 or args.load_slots < 0:
-        print("simulate-sweep: --gpus, --gpu-memory and --jobs must be positive, --load-slots 0 or more",
+    if min(gpus) < 1 or gpu_bytes <= 0 or args.jobs < 1 or args.load_slots < 0 or min(seeds) < 0:
+        print("simulate-sweep: --gpus, --gpu-memory and --jobs must be positive, --load-slots and --seeds 0 or more",
               file=sys.stderr)
         return 2
     samples = list(dict.fromkeys(p.sample for p in pts))
@@ -432,9 +432,10 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"simulate-sweep: missing {', '.join(missing)} (set --traces to the folder holding the samples, "
               "or narrow the run with --family / --samples)", file=sys.stderr)
         return 2
-    try:  # a malformed profile is refused here, not in each job that reads it
+    try:  # a malformed profile or trace is refused here, not in each job that reads it (a traceback from the pool)
         for s in samples:
             load_profile(folders[s.name] / "profile.csv", [])
+            read_trace(folders[s.name] / s.file, s.fmt)
     except (OSError, ValueError) as e:
         print(f"simulate-sweep: {e}", file=sys.stderr)
         return 2

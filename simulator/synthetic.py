@@ -122,6 +122,8 @@ def write(regime: str, out_dir: str | Path, models: int = 200, hours: float = 24
     """Write OUT_DIR/requests.csv (`timestamp,model`) and OUT_DIR/profile.csv; returns the requests written."""
     if not 0 < min_gib <= max_gib:
         raise ValueError(f"need 0 < min_gib <= max_gib (got {min_gib:g}, {max_gib:g})")
+    if seed < 0:
+        raise ValueError(f"--seed must be a whole number of at least 0, got {seed}")
     times, mids = generate(regime, models, hours, requests, seed, alpha, shift_h)
     names = [f"{regime}.m{i:04d}" for i in range(models)]
     out = Path(out_dir)

@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         gpus = _whole(_list(a.gpus, None, "gpus"), "gpus", "4,8,16")
         seeds = _whole(_list(a.seeds, None, "seeds"), "seeds", "0,1")
         gpu_bytes = parse_bytes(a.gpu_memory)
-        if min(gpus) < 1 or gpu_bytes <= 0 or a.jobs < 1 or a.load_slots < 0:
-            raise ValueError("--gpus, --gpu-memory and --jobs must be positive, --load-slots 0 or more")
+        if min(gpus) < 1 or gpu_bytes <= 0 or a.jobs < 1 or a.load_slots < 0 or min(seeds) < 0:
+            raise ValueError("--gpus, --gpu-memory and --jobs must be positive, --load-slots and --seeds 0 or more")
         out = Path(a.out)
         jobs: list[Job] = []
         for regime in regimes:

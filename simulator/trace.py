@@ -150,6 +150,8 @@ def read_trace(path: str | Path, fmt: str = "azure-minute", seed: int = 0, hours
         raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
     if hours is not None and not hours > 0:
         raise ValueError(f"--hours must be positive, got {hours:g}")
+    if seed < 0:  # numpy's own words ("expected non-negative integer") do not say which option
+        raise ValueError(f"--seed must be a whole number of at least 0, got {seed}")
     trace = load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
     return trace if hours is None else first_hours(trace, hours)
 

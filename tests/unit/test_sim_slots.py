@@ -289,6 +289,8 @@ def test_sweep_and_simulate_refuse_a_bad_idle_memory_budget(tmp_path, capsys) ->
     traces = tiny_sample(tmp_path)
     assert sweep_main(["--traces", str(traces), "--samples", "tiny", "--idle-memory-budget", "2"]) == 2
     assert "--idle-memory-budget='2'" in capsys.readouterr().err
+    assert sweep_main(["--traces", str(traces), "--samples", "tiny", "--seeds", "0,-1"]) == 2
+    assert "--load-slots and --seeds 0 or more" in capsys.readouterr().err
     assert cli_main(["simulate", str(traces / "tiny" / "invocations.csv"), "--idle-memory-budget", "half"]) == 2
     assert "from 0 to 1" in capsys.readouterr().err
 
@@ -314,6 +316,14 @@ def test_sweep_refuses_a_malformed_profile_before_any_job(tmp_path, capsys) -> N
     assert sweep_main(["--traces", str(tmp_path), "--samples", "mine", "--policies", "on-demand-lru",
                        "--out", str(tmp_path / "out")]) == 2
     assert "line 2: model 'f': size_bytes 'big' is not a number" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # and a malformed trace: refused before the pool starts, not a job's traceback
+    (d / "profile.csv").write_text("model,size_bytes,load_seconds\nf,1e9,2\n")
+    (d / "invocations.csv").write_text("HashOwner,HashApp,HashFunction,1,2\no,a,f,1,x\n")
+    assert sweep_main(["--traces", str(tmp_path), "--samples", "mine", "--policies", "on-demand-lru",
+                       "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "function 'f', minute 2: 'x' is not a request count" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 

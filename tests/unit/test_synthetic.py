@@ -77,6 +77,7 @@ def test_written_files_are_read_by_the_simulator(tmp_path) -> None:  # type: ign
     (["burst", "out"], "invalid choice"),
     (["zipf", "out", "--models", "0"], "need models >= 1"),
     (["zipf", "out", "--min-gib", "9", "--max-gib", "3"], "need 0 < min_gib <= max_gib"),
+    (["zipf", "out", "--seed", "-1"], "--seed must be a whole number of at least 0, got -1"),
 ])
 def test_bad_input_is_refused_with_a_message(args: list[str], message: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     args = [str(tmp_path / a) if a == "out" else a for a in args]
@@ -119,4 +120,6 @@ def test_the_synthetic_sweep_refuses_an_unknown_regime_or_policy_or_a_bad_number
     assert "--seeds: 'one' is not a whole number (e.g. --seeds 0,1)" in capsys.readouterr().err
     assert synthetic_sweep.main(["--gpus", "4,8x", "--out", str(tmp_path)]) == 2
     assert "--gpus: '8x' is not a whole number" in capsys.readouterr().err
+    assert synthetic_sweep.main(["--seeds", "0,-1", "--out", str(tmp_path)]) == 2  # numpy's words named no option
+    assert "--load-slots and --seeds 0 or more" in capsys.readouterr().err
     assert not (tmp_path / "traces").exists()

@@ -89,3 +89,13 @@ def test_the_requests_readers_agree_on_a_good_file(tmp_path: Path) -> None:
     assert [(round(r.t, 3), r.model) for r in got] == [(0.0, "a"), (2.0, "b"), (3.5, "a")]
     assert [round(float(t), 3) for t in tr.times] == [r.t for r in got]
     assert [tr.models[i] for i in tr.mids] == [r.model for r in got]
+
+
+def test_a_negative_seed_is_refused_naming_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "inv.csv"
+    path.write_text(HEAD + "o,a,f,2,0,1,0,3\n")
+    with pytest.raises(ValueError, match="--seed must be a whole number of at least 0, got -1"):
+        read_trace(path, seed=-1)
+    assert cli_main(["simulate", str(path), "--seed", "-1", "--gpus", "1", "--policies", "on-demand-lru"]) == 2
+    assert "simulate: --seed must be a whole number of at least 0, got -1" in capsys.readouterr().err
+    assert read_trace(path, seed=3).requests == 6
