@@ -48,7 +48,7 @@ import numpy as np
 
 from prewarm.domain.states import LOADING, READY
 
-from .trace import ProfileError, Trace, profile_number, profile_rows
+from .trace import ProfileError, Trace, profile_number, profile_rows, profile_size
 
 # the engine's event kind for an adapter load's end: after loads and stages, before timers and ticks at one instant
 ADAPTER_DONE = 2
@@ -82,7 +82,7 @@ def read_adapter_columns(path: str | Path | None) -> dict[str, tuple[str, int, i
             raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: max_adapters {slots!r} is not a "
                                "whole number of 0 or more")
         rows[row["model"]] = ((row.get("base") or "").strip(), int(slots) if slots else 0,
-                              int(profile_number(path, line, row, "size_bytes")),
+                              profile_size(path, line, row),
                               profile_number(path, line, row, "load_seconds"))
     if not any(base for base, *_ in rows.values()):
         return None

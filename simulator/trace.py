@@ -184,7 +184,27 @@ def profile_rows(path: str | Path) -> list[tuple[int, dict[str, str]]]:
         if missing:
             raise ProfileError(f"profile {path}: missing column(s) {', '.join(missing)} (the header must name "
                                f"{','.join(PROFILE_COLUMNS)})")
-        return [(reader.line_num, row) for row in reader]
+        rows = [(reader.line_num, row) for row in reader]
+    first: dict[str, int] = {}
+    for line, row in rows:
+        m = row["model"]
+        if not m:
+            raise ProfileError(f"profile {path}: line {line}: a row needs a model")
+        if m in first:  # which row counts would be a guess
+            raise ProfileError(f"profile {path}: line {line}: model {m!r} is also on line {first[m]}; give each "
+                               "model one row")
+        first[m] = line
+    return rows
+
+
+def profile_size(path: str | Path, line: int, row: dict[str, str]) -> int:
+    """A profile row's size_bytes: a whole number of bytes, at least 1 and below 2**63 (an int64, as the simulator
+    keeps sizes; a size of 0 would divide by zero in every value per byte)."""
+    x = profile_number(path, line, row, "size_bytes")
+    if not 1 <= x < 2**63:
+        raise ProfileError(f"profile {path}: line {line}: model {row.get('model')!r}: size_bytes "
+                           f"{(row.get('size_bytes') or '').strip()!r} is not a size from 1 byte to 8 EiB")
+    return int(x)
 
 
 def profile_number(path: str | Path, line: int, row: dict[str, str], column: str) -> float:
@@ -205,8 +225,7 @@ def load_profile(path: str | Path | None, models: list[str]) -> tuple[np.ndarray
     prof: dict[str, tuple[int, float]] = {}
     if path is not None:
         for line, row in profile_rows(path):
-            prof[row["model"]] = (int(profile_number(path, line, row, "size_bytes")),
-                                  profile_number(path, line, row, "load_seconds"))
+            prof[row["model"]] = (profile_size(path, line, row), profile_number(path, line, row, "load_seconds"))
     sizes = np.zeros(len(models), dtype=np.int64)
     loads = np.zeros(len(models), dtype=np.float64)
     for i, m in enumerate(models):

@@ -368,6 +368,10 @@ PROFILE = "model,size_bytes,load_seconds\nf,1e9,2\ng,2e9,3\n"
     (TRACE, "model,size_bytes,load_seconds,base,max_adapters\nf,1e9,2,,\ng,1e7,1,f,x\n",
      "line 3: model 'g': max_adapters 'x' is not a whole number"),
     (TRACE, "model,size_bytes,load_seconds,priority\nf,1e9,2,urgent\n", "line 2: model 'f': priority 'urgent'"),
+    (TRACE, "model,size_bytes,load_seconds\nf,0,2\n", "line 2: model 'f': size_bytes '0' is not a size from 1 byte"),
+    (TRACE, "model,size_bytes,load_seconds\nf,1e30,2\n", "line 2: model 'f': size_bytes '1e30' is not a size from"),
+    (TRACE, "model,size_bytes,load_seconds\nf,1e9,2\ng,2e9,3\nf,3e9,4\n", "line 4: model 'f' is also on line 2"),
+    (TRACE, "model,size_bytes,load_seconds\n,1e9,2\n", "line 2: a row needs a model"),
     (TRACE, None, "No such file or directory"),
     ("timestamp,model\n1.0,f\nnotatime,g\n", PROFILE, "line 3: timestamp 'notatime' is neither seconds nor an ISO"),
 ])
