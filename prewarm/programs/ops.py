@@ -16,6 +16,7 @@ from prewarm import events, keys, state
 from prewarm.catalog_entries import CatalogError
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
+from prewarm.programs import arg_types
 from prewarm.services import drain, operator
 from prewarm.store import drains, overlays
 
@@ -328,17 +329,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return rc if rc is not None else _err(f"timed out after {args.timeout:.0f} s waiting for {args.node} to drain")
 
 
-def _at_least_one(raw: str) -> int:
-    """argparse type: a whole number >= 1 (0 or a negative limit printed one event)."""
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least 1")
-    return n
-
-
 def cmd_events(args: argparse.Namespace) -> int:
     ctx = _ctx()
     evs = events.read(ctx.r, limit=args.limit, model=args.model, gpu=args.gpu)
@@ -379,10 +369,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--version", help="catalog version (default: the current one)")
         p.add_argument(where, help=where_help)
         p.add_argument("--wait", action="store_true", help=wait_help)
-        p.add_argument("--timeout", type=float, default=300.0)
+        p.add_argument("--timeout", type=arg_types.positive, default=300.0)
         p.add_argument("--reason", help="recorded in the event log")
         if name == "stage":
-            p.add_argument("--value", type=float, default=0.0,
+            p.add_argument("--value", type=arg_types.finite, default=0.0,
                            help="keep-value for the host cache's value-per-byte eviction (default 0)")
         p.set_defaults(func=func)
 
@@ -395,7 +385,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "first, then evicted, and its worker exits 0 (PREWARM_DRAIN_GRACE)")
     p.add_argument("node", help="the node's name (PREWARM_NODE of its worker, as `prewarm fleet` shows it)")
     p.add_argument("--wait", action="store_true", help="wait until the node's worker has left the fleet")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=arg_types.positive, default=600.0)
     p.add_argument("--reason", help="recorded in the event log")
     p.set_defaults(func=cmd_drain)
     p = sub.add_parser("undrain", help="undo a drain: the node takes new preloads again")
@@ -406,6 +396,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("events", help="print the decision log")
     p.add_argument("--model")
     p.add_argument("--gpu")
-    p.add_argument("--limit", type=_at_least_one, default=50, help="the newest N events (default 50)")
+    p.add_argument("--limit", type=arg_types.whole_at_least(1), default=50, help="the newest N events (default 50)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_events)

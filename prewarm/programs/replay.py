@@ -31,6 +31,7 @@ import requests
 
 from prewarm.domain import states as rs
 from prewarm.domain import trace_format as tf
+from prewarm.programs import arg_types
 
 BUNDLED_TRACE = Path(__file__).parents[1] / "data" / "traces" / "azure2019-500" / "invocations.csv"  # prewarm/data
 
@@ -327,26 +328,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay a request trace through the hooks, as a request router would")
     p.add_argument("trace", nargs="?", help=f"trace CSV (default: the bundled {BUNDLED_TRACE.parent.name})")
     p.add_argument("--format", choices=("azure-minute", "requests"), default="azure-minute")
-    p.add_argument("--speed", type=float, default=60.0, help="trace seconds per real second")
+    p.add_argument("--speed", type=arg_types.positive, default=60.0, help="trace seconds per real second")
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--token", help="hook token (default PREWARM_HOOK_TOKEN)")
     p.add_argument("--redis-url", help="Redis of the fleet, to run infer (default PREWARM_REDIS_URL)")
-    p.add_argument("--rate", type=float, default=4.0, help="azure-minute: scale counts to about this many req/s")
-    p.add_argument("--models", type=int, help="azure-minute: map onto the first N catalog models")
+    p.add_argument("--rate", type=arg_types.non_negative, default=4.0,
+                   help="azure-minute: scale counts to about this many req/s (0: the trace's own counts)")
+    p.add_argument("--models", type=arg_types.whole_at_least(1), help="azure-minute: map onto the first N catalog models")
     p.add_argument("--light", action="append", default=[], metavar="MODEL",
                    help="azure-minute: give MODEL one request every --light-interval seconds instead of a "
                         "trace's bursts (a model slow to start, such as a vLLM engine; repeatable)")
     p.add_argument("--skip", action="append", default=[], metavar="MODEL",
                    help="azure-minute: send MODEL no traffic (repeatable)")
-    p.add_argument("--light-interval", type=float, default=20.0,
+    p.add_argument("--light-interval", type=arg_types.positive, default=20.0,
                    help="real seconds between a --light model's requests (default 20)")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--duration", type=float, help="stop after this many real seconds")
+    p.add_argument("--concurrency", type=arg_types.whole_at_least(1), default=16)
+    p.add_argument("--duration", type=arg_types.positive, help="stop after this many real seconds")
     p.add_argument("--loop", action="store_true", help="start over at the end of the trace")
-    p.add_argument("--cold-timeout", type=float, default=300.0)
+    p.add_argument("--cold-timeout", type=arg_types.positive, default=300.0)
     p.add_argument("--no-infer", action="store_true", help="route only; do not run infer")
-    p.add_argument("--wait-for-web", type=float, default=60.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wait-for-web", type=arg_types.non_negative, default=60.0)
+    p.add_argument("--seed", type=arg_types.whole_at_least(0), default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_replay)
 

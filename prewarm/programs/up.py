@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prewarm.config import Settings, repo_root
 from prewarm.config_errors import redacted
+from prewarm.programs import arg_types
 
 
 def _procfile(path: Path) -> dict[str, str]:
@@ -149,13 +150,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "that model one request every 20 s instead of bursts, and the same to its LoRA "
                                    "adapters, as many as its engine's slots (max_adapters): they load into "
                                    "the running engine on their first request.")
-    p.add_argument("--port", type=int, help="web port (default PORT or 8000)")
+    p.add_argument("--port", type=arg_types.port, help="web port (default PORT or 8000)")
     # Two CPU virtual GPUs that together hold a little less than the demo catalog (3.1 GB): the
     # scheduler has to choose, so the console shows evictions as well as preloads.
     p.add_argument("--devices", help=f"worker devices (PREWARM_DEVICES wins; default {DEFAULT_DEVICES}, plus "
                                      f"{ENGINE_DEVICE} when the catalog has a vllm model)")
-    p.add_argument("--speed", type=float, default=60.0, help="trace seconds per real second")
-    p.add_argument("--rate", type=float, default=3.0, help="approximate demo requests per real second")
+    p.add_argument("--speed", type=arg_types.positive, default=60.0, help="trace seconds per real second")
+    p.add_argument("--rate", type=arg_types.non_negative, default=3.0, help="approximate demo requests per real second")
     p.add_argument("--trace", help="trace to replay (default: the bundled Azure sample)")
     p.add_argument("--no-traffic", action="store_true", help="do not start the traffic player")
     p.set_defaults(func=cmd_up)

@@ -71,3 +71,35 @@ def test_events_refuses_a_limit_below_one(capsys: pytest.CaptureFixture[str], li
     assert done.value.code == 2
     assert f"argument --limit: {limit!r} is not a whole number of at least 1" in capsys.readouterr().err
     assert build_parser().parse_args(["events", "--limit", "3"]).limit == 3
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["replay", "--speed", "0"], "argument --speed: '0' is not a number above 0"),
+    (["replay", "--speed", "nan"], "argument --speed: 'nan' is not a number above 0"),
+    (["replay", "--rate", "-1"], "argument --rate: '-1' is not a number of 0 or more"),
+    (["replay", "--concurrency", "0"], "argument --concurrency: '0' is not a whole number of at least 1"),
+    (["replay", "--models", "0"], "argument --models: '0' is not a whole number of at least 1"),
+    (["replay", "--light-interval", "0"], "argument --light-interval: '0' is not a number above 0"),
+    (["replay", "--duration", "-5"], "argument --duration: '-5' is not a number above 0"),
+    (["replay", "--seed", "-1"], "argument --seed: '-1' is not a whole number of at least 0"),
+    (["up", "--port", "70000"], "argument --port: '70000' is not a port"),
+    (["up", "--speed", "-60"], "argument --speed: '-60' is not a number above 0"),
+    (["preload", "m", "--timeout", "0"], "argument --timeout: '0' is not a number above 0"),
+    (["stage", "m", "--value", "inf"], "argument --value: 'inf' is not a finite number"),
+    (["drain", "n1", "--timeout", "x"], "argument --timeout: 'x' is not a number above 0"),
+])
+def test_a_number_no_command_can_use_is_refused_as_the_command_line_is_read(
+        capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
+    """Before, `replay --speed 0` waited for the web and then divided by zero."""
+    from prewarm.programs.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(argv)
+    assert done.value.code == 2
+    assert says in capsys.readouterr().err
+    good = {"--speed": "30", "--rate": "0", "--concurrency": "4", "--models": "3", "--light-interval": "2.5",
+            "--duration": "10", "--seed": "7", "--port": "8080", "--timeout": "12", "--value": "-1.5"}
+    fixed = [good.get(argv[i - 1], a) if i and argv[i - 1].startswith("--") else a for i, a in enumerate(argv)]
+    args = build_parser().parse_args(fixed)
+    option = argv[-2].lstrip("-").replace("-", "_")
+    assert getattr(args, option) == type(getattr(args, option))(good[argv[-2]])
