@@ -139,6 +139,7 @@ def load_requests(path: str | Path) -> Trace:
     return Trace(list(names), times, mids, span, str(path), "requests")
 
 
+MAX_SPAN_S = 366 * 86400  # the longest trace replayed (the bundled ones span 1 to 14 days)
 FORMATS = tf.FORMATS  # what --format accepts in simulate, diagnose and the sweep
 
 
@@ -153,7 +154,11 @@ def read_trace(path: str | Path, fmt: str = "azure-minute", seed: int = 0, hours
     if seed < 0:  # numpy's own words ("expected non-negative integer") do not say which option
         raise ValueError(f"--seed must be a whole number of at least 0, got {seed}")
     trace = load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
-    return trace if hours is None else first_hours(trace, hours)
+    trace = trace if hours is None else first_hours(trace, hours)
+    if trace.span_s > MAX_SPAN_S:  # replayed, it ran without end: a file of seconds and milliseconds mixed, say
+        raise ValueError(f"{path}: the trace spans {trace.span_s / 86400:,.0f} days, past the {MAX_SPAN_S // 86400} "
+                         "a replay takes; are seconds and milliseconds mixed? (--hours replays the first hours only)")
+    return trace
 
 
 def default_size(model: str) -> int:

@@ -99,3 +99,15 @@ def test_a_negative_seed_is_refused_naming_the_option(tmp_path: Path, capsys: py
     assert cli_main(["simulate", str(path), "--seed", "-1", "--gpus", "1", "--policies", "on-demand-lru"]) == 2
     assert "simulate: --seed must be a whole number of at least 0, got -1" in capsys.readouterr().err
     assert read_trace(path, seed=3).requests == 6
+
+
+def test_a_trace_spanning_past_a_year_is_refused_unless_cut(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seconds and milliseconds mixed in one file: replayed, the 57,000-year span ran without end."""
+    path = tmp_path / "requests.csv"
+    path.write_text("timestamp,model\n1796637600,f\n1796637600000,g\n1796637601,f\n")
+    with pytest.raises(ValueError, match="spans 20,773,622 days, past the 366 a replay takes"):
+        read_trace(path, "requests")
+    assert cli_main(["simulate", str(path), "--format", "requests", "--gpus", "1", "--policies", "on-demand-lru"]) == 2
+    assert "are seconds and milliseconds mixed?" in capsys.readouterr().err
+    cut = read_trace(path, "requests", hours=1)  # its first hour replays
+    assert cut.requests == 2 and cut.span_s == 3600
