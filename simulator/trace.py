@@ -139,7 +139,6 @@ def load_requests(path: str | Path) -> Trace:
     return Trace(list(names), times, mids, span, str(path), "requests")
 
 
-MAX_SPAN_S = 366 * 86400  # the longest trace replayed (the bundled ones span 1 to 14 days)
 FORMATS = tf.FORMATS  # what --format accepts in simulate, diagnose and the sweep
 
 
@@ -155,9 +154,10 @@ def read_trace(path: str | Path, fmt: str = "azure-minute", seed: int = 0, hours
         raise ValueError(f"--seed must be a whole number of at least 0, got {seed}")
     trace = load_azure_minute(path, seed) if fmt == "azure-minute" else load_requests(path)
     trace = trace if hours is None else first_hours(trace, hours)
-    if trace.span_s > MAX_SPAN_S:  # replayed, it ran without end: a file of seconds and milliseconds mixed, say
-        raise ValueError(f"{path}: the trace spans {trace.span_s / 86400:,.0f} days, past the {MAX_SPAN_S // 86400} "
-                         "a replay takes; are seconds and milliseconds mixed? (--hours replays the first hours only)")
+    try:
+        tf.check_span(trace.span_s)
+    except ValueError as e:
+        raise tf.at(path, None, f"{e} (--hours replays the first hours only)") from None
     return trace
 
 

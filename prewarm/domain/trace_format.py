@@ -22,6 +22,7 @@ from pathlib import Path
 FORMATS = ("azure-minute", "requests")  # what --format accepts wherever a trace is read
 ID_COLUMNS = frozenset({"HashOwner", "HashApp", "HashFunction", "Trigger"})
 _MINUTE = re.compile(r"(?:minute_)?(\d+)")
+MAX_SPAN_S = 366 * 86400  # the longest trace a reader takes (the bundled ones span 1 to 14 days)
 NO_MINUTES = ("no minute columns in the header (azure-minute: e.g. HashFunction,minute_1,minute_2,…; a "
               "per-request file is --format requests)")
 
@@ -101,3 +102,11 @@ def request(timestamp: str | None, model: str | None) -> tuple[float, str]:
     if not math.isfinite(t):
         raise ValueError(f"timestamp {timestamp!r} is not a finite time")
     return t, model
+
+
+def check_span(span_s: float) -> None:
+    """A trace spans at most MAX_SPAN_S: longer is seconds and milliseconds mixed in one file, as a rule (replayed,
+    it ran without end)."""
+    if span_s > MAX_SPAN_S:
+        raise ValueError(f"the trace spans {span_s / 86400:,.0f} days, past the {MAX_SPAN_S // 86400} a replay takes; "
+                         "are seconds and milliseconds mixed?")

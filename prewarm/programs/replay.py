@@ -55,6 +55,10 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
             raise tf.at(path, 1, str(e)) from None
         first_minute = min(n for _i, n in cols)
         minutes = max(n for _i, n in cols) - first_minute + 1
+        try:
+            tf.check_span(minutes * 60.0)
+        except ValueError as e:
+            raise tf.at(path, 1, str(e)) from None
         rows: list[list[int]] = []
         for row in reader:
             if not row:
@@ -132,6 +136,10 @@ def load_requests_csv(path: Path) -> list[Request]:
             out.append(Request(t, model))
     out.sort()
     t0 = out[0].t if out else 0.0
+    try:
+        tf.check_span(out[-1].t - t0 if out else 0.0)
+    except ValueError as e:
+        raise tf.at(path, None, str(e)) from None
     return [Request(r.t - t0, r.model) for r in out]
 
 

@@ -111,3 +111,12 @@ def test_a_trace_spanning_past_a_year_is_refused_unless_cut(tmp_path: Path, caps
     assert "are seconds and milliseconds mixed?" in capsys.readouterr().err
     cut = read_trace(path, "requests", hours=1)  # its first hour replays
     assert cut.requests == 2 and cut.span_s == 3600
+    with pytest.raises(ValueError, match="spans 20,773,622 days"):  # prewarm replay would have slept for ever
+        load_requests_csv(path)
+    azure = tmp_path / "inv.csv"
+    azure.write_text("HashFunction,minute_1,minute_999999999\nf,1,1\n")  # a minute column's typo
+    for name, read in _readers(azure, tmp_path / "view").items():
+        if name == "stream view":
+            continue  # it copies rows, replaying nothing
+        with pytest.raises(ValueError, match="spans 694,444 days"):
+            read()  # type: ignore[operator]
