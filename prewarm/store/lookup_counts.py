@@ -19,8 +19,8 @@ import redis
 from redis.client import Pipeline
 
 from prewarm import keys, metrics_defs
-from prewarm.domain.slo import minute_of, window_minutes
-from prewarm.store import load_kinds
+from prewarm.domain.slo import minute_of
+from prewarm.store import load_kinds, minute_hashes
 
 READY, NOT_READY, AVOIDED, COLD_START, DURATION = "ready", "not_ready", "avoided", "cold_start", "dur"
 
@@ -75,15 +75,10 @@ class Window:
 
 def read_window(r: redis.Redis, now: float, seconds: float) -> Window:
     """The minutes from now - seconds to now (whole minutes: the first one partly before), one round trip."""
-    pipe = r.pipeline(transaction=False)
-    for m in window_minutes(now, seconds):
-        pipe.hgetall(keys.route_minute(m))
     w = Window()
-    for raw in pipe.execute():
-        for k, v in raw.items():
-            what, _, name = k.decode().partition(":")
-            if what == DURATION:
-                w.durations[float(name)] += int(v)
-            else:
-                w.per_model[name][what] += int(v)
+    for what, name, v in minute_hashes.read_fields(r, keys.route_minute, now, seconds):
+        if what == DURATION:
+            w.durations[float(name)] += int(v)
+        else:
+            w.per_model[name][what] += int(v)
     return w

@@ -16,7 +16,8 @@ import redis
 
 from prewarm import keys, state
 from prewarm.domain import states as rs
-from prewarm.domain.slo import minute_of, window_minutes
+from prewarm.domain.slo import minute_of
+from prewarm.store import minute_hashes
 
 MAX_GAP_S = 30.0
 
@@ -64,12 +65,7 @@ class Held:
 
 def read_window(r: redis.Redis, now: float, seconds: float) -> Held:
     """Per model, memory-time over the window's minutes (as lookup_counts.read_window), one round trip."""
-    pipe = r.pipeline(transaction=False)
-    for m in window_minutes(now, seconds):
-        pipe.hgetall(keys.memory_minute(m))
     out = Held()
-    for raw in pipe.execute():
-        for k, v in raw.items():
-            what, _, model = k.decode().partition(":")
-            (out.byte_seconds if what == "bytes" else out.gpu_seconds)[model] += float(v)
+    for what, model, v in minute_hashes.read_fields(r, keys.memory_minute, now, seconds):
+        (out.byte_seconds if what == "bytes" else out.gpu_seconds)[model] += float(v)
     return out
