@@ -48,7 +48,7 @@ import numpy as np
 
 from prewarm.domain.states import LOADING, READY
 
-from .trace import ProfileError, Trace, profile_number, profile_rows, profile_size
+from .trace import Profile, ProfileError, Trace, profile_number, profile_rows, profile_size
 
 # the engine's event kind for an adapter load's end: after loads and stages, before timers and ticks at one instant
 ADAPTER_DONE = 2
@@ -67,7 +67,7 @@ class AdapterView:
     amids: np.ndarray
 
 
-def read_adapter_columns(path: str | Path | None) -> dict[str, tuple[str, int, int, float]] | None:
+def read_adapter_columns(path: str | Path | Profile | None) -> dict[str, tuple[str, int, int, float]] | None:
     """The profile's rows as model -> (base, max_adapters, size_bytes, load_seconds), or None when the
     profile says nothing of adapters (no `base` column, or none filled in)."""
     if path is None:
@@ -89,7 +89,7 @@ def read_adapter_columns(path: str | Path | None) -> dict[str, tuple[str, int, i
     return rows
 
 
-def adapter_view(trace: Trace, profile: str | Path | None, sizes: np.ndarray, loads: np.ndarray,
+def adapter_view(trace: Trace, profile: str | Path | Profile | None, sizes: np.ndarray, loads: np.ndarray,
                  priority: list[int], ages: list[float | None]
                  ) -> tuple[Trace, np.ndarray, np.ndarray, list[int], list[float | None], AdapterView] | None:
     """The bases' view of an adapter trace: its models plus the bases no request names (sizes, load times

@@ -15,7 +15,7 @@ from .adapters import adapter_view
 from .engine import Simulation
 from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
-from .trace import GIB, Trace, load_profile, load_profile_fields
+from .trace import GIB, Trace, load_profile, load_profile_fields, read_profile
 
 
 def simulate(
@@ -44,10 +44,11 @@ def simulate(
     `link_wait`: its demand loads wait for a busy link where that costs less (PolicyConfig.link_wait);
     `refute_stale_rate`: when a stopped stream is valued by its idle-time model (PolicyConfig.refute_stale_rate:
     auto, on, off)."""
-    sizes, loads = load_profile(profile, trace.models)
-    priority, max_age = load_profile_fields(profile, trace.models)
+    read = read_profile(profile) if profile is not None else None  # once, for the three readers below
+    sizes, loads = load_profile(read, trace.models)
+    priority, max_age = load_profile_fields(read, trace.models)
     adapters = None
-    view = adapter_view(trace, profile, sizes, loads, priority, max_age)  # issue 29: None for whole models
+    view = adapter_view(trace, read, sizes, loads, priority, max_age)  # issue 29: None for whole models
     if view is not None:
         trace, sizes, loads, priority, max_age, adapters = view
     out: dict[str, Any] = {

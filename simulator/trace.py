@@ -181,8 +181,27 @@ class ProfileError(ValueError):
     """A profile CSV that cannot be read as one; the message names the file, the line and what to fix."""
 
 
-def profile_rows(path: str | Path) -> list[tuple[int, dict[str, str]]]:
-    """The profile's rows with their line numbers, once its header is checked (PROFILE_COLUMNS)."""
+@dataclass(frozen=True)
+class Profile:
+    """A profile file read once (read_profile): what load_profile, load_profile_fields and the adapters' columns
+    take in place of its path, so that one simulation reads the file once. Printed, it is its path."""
+
+    path: str
+    rows: tuple[tuple[int, dict[str, str]], ...]
+
+    def __str__(self) -> str:
+        return self.path
+
+
+def read_profile(path: str | Path) -> Profile:
+    return Profile(str(path), tuple(profile_rows(path)))
+
+
+def profile_rows(path: str | Path | Profile) -> list[tuple[int, dict[str, str]]]:
+    """The profile's rows with their line numbers, once its header is checked (PROFILE_COLUMNS) and each model is on
+    one row (a Profile: as read)."""
+    if isinstance(path, Profile):
+        return list(path.rows)
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in PROFILE_COLUMNS if c not in (reader.fieldnames or ())]
@@ -202,7 +221,7 @@ def profile_rows(path: str | Path) -> list[tuple[int, dict[str, str]]]:
     return rows
 
 
-def profile_size(path: str | Path, line: int, row: dict[str, str]) -> int:
+def profile_size(path: str | Path | Profile, line: int, row: dict[str, str]) -> int:
     """A profile row's size_bytes: a whole number of bytes, at least 1 and below 2**63 (an int64, as the simulator
     keeps sizes; a size of 0 would divide by zero in every value per byte)."""
     x = profile_number(path, line, row, "size_bytes")
@@ -212,7 +231,7 @@ def profile_size(path: str | Path, line: int, row: dict[str, str]) -> int:
     return int(x)
 
 
-def profile_number(path: str | Path, line: int, row: dict[str, str], column: str) -> float:
+def profile_number(path: str | Path | Profile, line: int, row: dict[str, str], column: str) -> float:
     """One number of a profile row: finite and at least 0."""
     text = (row.get(column) or "").strip()
     try:
@@ -225,7 +244,7 @@ def profile_number(path: str | Path, line: int, row: dict[str, str], column: str
     return x
 
 
-def load_profile(path: str | Path | None, models: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def load_profile(path: str | Path | Profile | None, models: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Sizes (int64 bytes) and load seconds (float64) per model index (ProfileError: a row that says neither)."""
     prof: dict[str, tuple[int, float]] = {}
     if path is not None:
@@ -245,7 +264,8 @@ def load_profile(path: str | Path | None, models: list[str]) -> tuple[np.ndarray
 PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}  # as prewarm.priority.rank (the simulator stands alone)
 
 
-def load_profile_fields(path: str | Path | None, models: list[str]) -> tuple[list[int], list[float | None]]:
+def load_profile_fields(path: str | Path | Profile | None,
+                        models: list[str]) -> tuple[list[int], list[float | None]]:
     """The catalog fields a profile may carry besides size and load time, per model index: `priority`
     (high | normal | low, as its rank; default normal) and `max_replica_age` (seconds, or with s/m/h;
     empty: none). The bundled profiles have neither: every model is normal with no age limit."""

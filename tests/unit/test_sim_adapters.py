@@ -178,3 +178,25 @@ def test_prewarm_plans_adapters_and_more_slots_where_lru_thrashes(tmp_path) -> N
     assert a_pw["cold_engine"] + a_pw["cold_adapter"] <= 10
     for rep in pw.ad.slots:  # every adapter it held sat in a replica of its own base
         assert rep[0] == pw.trace.models.index("B")
+
+
+def test_a_profile_read_once_reads_as_its_file(tmp_path) -> None:
+    """simulate() reads a profile once (read_profile) for its three readers: each gives what the file's path gives,
+    and a bad row is refused in the same words."""
+    from simulator.trace import ProfileError, read_profile
+
+    prof = profile(tmp_path, [("B", 1.0, 10.0, "", 2), ("a1", 0.01, 0.5, "B", ""), ("a2", 0.01, 0.5, "B", "")])
+    read = read_profile(prof)
+    models = ["a1", "a2", "zz"]  # zz: not in the profile, a seeded size
+    for a, b in zip(load_profile(read, models), load_profile(prof, models), strict=True):
+        assert a.tolist() == b.tolist()
+    assert load_profile_fields(read, models) == load_profile_fields(prof, models)
+    assert read_adapter_columns(read) == read_adapter_columns(prof)
+    tr = trace([(0, "a1"), (1, "a2")])
+    a_view, p_view = adapter_view(tr, read, *load_profile(read, tr.models), [1, 1], [None, None]), \
+        adapter_view(tr, prof, *load_profile(prof, tr.models), [1, 1], [None, None])
+    assert a_view is not None and p_view is not None and a_view[0].models == p_view[0].models
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,size_bytes,load_seconds,base,max_adapters\nB,1e9,2,,x\n")
+    with pytest.raises(ProfileError, match=f"profile {bad}: line 2: model 'B': max_adapters 'x'"):
+        read_adapter_columns(read_profile(bad))
