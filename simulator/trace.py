@@ -109,7 +109,7 @@ def _count(path: str | Path, name: str, column: str, cell: str) -> int:
     try:
         return tf.count(cell)
     except ValueError as e:
-        raise ValueError(f"{path}: function {name!r}, minute {column}: {e}") from None
+        raise tf.at(path, None, f"function {name!r}, minute {column}: {e}") from None
 
 
 def load_requests(path: str | Path) -> Trace:

@@ -51,12 +51,9 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
         header = next(reader, None) or []
         try:
             cols = tf.minute_columns(header)
-        except ValueError as e:
-            raise tf.at(path, 1, str(e)) from None
-        first_minute = min(n for _i, n in cols)
-        minutes = max(n for _i, n in cols) - first_minute + 1
-        try:
-            tf.check_span(minutes * 60.0)
+            first_minute = min(n for _i, n in cols)
+            minutes = max(n for _i, n in cols) - first_minute + 1
+            tf.check_span(minutes * 60.0)  # before a row of that many minutes is made
         except ValueError as e:
             raise tf.at(path, 1, str(e)) from None
         rows: list[list[int]] = []
