@@ -100,6 +100,17 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
     return out
 
 
+def check_models(reqs: list[Request], catalog: list[str], path: Path) -> None:
+    """A requests trace names its models: each must be in the catalog, or every request for it would be refused by
+    the hooks and the replay would measure nothing of it."""
+    known = set(catalog)
+    unknown = sorted({r.model for r in reqs} - known)
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise tf.at(path, None, f"the catalog has no model {shown}: add them to the catalog, or replay an "
+                                "azure-minute trace (its functions are mapped onto the catalog's models)")
+
+
 def light_requests(models: list[str], span: float, every: float) -> list[Request]:
     """One request every `every` trace seconds for each of `models` over `span` trace seconds: steady
     light traffic that keeps a model with a slow start (an engine) warm instead of loading it in bursts."""
@@ -300,6 +311,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         if args.format == "requests":
             reqs = load_requests_csv(trace)
+            check_models(reqs, models, trace)
             light = []
         else:
             models, light = split_models(models, args.light, args.skip)

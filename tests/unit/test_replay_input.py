@@ -103,3 +103,15 @@ def test_a_number_no_command_can_use_is_refused_as_the_command_line_is_read(
     args = build_parser().parse_args(fixed)
     option = argv[-2].lstrip("-").replace("-", "_")
     assert getattr(args, option) == type(getattr(args, option))(good[argv[-2]])
+
+
+def test_a_requests_trace_naming_models_the_catalog_lacks_is_refused(tmp_path: Path) -> None:
+    """Every request for such a model would be refused by the hooks: the replay says so before it starts."""
+    from prewarm.programs.replay import check_models
+
+    path = tmp_path / "r.csv"
+    path.write_text("timestamp,model\n0,a\n1,b\n2,c\n" + "".join(f"{3 + i},x{i}\n" for i in range(6)))
+    reqs = load_requests_csv(path)
+    with pytest.raises(ValueError, match=r"the catalog has no model b, c, x0, x1, x2 and 3 more: add them"):
+        check_models(reqs, ["a", "z"], path)
+    check_models(reqs, ["a", "b", "c", *(f"x{i}" for i in range(6)), "z"], path)  # all known: nothing to say
