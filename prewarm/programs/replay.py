@@ -72,6 +72,8 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
     if not active:
         raise tf.at(path, None, f"no function is active in {min_active} minutes or more")
     n = len(models)
+    if not n:  # every catalog model skipped or given steady --light traffic: nothing to map the trace onto
+        return []
     picked = [active[min(len(active) - 1, (i * (len(active) - 1)) // max(1, n - 1))] for i in range(n)]
     totals = [max(1, sum(r)) for r in picked]
     # Thin each model's requests with probability p = min(1, c / total^0.75): busy models are thinned
