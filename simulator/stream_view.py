@@ -46,15 +46,12 @@ def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: i
         except ValueError as e:
             raise tf.at(source, 1, f"not an azure-minute trace: {e}") from None
         rows = []
-        for row in reader:
-            if not row:
-                continue
+        for line, row in tf.rows(reader, len(header), source):
             try:
-                tf.check_row(row, len(header))
                 total = sum(tf.count(row[i]) for i in counts)
             except ValueError as e:
-                raise tf.at(source, reader.line_num, str(e)) from None
-            rows.append((total, reader.line_num, row))
+                raise tf.at(source, line, str(e)) from None
+            rows.append((total, line, row))
     rows.sort(key=lambda x: (-x[0], x[1]))  # busiest first; ties in file order
     kept = [row for _total, _n, row in rows[:top:every]]
     out = Path(out_dir)

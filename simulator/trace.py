@@ -77,13 +77,7 @@ def load_azure_minute(path: str | Path, seed: int = 0) -> Trace:
         minutes = np.array([n for _i, n in cols], dtype=np.int64)
         names: list[str] = []
         rows: list[list[str]] = []
-        for row in reader:
-            if not row:
-                continue
-            try:
-                tf.check_row(row, len(header))
-            except ValueError as e:
-                raise tf.at(path, reader.line_num, str(e)) from None
+        for _line, row in tf.rows(reader, len(header), path):
             names.append(row[fn_col])
             rows.append([row[i] for i in minute_cols])
     try:

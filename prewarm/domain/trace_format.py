@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 FORMATS = ("azure-minute", "requests")  # what --format accepts wherever a trace is read
 ID_COLUMNS = frozenset({"HashOwner", "HashApp", "HashFunction", "Trigger"})
@@ -64,6 +65,27 @@ def check_row(row: Sequence[str], width: int) -> None:
     """A row has a field for every column of the header (more is let be: a trailing separator adds one)."""
     if len(row) < width:
         raise ValueError(f"{len(row)} fields where the header has {width}")
+
+
+class RowReader(Protocol):
+    """What csv.reader gives: rows, and the line the last one ended on."""
+
+    line_num: int
+
+    def __iter__(self) -> Iterator[list[str]]: ...
+
+
+def rows(reader: RowReader, width: int, path: str | Path) -> Iterator[tuple[int, list[str]]]:
+    """An azure-minute file's rows after its header, as (line, row): an empty row skipped, a short one refused
+    (check_row) naming its line."""
+    for row in reader:
+        if not row:
+            continue
+        try:
+            check_row(row, width)
+        except ValueError as e:
+            raise at(path, reader.line_num, str(e)) from None
+        yield reader.line_num, row
 
 
 def count(cell: str) -> int:

@@ -57,16 +57,13 @@ def load_azure_minutes(path: Path, models: list[str], rng: random.Random, min_ac
         except ValueError as e:
             raise tf.at(path, 1, str(e)) from None
         rows: list[list[int]] = []
-        for row in reader:
-            if not row:
-                continue
+        for line, row in tf.rows(reader, len(header), path):
+            counts = [0] * minutes
             try:
-                tf.check_row(row, len(header))
-                counts = [0] * minutes
                 for i, n in cols:
                     counts[n - first_minute] += tf.count(row[i])
             except ValueError as e:
-                raise tf.at(path, reader.line_num, str(e)) from None
+                raise tf.at(path, line, str(e)) from None
             rows.append(counts)
     active = sorted((r for r in rows if sum(1 for x in r if x) >= min_active), key=sum)
     if not active:
