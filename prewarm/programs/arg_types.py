@@ -21,7 +21,6 @@ def whole_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least {low}")
         return n
 
-    parse.__name__ = f"whole number of at least {low}"
     return parse
 
 
