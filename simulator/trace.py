@@ -111,16 +111,7 @@ def load_requests(path: str | Path) -> Trace:
     ts: list[float] = []
     ms: list[int] = []
     with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        try:
-            tf.request_columns(reader.fieldnames)
-        except ValueError as e:
-            raise tf.at(path, 1, str(e)) from None
-        for row in reader:
-            try:
-                t, m = tf.request(row["timestamp"], row["model"])
-            except ValueError as e:
-                raise tf.at(path, reader.line_num, str(e)) from None
+        for t, m in tf.requests(csv.DictReader(f), path):
             ts.append(t)
             ms.append(names.setdefault(m, len(names)))
     times = np.array(ts, dtype=np.float64)

@@ -126,6 +126,31 @@ def request(timestamp: str | None, model: str | None) -> tuple[float, str]:
     return t, model
 
 
+class DictRowReader(Protocol):
+    """What csv.DictReader gives: its header, rows by column, and the line the last one ended on."""
+
+    line_num: int
+
+    @property
+    def fieldnames(self) -> Sequence[str] | None: ...
+
+    def __iter__(self) -> Iterator[dict[str, str | None]]: ...
+
+
+def requests(reader: DictRowReader, path: str | Path) -> Iterator[tuple[float, str]]:
+    """A requests file's rows after its header, as (seconds, model) in file order: the header and each row checked
+    (request_columns, request), a refusal naming the file and line."""
+    try:
+        request_columns(reader.fieldnames)
+    except ValueError as e:
+        raise at(path, 1, str(e)) from None
+    for row in reader:
+        try:
+            yield request(row["timestamp"], row["model"])
+        except ValueError as e:
+            raise at(path, reader.line_num, str(e)) from None
+
+
 def check_span(span_s: float) -> None:
     """A trace spans at most MAX_SPAN_S: longer is seconds and milliseconds mixed in one file, as a rule (replayed,
     it ran without end)."""

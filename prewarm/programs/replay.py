@@ -130,16 +130,7 @@ def load_requests_csv(path: Path) -> list[Request]:
     """A `timestamp,model` file's requests, by prewarm.domain.trace_format's rules (as the simulator's)."""
     out = []
     with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        try:
-            tf.request_columns(reader.fieldnames)
-        except ValueError as e:
-            raise tf.at(path, 1, str(e)) from None
-        for row in reader:
-            try:
-                t, model = tf.request(row["timestamp"], row["model"])
-            except ValueError as e:
-                raise tf.at(path, reader.line_num, str(e)) from None
+        for t, model in tf.requests(csv.DictReader(f), path):
             out.append(Request(t, model))
     out.sort()
     t0 = out[0].t if out else 0.0
