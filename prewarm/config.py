@@ -214,21 +214,22 @@ def parse_max_demand_wait(text: str | None, name: str = "PREWARM_MAX_DEMAND_WAIT
 _SLO_HELP = "write share=0.05,window=15m or p95=10s (window optional, default 15m)"
 
 
-def parse_slo(text: str | None) -> ColdStartSlo | None:
-    """Parse PREWARM_COLD_START_SLO; None when unset or empty. ValueError says what to write."""
+def parse_slo(text: str | None, name: str = "PREWARM_COLD_START_SLO") -> ColdStartSlo | None:
+    """Parse PREWARM_COLD_START_SLO (or the option `name`); None when unset or empty. ValueError says what to
+    write."""
     if not text or not text.strip():
         return None
     fields: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",")):
-        name, eq, value = part.partition("=")
-        name = name.strip().lower()
-        if not eq or name not in ("share", "p95", "window") or not value.strip():
-            raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: cannot read {part!r}; {_SLO_HELP}")
-        if name in fields:
-            raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: {name} is given twice; {_SLO_HELP}")
-        fields[name] = value.strip()
+        key, eq, value = part.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in ("share", "p95", "window") or not value.strip():
+            raise ConfigError(f"{name}={text!r}: cannot read {part!r}; {_SLO_HELP}")
+        if key in fields:
+            raise ConfigError(f"{name}={text!r}: {key} is given twice; {_SLO_HELP}")
+        fields[key] = value.strip()
     if ("share" in fields) == ("p95" in fields):
-        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: give exactly one of share or p95; {_SLO_HELP}")
+        raise ConfigError(f"{name}={text!r}: give exactly one of share or p95; {_SLO_HELP}")
     try:
         window = parse_duration(fields.get("window", "15m"))
         if "share" in fields:
@@ -237,11 +238,11 @@ def parse_slo(text: str | None) -> ColdStartSlo | None:
         else:
             metric, target = "p95", parse_duration(fields["p95"])
     except ValueError as exc:
-        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: {exc}; {_SLO_HELP}") from None
+        raise ConfigError(f"{name}={text!r}: {exc}; {_SLO_HELP}") from None
     if metric == "share" and not 0.0 < target < 1.0:
-        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: share {target:g} must lie between 0 and 1, e.g. 0.05")
+        raise ConfigError(f"{name}={text!r}: share {target:g} must lie between 0 and 1, e.g. 0.05")
     if target <= 0 or window < 60:
-        raise ConfigError(f"PREWARM_COLD_START_SLO={text!r}: the target must be positive and the window at "
+        raise ConfigError(f"{name}={text!r}: the target must be positive and the window at "
                          "least 1m (the scheduler measures it per minute)")
     return ColdStartSlo(metric, target, window)
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prewarm import arg_types
 from prewarm.config import parse_idle_memory_budget, parse_max_demand_wait, parse_slo
 from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
@@ -38,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB")
     p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
-    p.add_argument("--json", dest="json_out", help="write the results as JSON here")
-    p.add_argument("--plot", help="write a PNG: cold-start share against memory-time")
+    p.add_argument("--json", dest="json_out", type=arg_types.output_file, help="write the results as JSON here")
+    p.add_argument("--plot", type=arg_types.output_file, help="write a PNG: cold-start share against memory-time")
     p.add_argument("--seed", type=int, default=0, help="seed for spreading per-minute counts")
     p.add_argument("--contention", choices=["shared", "none"], default="shared")
     p.add_argument("--host-memory", default="0",
@@ -175,6 +176,9 @@ def plot(out: dict, path: str) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [n for n in names if n not in POLICIES]
+    if not names:
+        print(f"simulate: --policies names no policy (known: {', '.join(POLICIES)}, or all)", file=sys.stderr)
+        return 2
     if unknown:
         print(f"unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})", file=sys.stderr)
         return 2
@@ -183,7 +187,7 @@ def run_cli(args: argparse.Namespace) -> int:
         host_bytes = parse_bytes(args.host_memory)
         stage_bw = parse_rate(args.stage_bandwidth)
         promote_bw = None if args.promote_bandwidth is None else parse_rate(args.promote_bandwidth)
-        slo = parse_slo(args.slo) if args.slo else None
+        slo = parse_slo(args.slo, "--slo") if args.slo else None
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
         max_wait = parse_max_demand_wait(args.max_demand_wait, "--max-demand-wait")
         trace = read_trace(args.trace, args.format, args.seed, args.hours)

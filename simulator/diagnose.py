@@ -25,13 +25,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
-from prewarm.domain.policy import PolicyConfig
+from prewarm import arg_types
+from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 from prewarm.domain.states import PENDING, READY
 
 from .engine import Simulation
@@ -236,36 +238,72 @@ def diagnose(sim: DiagnosticSimulation, policy: Any) -> dict[str, Any]:
     }
 
 
+def config_override(item: str) -> tuple[str, Any]:
+    """A `--set FIELD=VALUE`: the PolicyConfig field and its value, read by the field's kind (a flag true/false, a
+    whole number, a number, `none` where the field may be unset, or one of its readings); a number is finite and not
+    negative (the knobs are durations, shares, counts and rates), a tick above 0. ValueError says what to write."""
+    name, eq, raw = item.partition("=")
+    default = _DEFAULTS.get(name, _MISSING)
+    if not eq:
+        raise ValueError(f"{item!r}: write FIELD=VALUE (e.g. tick_s=2)")
+    if default is _MISSING:
+        raise ValueError(f"{item!r}: PolicyConfig has no field {name!r} (prewarm/domain/policy/types.py lists them)")
+    v = raw.strip().lower()
+    if isinstance(default, bool):
+        if v not in ("true", "false"):
+            raise ValueError(f"{item!r}: {name} is true or false")
+        return name, v == "true"
+    if isinstance(default, str):
+        if v not in STALE_RATE_READINGS:
+            raise ValueError(f"{item!r}: {name} is one of {', '.join(STALE_RATE_READINGS)}")
+        return name, v
+    if v == "none":
+        if default is not None:
+            raise ValueError(f"{item!r}: {name} cannot be none (a number; {default!r} by default)")
+        return name, None
+    try:
+        x: float = int(v) if isinstance(default, int) else float(v)
+    except ValueError:
+        kind = "a whole number" if isinstance(default, int) else "a number" + (" or none" if default is None else "")
+        raise ValueError(f"{item!r}: {name} is {kind}") from None
+    if not 0 <= x < math.inf or (name == "tick_s" and x == 0):
+        raise ValueError(f"{item!r}: {name} must be a finite number {'above' if name == 'tick_s' else 'of at least'} 0")
+    return name, x
+
+
+_MISSING = object()
+_DEFAULTS: dict[str, Any] = {f.name: getattr(PolicyConfig(), f.name) for f in dataclasses.fields(PolicyConfig)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator.diagnose", description=__doc__.splitlines()[0])
     p.add_argument("trace")
     p.add_argument("--format", choices=FORMATS, default="azure-minute")
     p.add_argument("--profile")
     p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
-    p.add_argument("--gpus", type=int, default=16)
+    p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=16)
     p.add_argument("--gpu-memory", default="80GiB")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", default="prewarm", choices=list(POLICIES))
-    p.add_argument("--load-slots", type=int, default=2)
-    p.add_argument("--json", dest="json_out")
+    p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=2, help="0: every load at once")
+    p.add_argument("--json", dest="json_out", type=arg_types.output_file)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="prewarm only: a PolicyConfig field for this replay (a number, or none)")
     a = p.parse_args(argv)
-    fields = {f.name: f for f in dataclasses.fields(PolicyConfig)}
-    overrides: dict[str, Any] = {}
-    for item in a.set:
-        k, _, v = item.partition("=")
-        if k not in fields:
-            p.error(f"--set {item}: no PolicyConfig field {k!r}")
-        overrides[k] = None if v.lower() == "none" else (
-            v.lower() == "true" if v.lower() in ("true", "false") else float(v) if "." in v or "e" in v else int(v))
     try:
+        overrides = dict(config_override(item) for item in a.set)
+    except ValueError as e:
+        p.error(f"--set {e}")
+    try:
+        gpu_bytes = parse_bytes(a.gpu_memory)
+        if gpu_bytes <= 0:
+            raise ValueError(f"--gpu-memory {a.gpu_memory!r} must be positive")
         trace = read_trace(a.trace, a.format, a.seed, a.hours)
         sizes, loads = load_profile(a.profile, trace.models)
     except (OSError, ValueError) as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
-    sim = DiagnosticSimulation(trace, sizes, loads, a.gpus, parse_bytes(a.gpu_memory), load_slots=a.load_slots)
+    sim = DiagnosticSimulation(trace, sizes, loads, a.gpus, gpu_bytes, load_slots=a.load_slots)
     pol = Prewarm(PolicyConfig(**overrides)) if a.policy == "prewarm" else POLICIES[a.policy]()
     out = diagnose(sim, pol)
     out["config"] = overrides

@@ -26,6 +26,7 @@ import random
 import sys
 from pathlib import Path
 
+from prewarm import arg_types
 from prewarm.domain import trace_format as tf
 
 from .trace import GIB, default_load_seconds
@@ -74,7 +75,7 @@ def write_view(source: str | Path, out_dir: str | Path, top: int = 180, every: i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator.stream_view", description=__doc__.split("\n\n")[0])
     p.add_argument("trace", help="an azure-minute trace (e.g. ../shared/traces/servegen-lang-14d/invocations.csv)")
-    p.add_argument("out_dir")
+    p.add_argument("out_dir", type=arg_types.output_folder)
     p.add_argument("--top", type=int, default=180, help="the busiest rows considered (default 180)")
     p.add_argument("--every", type=int, default=3, help="keep every n-th of them (default 3)")
     p.add_argument("--min-gib", type=float, default=2.0)

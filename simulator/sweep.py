@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prewarm import arg_types
 from prewarm.config import parse_idle_memory_budget
 from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
@@ -141,7 +142,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prewarm's no-regret layer (PolicyConfig.no_regret; on by default, as simulate)")
     add_prewarm_switches(p)
     p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
-    p.add_argument("--out", default="sweep", help="folder for sweep.json, sweep.md and sweep.png")
+    p.add_argument("--out", default="sweep", type=arg_types.output_folder,
+                   help="folder for sweep.json, sweep.md and sweep.png")
 
 
 def add_prewarm_switches(p: argparse.ArgumentParser) -> None:
@@ -416,6 +418,9 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [n for n in names if n not in POLICIES]
+    if not names:
+        print(f"simulate-sweep: --policies names no policy (known: {', '.join(POLICIES)}, or all)", file=sys.stderr)
+        return 2
     if unknown:
         print(f"simulate-sweep: unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})",
               file=sys.stderr)

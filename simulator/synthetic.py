@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from prewarm import arg_types
+
 from .trace import GIB, default_load_seconds
 
 REGIMES = ("zipf", "shifting", "onoff", "periodic", "diurnal")
@@ -145,7 +147,7 @@ def write(regime: str, out_dir: str | Path, models: int = 200, hours: float = 24
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator.synthetic", description=__doc__.split("\n\n")[0])
     p.add_argument("regime", choices=REGIMES)
-    p.add_argument("out_dir")
+    p.add_argument("out_dir", type=arg_types.output_folder)
     p.add_argument("--models", type=int, default=200)
     p.add_argument("--hours", type=float, default=24.0)
     p.add_argument("--requests", type=int, default=150_000, help="expected requests in all (default 150,000)")

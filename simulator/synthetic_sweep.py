@@ -18,6 +18,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from prewarm import arg_types
+
 from . import synthetic
 from .policies import POLICIES
 from .sweep import Job, Point, Sample, add_prewarm_switches, markdown, point_summary, points, run_one
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=150_000)
     add_prewarm_switches(p)
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--out", default="synthetic-sweep")
+    p.add_argument("--out", default="synthetic-sweep", type=arg_types.output_folder)
     a = p.parse_args(argv)
     try:
         regimes = _list(a.regimes, synthetic.REGIMES, "regimes")

@@ -12,11 +12,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from prewarm import events, keys, state
+from prewarm import arg_types, events, keys, state
 from prewarm.catalog_entries import CatalogError
 from prewarm.config import format_bytes
 from prewarm.domain import states as rs
-from prewarm.programs import arg_types
 from prewarm.services import drain, operator
 from prewarm.store import drains, overlays
 

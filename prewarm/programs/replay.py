@@ -29,9 +29,9 @@ from pathlib import Path
 
 import requests
 
+from prewarm import arg_types
 from prewarm.domain import states as rs
 from prewarm.domain import trace_format as tf
-from prewarm.programs import arg_types
 
 BUNDLED_TRACE = Path(__file__).parents[1] / "data" / "traces" / "azure2019-500" / "invocations.csv"  # prewarm/data
 

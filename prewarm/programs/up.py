@@ -17,9 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from prewarm import arg_types
 from prewarm.config import Settings, repo_root
 from prewarm.config_errors import redacted
-from prewarm.programs import arg_types
 
 
 def _procfile(path: Path) -> dict[str, str]:

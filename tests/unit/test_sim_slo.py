@@ -75,7 +75,7 @@ def test_cli_slo_and_hours(tmp_path, capsys) -> None:
     full = load_azure_minute(inv)
     assert first_hours(full, 1).requests == int((full.times < 3600).sum()) < full.requests
     assert cli_main(["simulate", str(inv), "--slo", "share=2"]) == 2  # a bad line: the message, exit 2
-    assert "PREWARM_COLD_START_SLO" in capsys.readouterr().err
+    assert "--slo='share=2'" in capsys.readouterr().err  # named as the user wrote it
 
 
 @pytest.mark.parametrize("now", [1_800_000_000.0, 1_800_000_001.0, 1_800_000_059.5])

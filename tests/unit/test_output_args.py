@@ -1,0 +1,93 @@
+"""Output paths and --set values are refused as the command line is read (prewarm/arg_types.py,
+simulator.diagnose.config_override): a run is not lost at its last step to a file it cannot write, and a knob
+no replay can use is not a traceback or a replay that never ends (tick_s=-1 ticked backwards for ever)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+from prewarm import arg_types
+from simulator import diagnose, sweep
+from simulator.cli import main as simulate_main
+
+
+def test_output_file_refuses_what_it_cannot_write_and_leaves_nothing(tmp_path: Path) -> None:
+    assert arg_types.output_file(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists()  # the check made nothing
+    old = tmp_path / "old.json"
+    old.write_text("kept")
+    assert arg_types.output_file(str(old)) == str(old)
+    assert old.read_text() == "kept"  # checked for writing, not truncated
+    for bad, words in [(tmp_path / "missing" / "x.json", "there is no folder"), (tmp_path, "is a folder")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            arg_types.output_file(str(bad))
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(argparse.ArgumentTypeError, match="cannot write"):
+            arg_types.output_file(str(ro / "x.json"))
+
+
+def test_output_folder_may_be_made_later_but_not_through_a_file(tmp_path: Path) -> None:
+    assert arg_types.output_folder(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []  # neither made nor probed-and-left
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="is a file"):
+        arg_types.output_folder(str(f))
+    with pytest.raises(argparse.ArgumentTypeError, match="lies under the file"):
+        arg_types.output_folder(str(f / "sub"))
+
+
+def test_simulate_refuses_an_unwritable_json_before_replaying(tmp_path: Path, capsys: pytest.CaptureFixture[str]) \
+        -> None:
+    trace = tmp_path / "t.csv"  # never read: the command line is refused first
+    with pytest.raises(SystemExit) as e:
+        simulate_main(["simulate", str(trace), "--json", str(tmp_path / "no" / "r.json")])
+    assert e.value.code == 2
+    assert "argument --json: cannot write" in capsys.readouterr().err
+    assert simulate_main(["simulate", str(trace), "--policies", ","]) == 2
+    assert "--policies names no policy" in capsys.readouterr().err
+
+
+def test_sweep_refuses_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "f"
+    f.write_text("")
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command")
+    sweep.register(sub)
+    with pytest.raises(SystemExit):
+        p.parse_args(["simulate-sweep", "--out", str(f)])
+    assert "cannot write into" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("item", "words"), [
+    ("tick_s", "write FIELD=VALUE"),
+    ("bogus=1", "no field 'bogus'"),
+    ("tick_s=abc", "tick_s is a number"),
+    ("tick_s=-1", "above 0"),
+    ("tick_s=0", "above 0"),
+    ("tick_s=nan", "above 0"),
+    ("tick_s=none", "cannot be none"),
+    ("hist_bins=2.5", "whole number"),
+    ("eviction_cooldown_s=-5", "at least 0"),
+    ("no_regret=maybe", "true or false"),
+    ("refute_stale_rate=x", "auto, on, off"),
+])
+def test_config_override_refuses_what_no_replay_can_use(item: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        diagnose.config_override(item)
+
+
+def test_config_override_reads_each_field_by_its_kind() -> None:
+    assert diagnose.config_override("tick_s=5") == ("tick_s", 5.0)
+    assert isinstance(diagnose.config_override("tick_s=5")[1], float)
+    assert diagnose.config_override("max_loads_per_gpu=3") == ("max_loads_per_gpu", 3)
+    assert diagnose.config_override("no_regret=False") == ("no_regret", False)
+    assert diagnose.config_override("overdue_wait_s=none") == ("overdue_wait_s", None)
+    assert diagnose.config_override("overdue_wait_s=60") == ("overdue_wait_s", 60.0)
+    assert diagnose.config_override("refute_stale_rate=on") == ("refute_stale_rate", "on")
