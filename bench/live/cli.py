@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from prewarm import arg_types
 from prewarm.domain.policy_names import LIVE_POLICIES, check
 
 DEFAULT_POLICIES = "prewarm,faascache,on-demand-lru"
@@ -42,10 +43,6 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
         print(f"prewarm bench live: --trace {trace}: no such file (an Azure Functions per-minute CSV)",
               file=sys.stderr)
         return 2
-    for flag, value in (("--minutes", args.minutes), ("--speed", args.speed), ("--rate", args.rate)):
-        if value <= 0:
-            print(f"prewarm bench live: {flag} {value:g}: write a number above 0", file=sys.stderr)
-            return 2
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
@@ -58,16 +55,16 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
 def add_live_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = group.add_parser("live", help="replay a trace through a real fleet once per policy, and the simulator beside it")
     p.add_argument("--trace", help="Azure Functions per-minute CSV (default: the bundled azure2019-500)")
-    p.add_argument("--minutes", type=float, default=60.0, help="trace minutes to replay (default 60)")
-    p.add_argument("--speed", type=float, default=30.0, help="trace seconds per real second (default 30)")
+    p.add_argument("--minutes", type=arg_types.positive, default=60.0, help="trace minutes to replay (default 60)")
+    p.add_argument("--speed", type=arg_types.positive, default=30.0, help="trace seconds per real second (default 30)")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help=f"comma list of {','.join(LIVE_POLICIES)} (default {DEFAULT_POLICIES})")
-    p.add_argument("--models", type=int, default=16, help="the trace's busiest functions to map (default 16)")
-    p.add_argument("--rate", type=float, default=8.0, help="about this many requests per real second (default 8)")
-    p.add_argument("--gpus", type=int, default=2, help="CPU virtual GPUs of the worker (default 2)")
-    p.add_argument("--gpu-mib", type=int, default=None,
+    p.add_argument("--models", type=arg_types.whole_at_least(1), default=16, help="the trace's busiest functions to map (default 16)")
+    p.add_argument("--rate", type=arg_types.positive, default=8.0, help="about this many requests per real second (default 8)")
+    p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=2, help="CPU virtual GPUs of the worker (default 2)")
+    p.add_argument("--gpu-mib", type=arg_types.whole_at_least(1), default=None,
                    help="memory per GPU in MiB (default: a third of the catalog over the GPUs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=arg_types.whole_at_least(0), default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_live)
     return p

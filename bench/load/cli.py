@@ -4,19 +4,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+from prewarm import arg_types
 
 from .report import fmt_report
 from .run import run_bench
 
 
-def _parse_size(text: str) -> int:
+def _parse_size(text: str, least: int = 1) -> int:
     from prewarm.config import parse_bytes
 
     try:
-        return parse_bytes(text)
+        n = parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is below {least:,} bytes" if least > 1 else f"{text!r} is not above 0")
+    return n
+
+
+def _model_size(text: str) -> int:
+    # smaller, a run times the calls around the bytes (and the 11 tensors' headers), not the load
+    return _parse_size(text, 1 << 20)
+
+
+def _folder(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder (the temporary model is written in it)")
+    return text
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda:0)") from None
+    return text
 
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
@@ -38,15 +65,15 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
 def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = group.add_parser("load", help="loader throughput vs raw read and safetensors.load_file")
-    p.add_argument("--size", type=_parse_size, default=1 << 30, help="model size, e.g. 1GiB (default)")
-    p.add_argument("--runs", type=int, default=5, help="runs per contender; medians are reported")
+    p.add_argument("--size", type=_model_size, default=1 << 30, help="model size, e.g. 1GiB (default; at least 1MiB)")
+    p.add_argument("--runs", type=arg_types.whole_at_least(1), default=5, help="runs per contender; medians are reported")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--threads", type=int, default=None, help="loader threads (default: the loader's)")
+    p.add_argument("--threads", type=arg_types.whole_at_least(1), default=None, help="loader threads (default: the loader's)")
     p.add_argument("--chunk", type=_parse_size, default=None, help="loader chunk size (default 8MiB)")
-    p.add_argument("--dir", default=None, help="where to write the temporary model (default: $TMPDIR)")
-    p.add_argument("--device", default=None, help="target device (default cuda:0 if present, else cpu)")
+    p.add_argument("--dir", type=_folder, default=None, help="where to write the temporary model (default: $TMPDIR)")
+    p.add_argument("--device", type=_device, default=None, help="target device (default cuda:0 if present, else cpu)")
     p.add_argument("--no-cold", action="store_true", help="skip the out-of-page-cache runs")
-    p.add_argument("--idle", type=float, default=3.0,
+    p.add_argument("--idle", type=arg_types.non_negative, default=3.0,
                    help="seconds idle before each of the after-idle loads (0: skip them; default 3)")
     p.set_defaults(func=cmd_bench_load)
     return p

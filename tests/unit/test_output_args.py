@@ -91,3 +91,24 @@ def test_config_override_reads_each_field_by_its_kind() -> None:
     assert diagnose.config_override("overdue_wait_s=none") == ("overdue_wait_s", None)
     assert diagnose.config_override("overdue_wait_s=60") == ("overdue_wait_s", 60.0)
     assert diagnose.config_override("refute_stale_rate=on") == ("refute_stale_rate", "on")
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "live", "--gpus", "0"],  # was a ZeroDivisionError once the fleet was being built
+    ["bench", "live", "--models", "0"],
+    ["bench", "live", "--minutes", "nan"],
+    ["bench", "live", "--seed", "-1"],
+    ["bench", "load", "--runs", "0"],  # was "no median for empty data" after the model was written
+    ["bench", "load", "--size", "0"],  # timed the calls around 11 empty tensors, not a load
+    ["bench", "load", "--idle", "-1"],
+    ["bench", "load", "--dir", "/nonexistent-folder"],  # was a traceback from mkdtemp
+    ["bench", "load", "--device", "bogus"],  # was torch's RuntimeError
+])
+def test_bench_options_no_run_can_use_are_refused_as_read(argv: list[str], capsys: pytest.CaptureFixture[str]) \
+        -> None:
+    from prewarm.programs.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert f"argument {argv[2]}" in capsys.readouterr().err
