@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -213,6 +214,9 @@ def run_bench(failovers: int = 5, *, preload_pairs: int = 4, hook_threads: int =
               log: Callable[[str], None] = print) -> dict[str, Any]:
     if failovers < 1:
         raise ValueError("--failovers: at least 1")
+    if preload_pairs < 0 or hook_threads < 0 or not 0 <= settle < math.inf:
+        raise ValueError("--preload-pairs, --hook-threads and --settle: 0 or more (0 pairs or threads: that "
+                         "traffic is left out)")
     work = Path(tempfile.mkdtemp(prefix="prewarm-bench-failover-"))
     catalog = _catalog(work / "models")
     cluster = SentinelCluster(replicas=2).start()

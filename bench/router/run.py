@@ -16,6 +16,7 @@ record. The engine is a stand-in so the figure is the router's own cost, not a C
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import subprocess
@@ -41,7 +42,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_bench(requests: int = 200, cold_requests: int = 20, cold_seconds: float = 3.0,
               log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    if requests < 2 or cold_requests < 1 or cold_seconds <= 0:
+    if requests < 2 or cold_requests < 1 or not 0 < cold_seconds < math.inf:
         raise BenchError("--requests must be >= 2, --cold-requests >= 1 and --cold-seconds > 0")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of LiteLLM's price list
     try:

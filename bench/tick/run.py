@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import tempfile
@@ -43,6 +44,11 @@ def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB,
     if models < 1 or gpus < 1 or ticks < 2:
         raise ValueError("--models and --gpus must be at least 1 and --ticks at least 2 (the first tick is "
                          "reported apart from the p50/p95 of the others)")
+    # (numpy's words for these named no option: "lam < 0 or lam contains NaNs", "expected non-negative integer")
+    if gpu_memory < 1 or not 0 < rate < math.inf or not 0 <= zipf < math.inf or seed < 0 \
+            or (interval is not None and not 0 <= interval < math.inf):
+        raise ValueError("--gpu-memory and --rate must be above 0, --zipf, --interval and --seed 0 or more "
+                         "(finite numbers)")
     from prewarm.config import Settings
     from prewarm.context import Context
     from scheduler.live import Scheduler

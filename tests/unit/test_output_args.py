@@ -5,6 +5,7 @@ no replay can use is not a traceback or a replay that never ends (tick_s=-1 tick
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -112,3 +113,21 @@ def test_bench_options_no_run_can_use_are_refused_as_read(argv: list[str], capsy
         build_parser().parse_args(argv)
     assert e.value.code == 2
     assert f"argument {argv[2]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("module", "kwargs", "words"), [
+    ("bench.tick.run", {"models": 10, "gpus": 1, "ticks": 2, "rate": -1.0}, "--rate"),  # numpy: "lam < 0 ..."
+    ("bench.tick.run", {"models": 10, "gpus": 1, "ticks": 2, "seed": -1}, "--seed"),
+    ("bench.tick.run", {"models": 10, "gpus": 1, "ticks": 2, "gpu_memory": 0}, "--gpu-memory"),  # ran, 0-byte GPUs
+    ("bench.tick.run", {"models": 10, "gpus": 1, "ticks": 2, "zipf": math.nan}, "--zipf"),
+    ("bench.router.run", {"cold_seconds": math.nan}, "--cold-seconds"),  # ran "cold for nan s"
+    ("bench.failover.run", {"settle": -1.0}, "--settle"),  # failed after starting Sentinel, web, worker
+])
+def test_bench_runs_refuse_what_they_cannot_use_before_starting_anything(module: str, kwargs: dict, words: str) \
+        -> None:
+    import importlib
+
+    run_bench = importlib.import_module(module).run_bench
+    with pytest.raises(Exception, match=words) as e:
+        run_bench(**kwargs)
+    assert type(e.value).__name__ in ("ValueError", "BenchError")
