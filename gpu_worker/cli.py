@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from prewarm import arg_types
+
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from gpu_worker.main import run_worker
@@ -41,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from prewarm.commands import subgroup
 
     p = sub.add_parser("worker", help="run a GPU worker for the devices in PREWARM_DEVICES")
-    p.add_argument("--threads", type=int, help="task threads (default PREWARM_WORKER_THREADS, else 4 per GPU, "
+    p.add_argument("--threads", type=arg_types.whole_at_least(1), help="task threads (default PREWARM_WORKER_THREADS, else 4 per GPU, "
                                                "at least 8)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
@@ -57,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     models = subgroup(sub, "models", "the model catalog")
     p = models.add_parser("demo", help="write the demo models (seeded random weights) and their catalog")
-    p.add_argument("--out", required=True, help="folder to write into (catalog.toml and the weights)")
+    p.add_argument("--out", required=True, type=arg_types.output_folder, help="folder to write into (catalog.toml and the weights)")
     p.add_argument("--small", action="store_true", help="tiny models (a few MB in all), for tests")
     p.add_argument("--force", action="store_true", help="rewrite even when the folder is up to date")
     p.add_argument("--quiet", action="store_true")

@@ -131,3 +131,13 @@ def test_bench_runs_refuse_what_they_cannot_use_before_starting_anything(module:
     with pytest.raises(Exception, match=words) as e:
         run_bench(**kwargs)
     assert type(e.value).__name__ in ("ValueError", "BenchError")
+
+
+def test_models_demo_refuses_an_out_it_cannot_make(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from prewarm.programs.cli import build_parser
+
+    f = tmp_path / "f"
+    f.write_text("")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["models", "demo", "--out", str(f)])  # was os.mkdir's FileExistsError
+    assert "argument --out: cannot write into" in capsys.readouterr().err
