@@ -254,9 +254,10 @@ def config_override(item: str) -> tuple[str, Any]:
             raise ValueError(f"{item!r}: {name} is true or false")
         return name, v == "true"
     if isinstance(default, str):
-        if v not in STALE_RATE_READINGS:
-            raise ValueError(f"{item!r}: {name} is one of {', '.join(STALE_RATE_READINGS)}")
-        return name, v
+        readings = _READINGS.get(name)
+        if readings is not None and v not in readings:
+            raise ValueError(f"{item!r}: {name} is one of {', '.join(readings)}")
+        return name, v if readings is not None else raw
     if v == "none":
         if default is not None:
             raise ValueError(f"{item!r}: {name} cannot be none (a number; {default!r} by default)")
@@ -272,6 +273,7 @@ def config_override(item: str) -> tuple[str, Any]:
 
 
 _MISSING = object()
+_READINGS = {"refute_stale_rate": STALE_RATE_READINGS}  # a str field's words
 _DEFAULTS: dict[str, Any] = {f.name: getattr(PolicyConfig(), f.name) for f in dataclasses.fields(PolicyConfig)}
 
 

@@ -21,7 +21,8 @@ def _parse_size(text: str, least: int = 1) -> int:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if n < least:
-        raise argparse.ArgumentTypeError(f"{text!r} is below {least:,} bytes" if least > 1 else f"{text!r} is not above 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is below {least:,} bytes" if least > 1
+                                         else f"{text!r} is not above 0")
     return n
 
 
@@ -65,13 +66,18 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
 def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = group.add_parser("load", help="loader throughput vs raw read and safetensors.load_file")
-    p.add_argument("--size", type=_model_size, default=1 << 30, help="model size, e.g. 1GiB (default; at least 1MiB)")
-    p.add_argument("--runs", type=arg_types.whole_at_least(1), default=5, help="runs per contender; medians are reported")
+    p.add_argument("--size", type=_model_size, default=1 << 30,
+                   help="model size, e.g. 1GiB (default; at least 1MiB)")
+    p.add_argument("--runs", type=arg_types.whole_at_least(1), default=5,
+                   help="runs per contender; medians are reported")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--threads", type=arg_types.whole_at_least(1), default=None, help="loader threads (default: the loader's)")
+    p.add_argument("--threads", type=arg_types.whole_at_least(1), default=None,
+                   help="loader threads (default: the loader's)")
     p.add_argument("--chunk", type=_parse_size, default=None, help="loader chunk size (default 8MiB)")
-    p.add_argument("--dir", type=_folder, default=None, help="where to write the temporary model (default: $TMPDIR)")
-    p.add_argument("--device", type=_device, default=None, help="target device (default cuda:0 if present, else cpu)")
+    p.add_argument("--dir", type=_folder, default=None,
+                   help="where to write the temporary model (default: $TMPDIR)")
+    p.add_argument("--device", type=_device, default=None,
+                   help="target device (default cuda:0 if present, else cpu)")
     p.add_argument("--no-cold", action="store_true", help="skip the out-of-page-cache runs")
     p.add_argument("--idle", type=arg_types.non_negative, default=3.0,
                    help="seconds idle before each of the after-idle loads (0: skip them; default 3)")
