@@ -247,6 +247,7 @@ def parse_slo(text: str | None, name: str = "PREWARM_COLD_START_SLO") -> ColdSta
     return ColdStartSlo(metric, target, window)
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # what redis-py connects to; sentinel.SCHEMES beside them
 DEFAULT_WEB_HOST = "127.0.0.1"  # loopback: exposing the web is the operator's explicit choice
 
 
@@ -395,6 +396,10 @@ class Settings:
         if self.redis_url is not None:
             if sentinel.is_sentinel(self.redis_url):
                 sentinel.parse(self.redis_url)  # a bad sentinel:// URL is refused now, in words
+            elif self.redis_url.split("://", 1)[0].lower() not in REDIS_SCHEMES or "://" not in self.redis_url:
+                # else redis-py's ValueError at the first connection, a traceback in every process
+                raise ConfigError(f"PREWARM_REDIS_URL={redacted(self.redis_url)!r}: write redis://HOST:6379/0, "
+                                  f"rediss:// (TLS), unix:///PATH/redis.sock or {sentinel.FORM}")
         if not 0.0 <= self.speculative_share <= 1.0:
             raise ConfigError(f"PREWARM_SPECULATIVE_SHARE={self.speculative_share}: write a share from 0 to 1, "
                              "e.g. 0.6")

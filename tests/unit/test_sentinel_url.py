@@ -103,3 +103,17 @@ def test_passwords_are_masked() -> None:
 def test_redis_urls_are_not_sentinel_urls() -> None:
     assert not sentinel.is_sentinel("redis://h1/0") and not sentinel.is_sentinel(None)
     assert sentinel.is_sentinel("SENTINEL://h1/prewarm")
+
+
+@pytest.mark.parametrize("url", ["garbage", "http://h1:6379/0", "127.0.0.1:6379", "redis:/h1"])
+def test_settings_refuse_a_url_redis_cannot_connect_to_naming_the_forms(url: str) -> None:
+    # was redis-py's "Redis URL must specify one of the following schemes" at the first connection, a traceback
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"PREWARM_REDIS_URL": url})
+    assert "PREWARM_REDIS_URL" in str(err.value) and "redis://HOST:6379/0" in str(err.value)
+    assert sentinel.FORM in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["redis://h1:6379/0", "REDIS://h1/0", "rediss://:pw@h1:6380/1", "unix:///run/r.sock"])
+def test_settings_take_every_url_redis_connects_to(url: str) -> None:
+    assert Settings.from_env({"PREWARM_REDIS_URL": url}).redis_url == url
