@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any
 
+from bench.term import sigterm_unwinds
+
 
 def _s(x: float | None) -> str:
     return "      -" if x is None else f"{x:7.3f}"
@@ -81,10 +83,11 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
     try:
-        if base is not None:
-            r = run_adapter_bench(entry, base, device=args.device, requests=args.requests, log=log)
-        else:
-            r = run_bench(entry, device=args.device, requests=args.requests, log=log)
+        with sigterm_unwinds():  # a SIGTERM stops the engine it started too (bench/term.py)
+            if base is not None:
+                r = run_adapter_bench(entry, base, device=args.device, requests=args.requests, log=log)
+            else:
+                r = run_bench(entry, device=args.device, requests=args.requests, log=log)
     except BenchError as exc:
         print(f"prewarm bench engine: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from bench.term import sigterm_unwinds
+
 from .run import run_bench
 
 
@@ -32,8 +34,9 @@ def fmt_report(r: dict[str, Any]) -> str:
 def cmd_bench_failover(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
     try:
-        r = run_bench(args.failovers, preload_pairs=args.preload_pairs, hook_threads=args.hook_threads,
-                      settle=args.settle, log=log)
+        with sigterm_unwinds():  # a SIGTERM stops the Sentinel cluster and the fleet too (bench/term.py)
+            r = run_bench(args.failovers, preload_pairs=args.preload_pairs, hook_threads=args.hook_threads,
+                          settle=args.settle, log=log)
     except (ValueError, RuntimeError, TimeoutError) as exc:
         print(f"prewarm bench failover: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from bench.term import sigterm_unwinds
 from prewarm import arg_types
 from prewarm.domain.policy_names import LIVE_POLICIES, check
 
@@ -46,8 +47,9 @@ def cmd_bench_live(args: argparse.Namespace) -> int:
     def log(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
-    out = run(trace, args.minutes, args.speed, policies, n_models=args.models, rate=args.rate, gpus=args.gpus,
-              gpu_mib=args.gpu_mib, seed=args.seed, log=log)
+    with sigterm_unwinds():  # a SIGTERM stops the fleet and its Redis too (bench/term.py)
+        out = run(trace, args.minutes, args.speed, policies, n_models=args.models, rate=args.rate, gpus=args.gpus,
+                  gpu_mib=args.gpu_mib, seed=args.seed, log=log)
     print(json.dumps(out, indent=1) if args.json else table(out))
     return 0
 

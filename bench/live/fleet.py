@@ -4,6 +4,7 @@ scheduler, each a real process (`prewarm web|worker|scheduler`); `stop()` ends e
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,3 +147,5 @@ class Fleet:
         self.procs.clear()
         self.ctx.r.close()
         self.redis.stop()
+        # its logs, data and metrics: a failure's RuntimeError has already quoted the log it needs
+        shutil.rmtree(self.work, ignore_errors=True)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from bench.term import sigterm_unwinds
 from prewarm import arg_types
 
 from .report import fmt_report
@@ -49,17 +50,18 @@ def _device(text: str) -> str:
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
-    r = run_bench(
-        args.size,
-        args.runs,
-        threads=args.threads,
-        chunk_bytes=args.chunk,
-        directory=args.dir,
-        cold=not args.no_cold,
-        device=args.device,
-        idle_seconds=args.idle,
-        log=log,
-    )
+    with sigterm_unwinds():  # a SIGTERM removes the temporary model too (bench/term.py)
+        r = run_bench(
+            args.size,
+            args.runs,
+            threads=args.threads,
+            chunk_bytes=args.chunk,
+            directory=args.dir,
+            cold=not args.no_cold,
+            device=args.device,
+            idle_seconds=args.idle,
+            log=log,
+        )
     print(json.dumps(r, sort_keys=True) if args.json else fmt_report(r))
     return 0
 

@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any
 
+from bench.term import sigterm_unwinds
+
 
 def fmt_report(r: dict[str, Any]) -> str:
     w, c = r["warm"], r["cold"]
@@ -29,7 +31,8 @@ def cmd_bench_router(args: argparse.Namespace) -> int:
 
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
     try:
-        r = run_bench(args.requests, args.cold_requests, args.cold_seconds, log=log)
+        with sigterm_unwinds():  # a SIGTERM stops the embedded Redis and the stand-ins too (bench/term.py)
+            r = run_bench(args.requests, args.cold_requests, args.cold_seconds, log=log)
     except BenchError as exc:
         print(f"prewarm bench router: {exc}", file=sys.stderr)
         return 2

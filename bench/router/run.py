@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -131,6 +132,7 @@ def run_bench(requests: int = 200, cold_requests: int = 20, cold_seconds: float 
         engine.stop()
         spare.stop()
         redis_server.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the catalog, weights and logs: every run left its folder
 
     def ms(xs: list[float]) -> dict[str, float]:
         return {"p50_ms": round(1000 * statistics.median(xs), 3), "p99_ms": round(1000 * _pct(xs, 0.99), 3)}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from typing import Any
+
+from bench.term import sigterm_unwinds
 
 from .run import run_bench
 
@@ -42,18 +43,13 @@ def fmt_report(r: dict[str, Any]) -> str:
     ])
 
 
-def _exit_on_term(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds the run, so its embedded Redis and temporary folder go with it
-
-
 def cmd_bench_tick(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else (lambda _m: None)
-    # `timeout` or a supervisor ends a run with SIGTERM, whose default would leave the embedded Redis running
-    signal.signal(signal.SIGTERM, _exit_on_term)
     try:
-        r = run_bench(args.models, args.gpus, args.ticks, gpu_memory=args.gpu_memory, rate=args.rate,
-                      zipf=args.zipf, interval=args.interval, seed=args.seed, worker=not args.no_worker,
-                      log=log)
+        with sigterm_unwinds():  # a SIGTERM stops the embedded Redis too (bench/term.py)
+            r = run_bench(args.models, args.gpus, args.ticks, gpu_memory=args.gpu_memory, rate=args.rate,
+                          zipf=args.zipf, interval=args.interval, seed=args.seed, worker=not args.no_worker,
+                          log=log)
     except (ValueError, RuntimeError) as exc:
         print(f"prewarm bench tick: {exc}", file=sys.stderr)
         return 2

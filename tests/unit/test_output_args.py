@@ -141,3 +141,18 @@ def test_models_demo_refuses_an_out_it_cannot_make(tmp_path: Path, capsys: pytes
     with pytest.raises(SystemExit):
         build_parser().parse_args(["models", "demo", "--out", str(f)])  # was os.mkdir's FileExistsError
     assert "argument --out: cannot write into" in capsys.readouterr().err
+
+
+def test_a_bench_ended_by_sigterm_unwinds_and_its_handler_is_restored() -> None:
+    # the bench commands run inside sigterm_unwinds (bench/term.py): a `timeout` of `prewarm bench router` left
+    # its redis-server and two web processes running under the default SIGTERM
+    import signal
+
+    from bench.term import sigterm_unwinds
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e, sigterm_unwinds():
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in this thread before the next line
+        pytest.fail("SIGTERM did not unwind")
+    assert e.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
