@@ -1,7 +1,8 @@
 """A diagnostic replay: one policy on one trace and fleet, its cold starts split by what caused them.
 
     python -m simulator.diagnose TRACE [--format azure-minute|requests] --profile FILE [--gpus N]
-        [--hours H] [--seed S] [--policy NAME] [--json OUT]
+        [--gpu-memory 80GiB] [--hours H] [--seed S] [--policy NAME] [--load-slots N] [--set FIELD=VALUE]
+        [--json OUT]
 
 The trace is read as `prewarm simulate` and the sweep read it (`simulator.trace.read_trace`).
 
