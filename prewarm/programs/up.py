@@ -13,6 +13,7 @@ import argparse
 import os
 import secrets
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -81,12 +82,28 @@ def exposed_hook_token(env: dict[str, str], web_host: str) -> str:
             "(PREWARM_HOOK_TOKEN)\n")
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why the web could not listen on host:port now (gunicorn's bind, tried first), or None if it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # PREWARM_WEB_HOST may be "::"
+    try:
+        with socket.create_server((host, port), family=family):
+            return None
+    except OSError as e:
+        return os.strerror(e.errno) if e.errno else str(e)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from honcho.manager import Manager
 
     from prewarm import runtime
 
     settings = Settings.from_env()
+    port = str(args.port or settings.port)
+    taken = port_taken(settings.web_host, int(port))
+    if taken is not None:  # else everything starts, and the web alone stops it all 5 s later, deep in its log
+        print(f"prewarm up: {settings.web_host}:{port} is taken ({taken}): stop what listens there (another "
+              "prewarm up?), or pass --port N / set PORT", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     url = runtime.redis_url(settings)  # starts the embedded Redis when none is configured
     env["PREWARM_REDIS_URL"] = url
@@ -105,7 +122,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         token = env.get("PREWARM_ADMIN_TOKEN") or secrets.token_urlsafe(12)
         env["PREWARM_ADMIN_TOKEN"] = token
         hook_line = exposed_hook_token(env, settings.web_host)
-        port = str(args.port or settings.port)
         env["PORT"] = port
         env["PYTHONUNBUFFERED"] = "1"
         metrics_dir = settings.data_dir / "prometheus-multiproc"

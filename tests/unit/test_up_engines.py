@@ -37,3 +37,23 @@ def test_replay_maps_the_rest_onto_the_trace_and_skips_what_it_is_told() -> None
     models = ["lm", "engine", "lora-a", "lora-c"]
     assert split_models(models, ["engine", "lora-a", "gone"], ["lora-c"]) == (["lm"], ["engine", "lora-a"])
     assert split_models(models, [], []) == (models, [])
+
+
+def test_up_refuses_a_taken_port_before_starting_anything(monkeypatch, capsys) -> None:  # noqa: ANN001
+    # before: Redis, the worker and the scheduler started, and the web alone stopped them 5 s later, its
+    # "Connection in use" deep in the log
+    import socket
+
+    from prewarm.programs import up
+    from prewarm.programs.cli import build_parser
+
+    started: list[str] = []
+    monkeypatch.setattr("prewarm.runtime.redis_url", lambda _s: started.append("redis") or "redis://x")
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        assert up.port_taken("127.0.0.1", port) == "Address already in use"
+        args = build_parser().parse_args(["up", "--port", str(port), "--no-traffic"])
+        assert up.cmd_up(args) == 2
+    assert started == []
+    assert f"127.0.0.1:{port} is taken" in capsys.readouterr().err
+    assert up.port_taken("127.0.0.1", port) is None  # free again once closed
