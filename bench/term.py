@@ -25,4 +25,4 @@ def sigterm_unwinds() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)  # None: set outside Python
