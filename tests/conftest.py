@@ -13,8 +13,13 @@ import pytest
 import redis
 
 from prewarm.redis_server import EmbeddedRedis
+from tests.procs import remove_made_dirs
 from tests.scheduler_procs import SchedulerProc
 from tests.web_support import WebProc
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    remove_made_dirs()  # the workers' data folders (tests/procs.py)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ repository on PYTHONPATH (so builders defined in tests/ import in the worker too
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,22 @@ class WorkerProc:
         return self.proc.wait()
 
 
+# the data folders worker_env made (each worker's health file and log): kept while the session runs, for a failing
+# test's log; removed at its end (tests/conftest.py). A full ./test left about 65 of them in /tmp.
+MADE_DIRS: list[str] = []
+
+
+def _data_dir() -> str:
+    d = tempfile.mkdtemp(prefix="prewarm-worker-")
+    MADE_DIRS.append(d)
+    return d
+
+
+def remove_made_dirs() -> None:
+    while MADE_DIRS:
+        shutil.rmtree(MADE_DIRS.pop(), ignore_errors=True)
+
+
 def worker_env(redis_url: str, catalog: Path | str, devices: str, node: str, *, heartbeat_seconds: float = 0.5,
                heartbeat_ttl: float = 3.0, data_dir: Path | None = None,
                env: dict[str, str] | None = None) -> dict[str, str]:
@@ -122,7 +139,7 @@ def worker_env(redis_url: str, catalog: Path | str, devices: str, node: str, *, 
         "PREWARM_NODE": node,
         "PREWARM_HEARTBEAT_SECONDS": str(heartbeat_seconds),
         "PREWARM_HEARTBEAT_TTL": str(heartbeat_ttl),
-        "PREWARM_DATA_DIR": str(data_dir or tempfile.mkdtemp(prefix="prewarm-worker-")),
+        "PREWARM_DATA_DIR": str(data_dir or _data_dir()),
         "PREWARM_LOAD_THREADS": "2",  # the test machine has 2 cores, shared
         "PREWARM_WARMUP_MAX_PASSES": "4",  # a busy box is rarely "stable": bound warmup tightly in tests
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
