@@ -35,12 +35,13 @@ os.environ["PREWARM_PURE_POLICY"] = "1"
 
 import numpy as np  # noqa: E402
 
+from prewarm import arg_types  # noqa: E402
 from prewarm.domain.policy import PolicyConfig, native  # noqa: E402
 from prewarm.domain.policy import value as policy_value  # noqa: E402
 from prewarm.domain.states import READY  # noqa: E402
 from simulator.engine import Simulation  # noqa: E402
 from simulator.policies import POLICIES, Prewarm  # noqa: E402
-from simulator.trace import Trace, load_profile, parse_bytes, read_trace  # noqa: E402
+from simulator.trace import Trace, load_profile, read_trace  # noqa: E402
 
 VARIANTS = ("order", "next", "window")
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.clairvoyance", description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="a trace folder: invocations.csv (azure-minute) or requests.csv, and profile.csv")
     p.add_argument("--gpus", type=int, default=32)
-    p.add_argument("--gpu-memory", default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
     p.add_argument("--hours", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v not in VARIANTS for v in variants):
         sys.exit(f"bench.clairvoyance: --variants takes {', '.join(VARIANTS)}, not {a.variants!r}")
     nexts = NextRequests(trace)
-    rows = [replay(trace, sizes, loads, a.gpus, parse_bytes(a.gpu_memory), name, nexts, a.window)
+    rows = [replay(trace, sizes, loads, a.gpus, a.gpu_memory, name, nexts, a.window)
             for name in ("prewarm", *(f"prewarm+{v}" for v in variants), *baselines)]
     if a.json:
         print(json.dumps({"folder": str(folder), "gpus": a.gpus, "hours": a.hours, "seed": a.seed,

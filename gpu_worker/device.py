@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from gpu_worker.errors import DoesNotFit
-from prewarm.config import DeviceSpec, format_bytes
+from prewarm.config import DeviceSpec
+from prewarm.sizes import format_bytes
 
 
 def _load_libc() -> ctypes.CDLL | None:

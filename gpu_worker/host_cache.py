@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
+from prewarm.sizes import parse_bytes
 
 __all__ = [
     "HostArena",
@@ -162,8 +163,6 @@ def default_host_cache_bytes(text: str | None = None) -> int:
         except ValueError:
             raise ValueError(f"PREWARM_HOST_CACHE={text!r}: write a size (16GiB) or a percentage (25%)") from None
         return int(total * pct / 100)
-    from prewarm.config import parse_bytes  # lazily: config is the single parser of sizes
-
     try:
         return parse_bytes(text)
     except ValueError as exc:

@@ -26,9 +26,9 @@ from gpu_worker.runtimes.torch_module import _meta_module
 from gpu_worker.stage_book import StageBook
 from prewarm import state
 from prewarm.catalog_entries import ModelEntry
-from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.safetensors_header import SafetensorsError, weight_files
+from prewarm.sizes import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

@@ -29,8 +29,8 @@ from gpu_worker.stage_book import StageBook
 from prewarm import priority as priorities
 from prewarm import state
 from prewarm.catalog_entries import ModelEntry
-from prewarm.config import format_bytes
 from prewarm.domain import states as rs
+from prewarm.sizes import format_bytes
 from prewarm.store.ready import replica_ready
 
 log = logging.getLogger("prewarm.worker")

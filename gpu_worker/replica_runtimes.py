@@ -21,9 +21,9 @@ from gpu_worker.runtimes.errors import AdapterRefused
 from gpu_worker.runtimes.torch_module import TorchRuntime
 from gpu_worker.runtimes.warmup import WarmupPolicy
 from prewarm.catalog_entries import ADAPTER_RUNTIME, ModelEntry, TokenWarmupInput
-from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES
+from prewarm.sizes import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

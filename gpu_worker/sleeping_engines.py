@@ -30,8 +30,8 @@ from gpu_worker.errors import LoadFailed
 from gpu_worker.held import LocalGpu, LocalReplica
 from prewarm import state
 from prewarm.catalog_entries import ModelEntry
-from prewarm.config import format_bytes
 from prewarm.domain import states as rs
+from prewarm.sizes import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

@@ -1,5 +1,5 @@
-"""argparse types for the commands' numbers and output files: a value no command can use is refused as the command
-line is read, saying what to write instead. (Read later, `prewarm replay --speed 0` failed only once the web
+"""argparse types for the commands' numbers, sizes and output files: a value no command can use is refused as the
+command line is read, saying what to write instead. (Read later, `prewarm replay --speed 0` failed only once the web
 answered, as a division by zero, and `prewarm simulate --json` into a missing folder only after the whole replay.)
 Used by the programs and the simulator's commands."""
 
@@ -10,6 +10,8 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
+
+from prewarm.sizes import parse_bytes, parse_rate
 
 
 def whole_at_least(low: int) -> Callable[[str], int]:
@@ -67,6 +69,33 @@ def port(raw: str) -> int:
     if not 1 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a port (a whole number from 1 to 65535)")
     return n
+
+
+def size_at_least(low: int) -> Callable[[str], int]:
+    """A size in bytes (prewarm.sizes: 80GiB, 512MB, 1073741824) of at least `low` bytes."""
+
+    def parse(raw: str) -> int:
+        try:
+            n = parse_bytes(raw)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not a size of at least {low:,} bytes" if low > 1
+                                             else f"{raw!r} is not a size above 0")
+        return n
+
+    return parse
+
+
+def rate(raw: str) -> float:
+    """A bandwidth above 0 in bytes per second: a size, with or without /s (2GiB/s, 2GiB, 2147483648)."""
+    try:
+        x = parse_rate(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a bandwidth above 0")
+    return x
 
 
 def output_file(raw: str) -> str:

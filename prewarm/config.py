@@ -18,25 +18,7 @@ from prewarm import sentinel
 from prewarm.config_errors import MASK, ConfigError, redacted
 from prewarm.domain import policy_names
 from prewarm.domain.slo import ColdStartSlo
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
-
-
-def parse_bytes(text: str) -> int:
-    """'4GiB' -> 4294967296; '512MB' -> 512000000; '1024' -> 1024."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size: write e.g. 4GiB, 512MiB or 1073741824")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+from prewarm.sizes import parse_bytes
 
 
 @dataclass(frozen=True)

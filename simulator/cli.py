@@ -14,7 +14,7 @@ from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import FORMATS, GIB, ProfileError, parse_bytes, read_trace
+from .trace import FORMATS, GIB, ProfileError, read_trace
 
 
 def register(subparsers: Any) -> None:
@@ -37,15 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="azure-minute")
     p.add_argument("--profile", help="CSV model,size_bytes,load_seconds (default: seeded sizes)")
     p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU, e.g. 80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB", help="memory per GPU, e.g. 80GiB")
     p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
     p.add_argument("--json", dest="json_out", type=arg_types.output_file, help="write the results as JSON here")
     p.add_argument("--plot", type=arg_types.output_file, help="write a PNG: cold-start share against memory-time")
     p.add_argument("--seed", type=int, default=0, help="seed for spreading per-minute counts")
     p.add_argument("--contention", choices=["shared", "none"], default="shared")
-    p.add_argument("--host-memory", default="0",
+    p.add_argument("--host-memory", type=arg_types.size_at_least(0), default="0",
                    help="host-memory staging cache per node (8 GPUs a node), e.g. 256GiB; 0 = no staging tier")
-    p.add_argument("--stage-bandwidth", default="2GiB",
+    p.add_argument("--stage-bandwidth", type=arg_types.rate, default="2GiB",
                    help="storage → host cache bandwidth per node, bytes/s (e.g. 2GiB); stages on a node share it")
     p.add_argument("--load-slots", type=int, default=PolicyConfig().max_loads_per_gpu,
                    help="loads one GPU runs at once, for every policy; more queue FIFO with their memory "
@@ -73,20 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter-slot-replicas", choices=["on", "off"], default="on",
                    help="prewarm only, adapter traces (a profile with a base column): start one more base replica "
                    "in free memory when its adapters expected soon outnumber its replicas' LoRA slots (default on)")
-    p.add_argument("--promote-bandwidth", default=None,
+    p.add_argument("--promote-bandwidth", type=arg_types.rate, default=None,
                    help="host cache → GPU bandwidth, bytes/s (e.g. 16GiB) in the default promotion time "
                    "(0.5 s + size / bandwidth + 0.1 s/GiB, at most the load time); default 16GiB")
     p.add_argument("--slo", help="run prewarm with the cold-start SLO steering its speculative budget, as "
                    "PREWARM_COLD_START_SLO: e.g. share=0.05,window=15m or p95=10s")
     p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
-
-
-def parse_rate(s: str) -> float:
-    """A bandwidth such as 2GiB, 2GiB/s or 2147483648 (bytes per second)."""
-    s = s.strip()
-    if s.lower().endswith("/s"):
-        s = s[:-2]
-    return float(parse_bytes(s))
 
 
 def table(out: dict) -> str:
@@ -183,10 +175,6 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})", file=sys.stderr)
         return 2
     try:
-        gpu_bytes = parse_bytes(args.gpu_memory)
-        host_bytes = parse_bytes(args.host_memory)
-        stage_bw = parse_rate(args.stage_bandwidth)
-        promote_bw = None if args.promote_bandwidth is None else parse_rate(args.promote_bandwidth)
         slo = parse_slo(args.slo, "--slo") if args.slo else None
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
         max_wait = parse_max_demand_wait(args.max_demand_wait, "--max-demand-wait")
@@ -194,19 +182,17 @@ def run_cli(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
         return 2
-    if args.gpus < 1 or gpu_bytes <= 0:
-        print("simulate: --gpus and --gpu-memory must be positive", file=sys.stderr)
+    if args.gpus < 1:
+        print("simulate: --gpus must be positive", file=sys.stderr)
         return 2
     if args.load_slots < 0:
         print("simulate: --load-slots must be 0 (no limit) or a positive number of loads per GPU",
               file=sys.stderr)
         return 2
-    if stage_bw <= 0 or (promote_bw is not None and promote_bw <= 0):
-        print("simulate: --stage-bandwidth and --promote-bandwidth must be positive", file=sys.stderr)
-        return 2
     try:  # simulate() reads the profile before it replays anything
-        out = simulate(trace, args.profile, names, args.gpus, gpu_bytes, args.contention, progress=True,
-                       host_bytes=host_bytes, stage_bandwidth=stage_bw, promote_bandwidth=promote_bw,
+        out = simulate(trace, args.profile, names, args.gpus, args.gpu_memory, args.contention, progress=True,
+                       host_bytes=args.host_memory, stage_bandwidth=args.stage_bandwidth,
+                       promote_bandwidth=args.promote_bandwidth,
                        load_slots=args.load_slots, slo=slo, idle_memory_budget=idle_budget,
                        max_demand_wait=max_wait, no_regret=args.no_regret == "on",
                        adapter_slot_replicas=args.adapter_slot_replicas == "on", link_wait=args.link_wait == "on",

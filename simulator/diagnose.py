@@ -40,7 +40,7 @@ from prewarm.domain.states import PENDING, READY
 from .engine import Simulation
 from .fleet import Replica
 from .policies import POLICIES, Prewarm
-from .trace import FORMATS, GIB, load_profile, parse_bytes, read_trace
+from .trace import FORMATS, GIB, load_profile, read_trace
 
 AHEAD = frozenset(("speculative", "fill", "prefetch", "new_gpu", "prewarm", "scale"))
 
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile")
     p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
     p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=16)
-    p.add_argument("--gpu-memory", default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", default="prewarm", choices=list(POLICIES))
     p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=2, help="0: every load at once")
@@ -298,15 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(f"--set {e}")
     try:
-        gpu_bytes = parse_bytes(a.gpu_memory)
-        if gpu_bytes <= 0:
-            raise ValueError(f"--gpu-memory {a.gpu_memory!r} must be positive")
         trace = read_trace(a.trace, a.format, a.seed, a.hours)
         sizes, loads = load_profile(a.profile, trace.models)
     except (OSError, ValueError) as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
-    sim = DiagnosticSimulation(trace, sizes, loads, a.gpus, gpu_bytes, load_slots=a.load_slots)
+    sim = DiagnosticSimulation(trace, sizes, loads, a.gpus, a.gpu_memory, load_slots=a.load_slots)
     pol = Prewarm(PolicyConfig(**overrides)) if a.policy == "prewarm" else POLICIES[a.policy]()
     out = diagnose(sim, pol)
     out["config"] = overrides

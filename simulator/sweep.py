@@ -30,7 +30,7 @@ from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import GIB, Trace, load_profile, parse_bytes, read_trace
+from .trace import GIB, Trace, load_profile, read_trace
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hours", type=float, default=None,
                    help="replay every sample's first HOURS (a short smoke run; default each sample's "
                    "horizon: the Azure samples whole, ServeGen 72 h)")
-    p.add_argument("--gpu-memory", default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
     p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
     p.add_argument("--load-slots", type=int, default=PolicyConfig().max_loads_per_gpu,
                    help="loads one GPU runs at once, for every policy (default %(default)s)")
@@ -408,7 +408,7 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         gpus = _ints(args.gpus, "gpus")
         seeds = _ints(args.seeds, "seeds")
-        gpu_bytes = parse_bytes(args.gpu_memory)
+        gpu_bytes = args.gpu_memory
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
         if args.hours is not None and not args.hours > 0:
             raise ValueError(f"--hours must be positive, got {args.hours:g}")

@@ -23,7 +23,6 @@ from prewarm import arg_types
 from . import synthetic
 from .policies import POLICIES
 from .sweep import Job, Point, Sample, add_prewarm_switches, markdown, point_summary, points, run_one
-from .trace import parse_bytes
 
 
 def _list(s: str, known: tuple[str, ...] | None, what: str) -> list[str]:
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regimes", default="all", help=f"comma list of {', '.join(synthetic.REGIMES)}, or all")
     p.add_argument("--gpus", default="4,8,16")
     p.add_argument("--seeds", default="0")
-    p.add_argument("--gpu-memory", default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
     p.add_argument("--load-slots", type=int, default=2)
     p.add_argument("--policies", default="all")
     p.add_argument("--models", type=int, default=200)
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         policies = _list(a.policies, tuple(POLICIES), "policies")
         gpus = _whole(_list(a.gpus, None, "gpus"), "gpus", "4,8,16")
         seeds = _whole(_list(a.seeds, None, "seeds"), "seeds", "0,1")
-        gpu_bytes = parse_bytes(a.gpu_memory)
+        gpu_bytes = a.gpu_memory
         if min(gpus) < 1 or gpu_bytes <= 0 or a.jobs < 1 or a.load_slots < 0 or min(seeds) < 0:
             raise ValueError("--gpus, --gpu-memory and --jobs must be positive, --load-slots and --seeds 0 or more")
         out = Path(a.out)

@@ -277,13 +277,3 @@ def load_profile_fields(path: str | Path | Profile | None,
                                    "not a duration such as 90s, 30m or 6h")
             ages[i] = float(m.group(1)) * units.get(m.group(2), 1.0)
     return prio, ages
-
-
-def parse_bytes(s: str) -> int:
-    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B?|B)?\s*", s, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {s!r}")
-    num = float(m.group(1))
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-    return int(num * mult)

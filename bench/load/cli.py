@@ -13,23 +13,8 @@ from prewarm import arg_types
 from .report import fmt_report
 from .run import run_bench
 
-
-def _parse_size(text: str, least: int = 1) -> int:
-    from prewarm.config import parse_bytes
-
-    try:
-        n = parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if n < least:
-        raise argparse.ArgumentTypeError(f"{text!r} is below {least:,} bytes" if least > 1
-                                         else f"{text!r} is not above 0")
-    return n
-
-
-def _model_size(text: str) -> int:
-    # smaller, a run times the calls around the bytes (and the 11 tensors' headers), not the load
-    return _parse_size(text, 1 << 20)
+# smaller, a run times the calls around the bytes (and the 11 tensors' headers), not the load
+_model_size = arg_types.size_at_least(1 << 20)
 
 
 def _folder(text: str) -> str:
@@ -75,7 +60,7 @@ def add_load_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--threads", type=arg_types.whole_at_least(1), default=None,
                    help="loader threads (default: the loader's)")
-    p.add_argument("--chunk", type=_parse_size, default=None, help="loader chunk size (default 8MiB)")
+    p.add_argument("--chunk", type=arg_types.size_at_least(1), default=None, help="loader chunk size (default 8MiB)")
     p.add_argument("--dir", type=_folder, default=None,
                    help="where to write the temporary model (default: $TMPDIR)")
     p.add_argument("--device", type=_device, default=None,

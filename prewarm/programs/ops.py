@@ -14,9 +14,9 @@ from typing import TypeVar
 
 from prewarm import arg_types, events, keys, state
 from prewarm.catalog_entries import CatalogError
-from prewarm.config import format_bytes
 from prewarm.domain import states as rs
 from prewarm.services import drain, operator
+from prewarm.sizes import format_bytes
 from prewarm.store import drains, overlays
 
 T = TypeVar("T")

@@ -5,6 +5,7 @@ no replay can use is not a traceback or a replay that never ends (tick_s=-1 tick
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
@@ -53,6 +54,52 @@ def test_simulate_refuses_an_unwritable_json_before_replaying(tmp_path: Path, ca
     assert "argument --json: cannot write" in capsys.readouterr().err
     assert simulate_main(["simulate", str(trace), "--policies", ","]) == 2
     assert "--policies names no policy" in capsys.readouterr().err
+
+
+def test_a_size_means_the_same_bytes_to_every_command_and_setting(tmp_path: Path) -> None:
+    """prewarm.sizes is the one reader: the simulator read 80GB as 80 GiB while PREWARM_DEVICES and bench tick read
+    80,000,000,000 bytes (its own parser, binary for every unit); decimal units are powers of 1000 everywhere now."""
+    from prewarm.config import parse_devices
+    from prewarm.sizes import parse_bytes, parse_rate
+
+    assert parse_bytes("80GB") == 80 * 1000**3 and parse_bytes("80GiB") == 80 * 1024**3
+    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes(" 1.5 kib ") == 1536 and parse_bytes("1024") == 1024
+    assert parse_rate("2GiB/s") == parse_rate("2GiB") == 2.0 * 1024**3
+    for bad in ("1.2.3", "80XB", "", "-5GiB", "GiB"):
+        with pytest.raises(ValueError, match="as a size: write e.g. 4GiB"):
+            parse_bytes(bad)
+    assert parse_devices("cpu:0=80GB")[0].budget_bytes == arg_types.size_at_least(1)("80GB") == 80 * 1000**3
+    trace = tmp_path / "t.csv"
+    trace.write_text("HashFunction,1,2\nm,3,1\n")
+    out = tmp_path / "r.json"
+    assert simulate_main(["simulate", str(trace), "--gpus", "1", "--gpu-memory", "80GB", "--policies",
+                          "on-demand-lru", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["fleet"]["gpu_bytes"] == 80 * 1000**3
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--gpu-memory", "1.2.3", "cannot read '1.2.3' as a size"),  # was float()'s "could not convert string to float"
+    ("--gpu-memory", "0", "'0' is not a size above 0"),
+    ("--host-memory", "lots", "cannot read 'lots' as a size"),
+    ("--stage-bandwidth", "0", "'0' is not a bandwidth above 0"),  # would divide by zero at the first stage
+    ("--promote-bandwidth", "fast", "cannot read 'fast' as a size"),
+])
+def test_simulate_refuses_a_size_it_cannot_read_as_read(option: str, value: str, words: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        simulate_main(["simulate", str(tmp_path / "never-read.csv"), f"{option}={value}"])
+    assert e.value.code == 2
+    assert f"argument {option}: {words}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("main", [diagnose.main, sweep.main])
+def test_diagnose_and_the_sweep_refuse_a_bad_gpu_memory_as_read(main, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [str(tmp_path / "never-read.csv")] if main is diagnose.main else ["--traces", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--gpu-memory", "80XB"])
+    assert e.value.code == 2
+    assert "argument --gpu-memory: cannot read '80XB' as a size" in capsys.readouterr().err
 
 
 def test_sweep_refuses_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,7 @@ from simulator.cli import simulate
 from simulator.engine import Simulation
 from simulator.fleet import HostCopy
 from simulator.policies import POLICIES, _Base
-from simulator.trace import GIB, Trace, load_azure_minute, load_requests, parse_bytes
+from simulator.trace import GIB, Trace, load_azure_minute, load_requests
 
 
 def trace(events: list[tuple[float, str]], span: float | None = None) -> Trace:
@@ -324,7 +324,6 @@ def test_requests_format_and_sizes(tmp_path) -> None:
     tr = load_requests(p)
     assert tr.models == ["b", "a"] and tr.requests == 3
     assert tr.times.tolist() == [0.0, 5.5, 10.0] and tr.mids.tolist() == [1, 1, 0]
-    assert parse_bytes("80GiB") == 80 * GIB and parse_bytes("512MiB") == 512 << 20
 
 
 def test_simulation_is_deterministic_and_cli_writes_json_and_plot(tmp_path) -> None:
