@@ -24,7 +24,7 @@ import torch
 
 from gpu_worker.errors import DoesNotFit
 from prewarm.config import DeviceSpec
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 
 
 def _load_libc() -> ctypes.CDLL | None:

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker.hostmem import HUGE_PAGE_BYTES, advise_hugepages
-from prewarm.sizes import parse_bytes
+from prewarm.units import parse_bytes
 
 __all__ = [
     "HostArena",

@@ -28,7 +28,7 @@ from prewarm import state
 from prewarm.catalog_entries import ModelEntry
 from prewarm.domain import states as rs
 from prewarm.safetensors_header import SafetensorsError, weight_files
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

@@ -30,8 +30,8 @@ from prewarm import priority as priorities
 from prewarm import state
 from prewarm.catalog_entries import ModelEntry
 from prewarm.domain import states as rs
-from prewarm.sizes import format_bytes
 from prewarm.store.ready import replica_ready
+from prewarm.units import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

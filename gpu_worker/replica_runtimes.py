@@ -23,7 +23,7 @@ from gpu_worker.runtimes.warmup import WarmupPolicy
 from prewarm.catalog_entries import ADAPTER_RUNTIME, ModelEntry, TokenWarmupInput
 from prewarm.domain import states as rs
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

@@ -31,7 +31,7 @@ from gpu_worker.held import LocalGpu, LocalReplica
 from prewarm import state
 from prewarm.catalog_entries import ModelEntry
 from prewarm.domain import states as rs
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 
 log = logging.getLogger("prewarm.worker")
 

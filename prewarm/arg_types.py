@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Callable
 
-from prewarm.sizes import parse_bytes, parse_rate
+from prewarm.units import parse_bytes, parse_rate
 
 
 def whole_at_least(low: int) -> Callable[[str], int]:
@@ -72,7 +72,7 @@ def port(raw: str) -> int:
 
 
 def size_at_least(low: int) -> Callable[[str], int]:
-    """A size in bytes (prewarm.sizes: 80GiB, 512MB, 1073741824) of at least `low` bytes."""
+    """A size in bytes (prewarm.units: 80GiB, 512MB, 1073741824) of at least `low` bytes."""
 
     def parse(raw: str) -> int:
         try:

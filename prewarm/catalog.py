@@ -111,10 +111,10 @@ from prewarm.catalog_entries import (
     entry_error,
 )
 from prewarm.catalog_warmup import parse_token_warmup, parse_warmup
-from prewarm.config import parse_duration
 from prewarm.engines import DEFAULT_KV_CACHE_BYTES, DEFAULT_VLLM_ENGINE_BYTES, RUNTIMES
 from prewarm.model_roots import RefusedFile, open_inside, within
 from prewarm.safetensors_header import SafetensorsError, read_header, weight_files
+from prewarm.units import parse_duration
 
 _COMMON_KEYS = {"id", "version", "runtime", "warmup", "pinned", "min_replicas", "max_rate_per_replica",
                 "description", "fallback", "priority", "max_replica_age"}

@@ -18,7 +18,7 @@ from prewarm import sentinel
 from prewarm.config_errors import MASK, ConfigError, redacted
 from prewarm.domain import policy_names
 from prewarm.domain.slo import ColdStartSlo
-from prewarm.sizes import parse_bytes
+from prewarm.units import parse_bytes, parse_duration
 
 
 @dataclass(frozen=True)
@@ -98,17 +98,6 @@ def parse_idle_memory_budget(text: str | None, name: str = "PREWARM_IDLE_MEMORY_
 
 
 MIN_SECRET_KEY_CHARS = 32
-
-_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """'15m' -> 900.0; '10s' -> 10.0; '1h' -> 3600.0; '90' -> 90.0 (seconds)."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*", str(text))
-    if not m:
-        raise ValueError(f"cannot read {text!r} as a duration: write e.g. 10s, 15m or 1h")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-
 
 def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     """A duration variable (2, 2s, 5m, 1h), more than 0 seconds; the error names the variable."""

@@ -14,7 +14,7 @@ from prewarm import state
 from prewarm.catalog_entries import Catalog, ModelEntry
 from prewarm.domain import states as rs
 from prewarm.domain.policy.placement import Room, rank, roomiest
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 
 
 def read_rooms(r: redis.Redis, fleet: state.Fleet, catalog: Catalog) -> list[Room]:

@@ -23,13 +23,17 @@ from __future__ import annotations
 import csv
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from prewarm import priority as priorities
+from prewarm.catalog_bounds import BOUNDS, in_bounds
 from prewarm.domain import trace_format as tf
+from prewarm.units import parse_duration
+
+AGE = BOUNDS["max_replica_age"]  # a profile's max_replica_age, as the catalog's
 
 GIB = 1 << 30
 ID_COLUMNS = tf.ID_COLUMNS
@@ -246,7 +250,6 @@ def load_profile(path: str | Path | Profile | None, models: list[str]) -> tuple[
     return sizes, loads
 
 
-PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}  # as prewarm.priority.rank (the simulator stands alone)
 
 
 def load_profile_fields(path: str | Path | Profile | None,
@@ -259,21 +262,23 @@ def load_profile_fields(path: str | Path | Profile | None,
     if path is None:
         return prio, ages
     index = {m: i for i, m in enumerate(models)}
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     for line, row in profile_rows(path):
         i = index.get(row["model"])
         if i is None:
             continue
-        p = (row.get("priority") or "").strip() or "normal"
-        if p not in PRIORITY_RANK:
-            raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: priority {p!r} is not one "
-                               f"of {', '.join(PRIORITY_RANK)}")
-        prio[i] = PRIORITY_RANK[p]
-        a = (row.get("max_replica_age") or "").strip().lower()
-        if a:
-            m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([smh]?)", a)
-            if not m or float(m.group(1)) <= 0:
+        p = (row.get("priority") or "").strip() or priorities.DEFAULT
+        try:  # the catalog's levels and ranks (prewarm.priority)
+            prio[i] = priorities.rank(priorities.check(p, f"profile {path}: line {line}: model {row['model']!r}"))
+        except ValueError as e:
+            raise ProfileError(str(e)) from None
+        a = (row.get("max_replica_age") or "").strip()
+        if a:  # read as the catalog reads it: the same units and bounds
+            try:
+                ages[i] = parse_duration(a)
+            except ValueError:
+                ages[i] = math.nan
+            if not in_bounds(ages[i], AGE):
                 raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: max_replica_age {a!r} is "
-                                   "not a duration such as 90s, 30m or 6h")
-            ages[i] = float(m.group(1)) * units.get(m.group(2), 1.0)
+                                   f"not a duration such as 90s, 30m or 6h, from {AGE.low:g} s to "
+                                   f"{AGE.high / 86400:g} days")
     return prio, ages

@@ -18,7 +18,7 @@ from flask.typing import ResponseReturnValue
 from pydantic import ValidationError
 
 from prewarm import events, traffic
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 from web import api, auth
 from web.schemas import EvictBody, PreloadBody
 from web.util import ApiError, ctx

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from gpu_worker.device import Device
 from gpu_worker.errors import DoesNotFit, WarmupDoesNotFit
-from prewarm.sizes import format_bytes
+from prewarm.units import format_bytes
 
 _ADVICE = ("the warmup's memory counts against the device: this input is not warmed (its first requests run "
            "cold); declare a smaller warmup input in the catalog, or give it a device with more free memory")

@@ -16,8 +16,8 @@ from prewarm import arg_types, events, keys, state
 from prewarm.catalog_entries import CatalogError
 from prewarm.domain import states as rs
 from prewarm.services import drain, operator
-from prewarm.sizes import format_bytes
 from prewarm.store import drains, overlays
+from prewarm.units import format_bytes
 
 T = TypeVar("T")
 POLL_S = 0.2  # how often a --wait looks again

@@ -35,8 +35,8 @@ import redis
 from prewarm import eta, keys, rooms, state
 from prewarm.catalog_entries import ModelEntry
 from prewarm.domain import states as rs
-from prewarm.sizes import format_bytes
 from prewarm.store import cold_starts, eta_promises, lookup_counts
+from prewarm.units import format_bytes
 
 log = logging.getLogger(__name__)
 

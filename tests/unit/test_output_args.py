@@ -57,10 +57,10 @@ def test_simulate_refuses_an_unwritable_json_before_replaying(tmp_path: Path, ca
 
 
 def test_a_size_means_the_same_bytes_to_every_command_and_setting(tmp_path: Path) -> None:
-    """prewarm.sizes is the one reader: the simulator read 80GB as 80 GiB while PREWARM_DEVICES and bench tick read
+    """prewarm.units is the one reader: the simulator read 80GB as 80 GiB while PREWARM_DEVICES and bench tick read
     80,000,000,000 bytes (its own parser, binary for every unit); decimal units are powers of 1000 everywhere now."""
     from prewarm.config import parse_devices
-    from prewarm.sizes import parse_bytes, parse_rate
+    from prewarm.units import parse_bytes, parse_rate
 
     assert parse_bytes("80GB") == 80 * 1000**3 and parse_bytes("80GiB") == 80 * 1024**3
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes(" 1.5 kib ") == 1536 and parse_bytes("1024") == 1024

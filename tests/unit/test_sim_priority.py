@@ -54,6 +54,8 @@ def test_profile_fields(tmp_path: Path) -> None:
     p.write_text("model,size_bytes,load_seconds,priority\na,100,1.0,urgent\n")
     with pytest.raises(ValueError, match="model 'a': priority 'urgent' is not one of low, normal, high"):
         load_profile_fields(p, ["a"])
-    p.write_text("model,size_bytes,load_seconds,max_replica_age\na,100,1.0,soon\n")
-    with pytest.raises(ValueError, match="max_replica_age 'soon' is not a duration"):
-        load_profile_fields(p, ["a"])
+    for age in ("soon", "0.5s", "9000h"):  # read as the catalog reads it: 1 s to 365 days (0.5s was taken)
+        p.write_text(f"model,size_bytes,load_seconds,max_replica_age\na,100,1.0,{age}\n")
+        with pytest.raises(ValueError, match=f"max_replica_age '{age}' is not a duration such as 90s, 30m or 6h, "
+                                             "from 1 s to 365 days"):
+            load_profile_fields(p, ["a"])

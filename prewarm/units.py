@@ -1,6 +1,7 @@
-"""Sizes in bytes, as every command, setting and report reads and writes them: the one parser, so that `80GB`
-means the same bytes to `prewarm simulate --gpu-memory`, `PREWARM_DEVICES` and `prewarm bench tick` (decimal
-units are powers of 1000, binary ones of 1024, as IEC 80000-13 has them)."""
+"""Sizes in bytes and durations in seconds, as every command, setting, catalog and profile reads them: one reader
+each, so that `80GB` means the same bytes to `prewarm simulate --gpu-memory`, `PREWARM_DEVICES` and `prewarm bench
+tick` (decimal units are powers of 1000, binary ones of 1024, as IEC 80000-13 has them), and `6h` the same seconds
+to a catalog's max_replica_age and a simulator profile's."""
 
 from __future__ import annotations
 
@@ -32,3 +33,14 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """'15m' -> 900.0; '10s' -> 10.0; '1h' -> 3600.0; '90' -> 90.0 (seconds)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a duration: write e.g. 10s, 15m or 1h")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
