@@ -16,9 +16,11 @@ import atexit
 import ipaddress
 import os
 import shutil
+import socket
 import sys
 from typing import Any
 
+from prewarm import arg_types
 from prewarm.config import DEFAULT_WEB_HOST, Settings
 
 
@@ -47,6 +49,16 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to any address
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why the web could not listen on host:port now (gunicorn's bind, tried first), or None if it can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # PREWARM_WEB_HOST may be "::"
+    try:
+        with socket.create_server((host, port), family=family):
+            return None
+    except OSError as e:
+        return os.strerror(e.errno) if e.errno else str(e)
+
+
 def bind_host(args: argparse.Namespace, settings: Settings) -> str:
     return args.host or settings.web_host
 
@@ -70,11 +82,16 @@ def cmd_web(args: argparse.Namespace) -> int:
     if refusal:  # before anything starts (Redis, gunicorn): nothing is left behind
         print(refusal, file=sys.stderr)
         return 2
+    port = args.port or settings.port
+    taken = port_taken(host, int(port))
+    if taken is not None:  # else Redis starts and gunicorn retries the bind for 5 s before it gives up
+        print(f"prewarm web: {host}:{port} is taken ({taken}): stop what listens there, or pass --port N / set PORT",
+              file=sys.stderr)
+        return 2
     metrics_dir, own_metrics_dir = _multiproc_dir(str(settings.data_dir))
     # Resolve (or start) Redis once in the master, so every worker shares it and we own its lifetime.
     url = runtime.redis_url(settings, start=True)
     os.environ["PREWARM_REDIS_URL"] = url
-    port = args.port or settings.port
     workers = args.workers or settings.web_workers
 
     from gunicorn.app.base import BaseApplication
@@ -134,8 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--insecure-no-hook-token", action="store_true",
                    help="serve the hooks without PREWARM_HOOK_TOKEN on a non-loopback address (anyone who "
                         "reaches the port can inject traffic and start loads)")
-    p.add_argument("--port", type=int, help="port (default PORT or 8000)")
-    p.add_argument("--workers", type=int, help="gunicorn worker processes (default PREWARM_WEB_WORKERS or 2)")
-    p.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")
+    p.add_argument("--port", type=arg_types.port, help="port (default PORT or 8000)")
+    p.add_argument("--workers", type=arg_types.whole_at_least(1), help="gunicorn worker processes (default PREWARM_WEB_WORKERS or 2)")
+    p.add_argument("--threads", type=arg_types.whole_at_least(1), default=8, help="threads per worker (default 8)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.set_defaults(func=cmd_web)

@@ -13,7 +13,6 @@ import argparse
 import os
 import secrets
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,20 +81,11 @@ def exposed_hook_token(env: dict[str, str], web_host: str) -> str:
             "(PREWARM_HOOK_TOKEN)\n")
 
 
-def port_taken(host: str, port: int) -> str | None:
-    """Why the web could not listen on host:port now (gunicorn's bind, tried first), or None if it can."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # PREWARM_WEB_HOST may be "::"
-    try:
-        with socket.create_server((host, port), family=family):
-            return None
-    except OSError as e:
-        return os.strerror(e.errno) if e.errno else str(e)
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     from honcho.manager import Manager
 
     from prewarm import runtime
+    from web.cli import port_taken
 
     settings = Settings.from_env()
     port = str(args.port or settings.port)

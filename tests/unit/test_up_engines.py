@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpu_worker import demo_models as dm
 from prewarm.programs.replay import Request, light_requests, split_models
 from prewarm.programs.up import DEFAULT_DEVICES, ENGINE_DEVICE, adapter_traffic, choose_devices, engine_models
@@ -46,14 +48,34 @@ def test_up_refuses_a_taken_port_before_starting_anything(monkeypatch, capsys) -
 
     from prewarm.programs import up
     from prewarm.programs.cli import build_parser
+    from web.cli import port_taken
 
     started: list[str] = []
     monkeypatch.setattr("prewarm.runtime.redis_url", lambda _s: started.append("redis") or "redis://x")
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        assert up.port_taken("127.0.0.1", port) == "Address already in use"
+        assert port_taken("127.0.0.1", port) == "Address already in use"
         args = build_parser().parse_args(["up", "--port", str(port), "--no-traffic"])
         assert up.cmd_up(args) == 2
     assert started == []
     assert f"127.0.0.1:{port} is taken" in capsys.readouterr().err
-    assert up.port_taken("127.0.0.1", port) is None  # free again once closed
+    assert port_taken("127.0.0.1", port) is None  # free again once closed
+
+
+def test_web_refuses_a_taken_port_before_starting_redis(monkeypatch, capsys) -> None:  # noqa: ANN001
+    # before: the embedded Redis started and gunicorn retried the bind for 5 s, then exited
+    import socket
+
+    from prewarm.programs.cli import build_parser
+    from web.cli import cmd_web
+
+    started: list[str] = []
+    monkeypatch.setattr("prewarm.runtime.redis_url", lambda *_a, **_k: started.append("redis") or "redis://x")
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        assert cmd_web(build_parser().parse_args(["web", "--port", str(port)])) == 2
+    assert started == []
+    assert f"127.0.0.1:{port} is taken" in capsys.readouterr().err
+    for bad in (["--port", "0"], ["--workers", "0"], ["--threads", "0"]):  # port, workers: silently the default
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["web", *bad])
