@@ -60,15 +60,29 @@ def finite(raw: str) -> float:
     return x
 
 
+MAX_PORT = 65535  # TCP's; the settings' PORT variables are read against it too
+
+
 def port(raw: str) -> int:
-    """A TCP port, 1 to 65535."""
+    """A TCP port, 1 to MAX_PORT."""
     try:
         n = int(raw)
     except ValueError:
         n = 0
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a port (a whole number from 1 to 65535)")
+    if not 1 <= n <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port (a whole number from 1 to {MAX_PORT})")
     return n
+
+
+def port_or_off(raw: str) -> int:
+    """A TCP port, or 0 for none (a metrics port that may be switched off)."""
+    if raw.strip() == "0":
+        return 0
+    try:
+        return port(raw)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port (a whole number from 1 to {MAX_PORT}) or 0 (off)") \
+            from None
 
 
 def size_at_least(low: int) -> Callable[[str], int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from prewarm import sentinel
+from prewarm.arg_types import MAX_PORT
 from prewarm.config_errors import MASK, ConfigError, redacted
 from prewarm.domain import policy_names
 from prewarm.domain.slo import ColdStartSlo
@@ -113,18 +114,20 @@ def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return v
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, low: int = 1, example: int | None = None) -> int:
-    """A whole-number variable, at least `low`; the error names the variable (and `example`, else the
-    default, as a value to write)."""
+def env_int(env: Mapping[str, str], name: str, default: int, low: int = 1, example: int | None = None,
+            high: int | None = None) -> int:
+    """A whole-number variable, at least `low` (and at most `high`); the error names the variable (and `example`,
+    else the default, as a value to write)."""
     raw = env.get(name)
     if not raw:
         return default
-    hint = f"{name}={raw!r}: write a whole number of {low} or more, e.g. {default if example is None else example}"
+    span = f"of {low} or more" if high is None else f"from {low} to {high}"
+    hint = f"{name}={raw!r}: write a whole number {span}, e.g. {default if example is None else example}"
     try:
         v = int(raw.strip())
     except ValueError:
         raise ConfigError(hint) from None
-    if v < low:
+    if v < low or (high is not None and v > high):
         raise ConfigError(hint)
     return v
 
@@ -306,7 +309,7 @@ class Settings:
             redis_url=e.get("PREWARM_REDIS_URL") or None,
             catalog=Path(e.get("PREWARM_CATALOG") or data_dir / "demo-models" / "catalog.toml"),
             node=e.get("PREWARM_NODE") or socket.gethostname(),
-            port=env_int(e, "PORT", 8000),
+            port=env_int(e, "PORT", 8000, high=MAX_PORT),
             devices_text=e.get("PREWARM_DEVICES") or None,
             data_dir=data_dir,
             hook_token=e.get("PREWARM_HOOK_TOKEN") or None,
@@ -334,7 +337,7 @@ class Settings:
             policy=(e.get("PREWARM_POLICY") or policy_names.DEFAULT).strip(),
             web_host=(e.get("PREWARM_WEB_HOST") or "").strip() or DEFAULT_WEB_HOST,  # blank would bind all
             web_workers=env_int(e, "PREWARM_WEB_WORKERS", 2),
-            scheduler_metrics_port=env_int(e, "PREWARM_SCHEDULER_METRICS_PORT", 0, low=0),
+            scheduler_metrics_port=env_int(e, "PREWARM_SCHEDULER_METRICS_PORT", 0, low=0, example=9108, high=MAX_PORT),
             scheduler_metrics_host=(e.get("PREWARM_SCHEDULER_METRICS_HOST") or "").strip() or DEFAULT_WEB_HOST,
             worker_threads=env_int(e, "PREWARM_WORKER_THREADS", 0, example=8) or None,
             warmup_max_passes=env_int(e, "PREWARM_WARMUP_MAX_PASSES", 10, low=0),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from pathlib import Path
 
@@ -58,8 +59,8 @@ def generate(regime: str, models: int = 200, hours: float = 24.0, requests: int 
     """(times in seconds, sorted; model index per request) of `regime` (one of REGIMES)."""
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r} (known: {', '.join(REGIMES)})")
-    if models < 1 or hours <= 0 or requests < 1 or shift_h <= 0:
-        raise ValueError(f"need models >= 1, hours > 0, requests >= 1 and shift_h > 0 (got {models}, {hours:g}, "
+    if models < 1 or not 0 < hours < math.inf or requests < 1 or not 0 < shift_h < math.inf:
+        raise ValueError(f"need models >= 1, finite hours > 0, requests >= 1 and finite shift_h > 0 (got {models}, {hours:g}, "
                          f"{requests}, {shift_h:g})")
     rng = np.random.default_rng(seed)
     minutes = max(1, int(round(hours * 60)))
@@ -122,8 +123,8 @@ def write(regime: str, out_dir: str | Path, models: int = 200, hours: float = 24
           seed: int = 0, min_gib: float = 1.0, max_gib: float = 40.0, alpha: float = 1.0,
           shift_h: float = 4.0) -> int:
     """Write OUT_DIR/requests.csv (`timestamp,model`) and OUT_DIR/profile.csv; returns the requests written."""
-    if not 0 < min_gib <= max_gib:
-        raise ValueError(f"need 0 < min_gib <= max_gib (got {min_gib:g}, {max_gib:g})")
+    if not 0 < min_gib <= max_gib < math.inf:
+        raise ValueError(f"need 0 < min_gib <= max_gib, finite (got {min_gib:g}, {max_gib:g})")
     if seed < 0:
         raise ValueError(f"--seed must be a whole number of at least 0, got {seed}")
     times, mids = generate(regime, models, hours, requests, seed, alpha, shift_h)

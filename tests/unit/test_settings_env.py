@@ -25,7 +25,10 @@ def test_the_fill_share_is_a_setting_default_all_free_memory() -> None:
     ("PREWARM_TICK_SECONDS", "2x", "PREWARM_TICK_SECONDS='2x': cannot read '2x' as a duration"),
     ("PREWARM_TICK_SECONDS", "0", "PREWARM_TICK_SECONDS='0': write a duration above 0"),
     ("PREWARM_HEARTBEAT_TTL", "nan", "PREWARM_HEARTBEAT_TTL='nan': cannot read"),
-    ("PORT", "eighty", "PORT='eighty': write a whole number of 1 or more"),
+    ("PORT", "eighty", "PORT='eighty': write a whole number from 1 to 65535"),
+    ("PORT", "70000", "PORT='70000': write a whole number from 1 to 65535"),  # was OverflowError at the bind
+    ("PREWARM_SCHEDULER_METRICS_PORT", "65536", "PREWARM_SCHEDULER_METRICS_PORT='65536': write a whole number from 0 "
+                                                "to 65535, e.g. 9108"),
     ("PREWARM_MAX_LOADS_PER_GPU", "0", "PREWARM_MAX_LOADS_PER_GPU='0': write a whole number of 1 or more"),
     ("PREWARM_EVENT_LOG_MAX", "5e3", "PREWARM_EVENT_LOG_MAX='5e3': write a whole number"),
     ("PREWARM_SPECULATIVE_SHARE", "nan", "PREWARM_SPECULATIVE_SHARE='nan': write a finite number"),

@@ -77,6 +77,8 @@ def test_written_files_are_read_by_the_simulator(tmp_path) -> None:  # type: ign
     (["burst", "out"], "invalid choice"),
     (["zipf", "out", "--models", "0"], "need models >= 1"),
     (["zipf", "out", "--min-gib", "9", "--max-gib", "3"], "need 0 < min_gib <= max_gib"),
+    (["zipf", "out", "--hours", "nan"], "finite hours > 0"),  # was "cannot convert float NaN to integer"
+    (["zipf", "out", "--max-gib", "inf"], "need 0 < min_gib <= max_gib, finite"),
     (["zipf", "out", "--seed", "-1"], "--seed must be a whole number of at least 0, got -1"),
 ])
 def test_bad_input_is_refused_with_a_message(args: list[str], message: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

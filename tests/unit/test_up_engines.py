@@ -79,3 +79,20 @@ def test_web_refuses_a_taken_port_before_starting_redis(monkeypatch, capsys) -> 
     for bad in (["--port", "0"], ["--workers", "0"], ["--threads", "0"]):  # port, workers: silently the default
         with pytest.raises(SystemExit):
             build_parser().parse_args(["web", *bad])
+
+
+def test_scheduler_refuses_a_metrics_port_it_cannot_serve(capsys) -> None:  # noqa: ANN001
+    # 70000 was an OverflowError traceback from the bind; a taken port an OSError traceback
+    import socket
+
+    from prewarm.programs.cli import build_parser
+    from scheduler.cli import cmd_scheduler
+
+    for bad in ("70000", "-1", "x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["scheduler", "--metrics-port", bad])
+    assert build_parser().parse_args(["scheduler", "--metrics-port", "0"]).metrics_port == 0  # off
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        assert cmd_scheduler(build_parser().parse_args(["scheduler", "--metrics-port", str(port)])) == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port} (Address already in use)" in capsys.readouterr().err
