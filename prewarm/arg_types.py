@@ -9,7 +9,7 @@ import argparse
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prewarm.units import parse_bytes, parse_rate
 
@@ -25,6 +25,35 @@ def whole_at_least(low: int) -> Callable[[str], int]:
         if n < low:
             raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number of at least {low}")
         return n
+
+    return parse
+
+
+def names_of(known: Sequence[str]) -> Callable[[str], list[str]]:
+    """A comma list of names from `known` (in the order written), or `all` for every one of them."""
+
+    def parse(raw: str) -> list[str]:
+        items = [x.strip() for x in raw.split(",") if x.strip()]
+        if items == ["all"]:
+            return list(known)
+        bad = [x for x in items if x not in known]
+        if bad or not items:
+            what = f"unknown {', '.join(bad)}" if bad else "names none"
+            raise argparse.ArgumentTypeError(f"{what} (known: {', '.join(known)}, or all)")
+        return items
+
+    return parse
+
+
+def wholes_at_least(low: int) -> Callable[[str], list[int]]:
+    """A comma list of whole numbers >= `low` (fleet sizes, seeds)."""
+    one = whole_at_least(low)
+
+    def parse(raw: str) -> list[int]:
+        items = [x.strip() for x in raw.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{raw!r} names no number: write a comma list such as {low},{low + 1}")
+        return [one(x) for x in items]
 
     return parse
 

@@ -36,9 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="trace file (CSV)")
     p.add_argument("--format", choices=FORMATS, default="azure-minute")
     p.add_argument("--profile", help="CSV model,size_bytes,load_seconds (default: seeded sizes)")
-    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=8)
     p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB", help="memory per GPU, e.g. 80GiB")
-    p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
+    p.add_argument("--policies", type=arg_types.names_of(tuple(POLICIES)), default="all",
+                   help=f"comma list of {','.join(POLICIES)} or all")
     p.add_argument("--json", dest="json_out", type=arg_types.output_file, help="write the results as JSON here")
     p.add_argument("--plot", type=arg_types.output_file, help="write a PNG: cold-start share against memory-time")
     p.add_argument("--seed", type=int, default=0, help="seed for spreading per-minute counts")
@@ -166,14 +167,7 @@ def plot(out: dict, path: str) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [n for n in names if n not in POLICIES]
-    if not names:
-        print(f"simulate: --policies names no policy (known: {', '.join(POLICIES)}, or all)", file=sys.stderr)
-        return 2
-    if unknown:
-        print(f"unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})", file=sys.stderr)
-        return 2
+    names = args.policies
     try:
         slo = parse_slo(args.slo, "--slo") if args.slo else None
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
@@ -181,9 +175,6 @@ def run_cli(args: argparse.Namespace) -> int:
         trace = read_trace(args.trace, args.format, args.seed, args.hours)
     except (OSError, ValueError) as e:
         print(f"simulate: {e}", file=sys.stderr)
-        return 2
-    if args.gpus < 1:
-        print("simulate: --gpus must be positive", file=sys.stderr)
         return 2
     if args.load_slots < 0:
         print("simulate: --load-slots must be 0 (no limit) or a positive number of loads per GPU",

@@ -119,17 +119,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", default=None,
                    help=f"comma list of sample folders (default: the family's, of {','.join(SAMPLES)}; "
                    "another folder is read as azure-minute invocations.csv, whole)")
-    p.add_argument("--gpus", default=",".join(map(str, GPUS)), help="comma list of fleet sizes")
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma list of spreading seeds")
+    p.add_argument("--gpus", type=arg_types.wholes_at_least(1), default=",".join(map(str, GPUS)),
+                   help="comma list of fleet sizes")
+    p.add_argument("--seeds", type=arg_types.wholes_at_least(0), default=",".join(map(str, SEEDS)),
+                   help="comma list of spreading seeds")
     p.add_argument("--points", default=None,
                    help="comma list of SAMPLE[:GPUS[:SEED]] (wildcards allowed): run only these points, "
                    "e.g. servegen-lang-14d:16:0,azure2019-500:8")
-    p.add_argument("--hours", type=float, default=None,
+    p.add_argument("--hours", type=arg_types.positive, default=None,
                    help="replay every sample's first HOURS (a short smoke run; default each sample's "
                    "horizon: the Azure samples whole, ServeGen 72 h)")
     p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
-    p.add_argument("--policies", default="all", help=f"comma list of {','.join(POLICIES)} or all")
-    p.add_argument("--load-slots", type=int, default=PolicyConfig().max_loads_per_gpu,
+    p.add_argument("--policies", type=arg_types.names_of(tuple(POLICIES)), default="all",
+                   help=f"comma list of {','.join(POLICIES)} or all")
+    p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=PolicyConfig().max_loads_per_gpu,
                    help="loads one GPU runs at once, for every policy (default %(default)s)")
     p.add_argument("--idle-memory-budget", default=None,
                    help="prewarm only: share of each GPU that replicas with no expected demand may hold "
@@ -141,7 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-regret", choices=("on", "off"), default="on",
                    help="prewarm's no-regret layer (PolicyConfig.no_regret; on by default, as simulate)")
     add_prewarm_switches(p)
-    p.add_argument("--jobs", type=int, default=1, help="simulations run at once (processes)")
+    p.add_argument("--jobs", type=arg_types.whole_at_least(1), default=1, help="simulations run at once (processes)")
     p.add_argument("--out", default="sweep", type=arg_types.output_folder,
                    help="folder for sweep.json, sweep.md and sweep.png")
 
@@ -159,16 +162,6 @@ def prewarm_switches(args: argparse.Namespace) -> dict[str, Any]:
     """This run's prewarm switches as sweep.json's header names them (kept_rows compares a kept sweep's)."""
     return {"no_regret": args.no_regret == "on", "link_wait": args.link_wait == "on",
             "refute_stale_rate": args.refute_stale_rate}
-
-
-def _ints(s: str, what: str) -> list[int]:
-    try:
-        out = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--{what}: expected a comma list of whole numbers, got {s!r}") from None
-    if not out:
-        raise ValueError(f"--{what}: empty list")
-    return out
 
 
 def _names(s: str | None) -> list[str] | None:
@@ -405,29 +398,12 @@ def kept_rows(path: str, gpu_bytes: int, slots: int, rerun: set[tuple[str, int, 
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    gpus, seeds, gpu_bytes, names = args.gpus, args.seeds, args.gpu_memory, args.policies
     try:
-        gpus = _ints(args.gpus, "gpus")
-        seeds = _ints(args.seeds, "seeds")
-        gpu_bytes = args.gpu_memory
         idle_budget = parse_idle_memory_budget(args.idle_memory_budget, "--idle-memory-budget")
-        if args.hours is not None and not args.hours > 0:
-            raise ValueError(f"--hours must be positive, got {args.hours:g}")
         pts = sweep_points(args.family, _names(args.samples), gpus, seeds, args.hours, _names(args.points))
     except ValueError as e:
         print(f"simulate-sweep: {e}", file=sys.stderr)
-        return 2
-    names = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [n for n in names if n not in POLICIES]
-    if not names:
-        print(f"simulate-sweep: --policies names no policy (known: {', '.join(POLICIES)}, or all)", file=sys.stderr)
-        return 2
-    if unknown:
-        print(f"simulate-sweep: unknown policies: {', '.join(unknown)} (known: {', '.join(POLICIES)})",
-              file=sys.stderr)
-        return 2
-    if min(gpus) < 1 or gpu_bytes <= 0 or args.jobs < 1 or args.load_slots < 0 or min(seeds) < 0:
-        print("simulate-sweep: --gpus, --gpu-memory and --jobs must be positive, --load-slots and --seeds 0 or more",
-              file=sys.stderr)
         return 2
     samples = list(dict.fromkeys(p.sample for p in pts))
     folders = {s.name: Path(args.traces) / s.name for s in samples}

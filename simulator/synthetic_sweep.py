@@ -25,49 +25,24 @@ from .policies import POLICIES
 from .sweep import Job, Point, Sample, add_prewarm_switches, markdown, point_summary, points, run_one
 
 
-def _list(s: str, known: tuple[str, ...] | None, what: str) -> list[str]:
-    items = [x.strip() for x in s.split(",") if x.strip()]
-    if known is not None:
-        if items == ["all"]:
-            return list(known)
-        bad = [x for x in items if x not in known]
-        if bad:
-            raise ValueError(f"--{what}: unknown {', '.join(bad)} (known: {', '.join(known)}, or all)")
-    if not items:
-        raise ValueError(f"--{what}: name at least one")
-    return items
-
-
-def _whole(items: list[str], what: str, example: str) -> list[int]:
-    bad = [x for x in items if not x.lstrip("-").isdigit()]
-    if bad:
-        raise ValueError(f"--{what}: {', '.join(repr(x) for x in bad)} is not a whole number (e.g. --{what} {example})")
-    return [int(x) for x in items]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m simulator.synthetic_sweep", description=__doc__.split("\n\n")[0])
-    p.add_argument("--regimes", default="all", help=f"comma list of {', '.join(synthetic.REGIMES)}, or all")
-    p.add_argument("--gpus", default="4,8,16")
-    p.add_argument("--seeds", default="0")
+    p.add_argument("--regimes", type=arg_types.names_of(synthetic.REGIMES), default="all",
+                   help=f"comma list of {', '.join(synthetic.REGIMES)}, or all")
+    p.add_argument("--gpus", type=arg_types.wholes_at_least(1), default="4,8,16")
+    p.add_argument("--seeds", type=arg_types.wholes_at_least(0), default="0")
     p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
-    p.add_argument("--load-slots", type=int, default=2)
-    p.add_argument("--policies", default="all")
-    p.add_argument("--models", type=int, default=200)
-    p.add_argument("--hours", type=float, default=24.0)
-    p.add_argument("--requests", type=int, default=150_000)
+    p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=2)
+    p.add_argument("--policies", type=arg_types.names_of(tuple(POLICIES)), default="all")
+    p.add_argument("--models", type=arg_types.whole_at_least(1), default=200)
+    p.add_argument("--hours", type=arg_types.positive, default=24.0)
+    p.add_argument("--requests", type=arg_types.whole_at_least(1), default=150_000)
     add_prewarm_switches(p)
-    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--jobs", type=arg_types.whole_at_least(1), default=1)
     p.add_argument("--out", default="synthetic-sweep", type=arg_types.output_folder)
     a = p.parse_args(argv)
     try:
-        regimes = _list(a.regimes, synthetic.REGIMES, "regimes")
-        policies = _list(a.policies, tuple(POLICIES), "policies")
-        gpus = _whole(_list(a.gpus, None, "gpus"), "gpus", "4,8,16")
-        seeds = _whole(_list(a.seeds, None, "seeds"), "seeds", "0,1")
-        gpu_bytes = a.gpu_memory
-        if min(gpus) < 1 or gpu_bytes <= 0 or a.jobs < 1 or a.load_slots < 0 or min(seeds) < 0:
-            raise ValueError("--gpus, --gpu-memory and --jobs must be positive, --load-slots and --seeds 0 or more")
+        regimes, policies, gpus, seeds, gpu_bytes = a.regimes, a.policies, a.gpus, a.seeds, a.gpu_memory
         out = Path(a.out)
         jobs: list[Job] = []
         for regime in regimes:

@@ -289,8 +289,9 @@ def test_sweep_and_simulate_refuse_a_bad_idle_memory_budget(tmp_path, capsys) ->
     traces = tiny_sample(tmp_path)
     assert sweep_main(["--traces", str(traces), "--samples", "tiny", "--idle-memory-budget", "2"]) == 2
     assert "--idle-memory-budget='2'" in capsys.readouterr().err
-    assert sweep_main(["--traces", str(traces), "--samples", "tiny", "--seeds", "0,-1"]) == 2
-    assert "--load-slots and --seeds 0 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # as the command line is read
+        sweep_main(["--traces", str(traces), "--samples", "tiny", "--seeds", "0,-1"])
+    assert "argument --seeds: '-1' is not a whole number of at least 0" in capsys.readouterr().err
     assert cli_main(["simulate", str(traces / "tiny" / "invocations.csv"), "--idle-memory-budget", "half"]) == 2
     assert "from 0 to 1" in capsys.readouterr().err
 

@@ -113,15 +113,17 @@ def test_the_synthetic_sweep_runs_every_policy_on_each_regime_and_writes_the_swe
 def test_the_synthetic_sweep_refuses_an_unknown_regime_or_policy_or_a_bad_number(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from simulator import synthetic_sweep
 
-    assert synthetic_sweep.main(["--regimes", "zipf,burst", "--out", str(tmp_path)]) == 2
-    assert "unknown burst" in capsys.readouterr().err
-    assert synthetic_sweep.main(["--policies", "lru", "--out", str(tmp_path)]) == 2
-    assert "unknown lru" in capsys.readouterr().err
-    assert not (tmp_path / "traces").exists()
-    assert synthetic_sweep.main(["--seeds", "0,one", "--out", str(tmp_path)]) == 2
-    assert "--seeds: 'one' is not a whole number (e.g. --seeds 0,1)" in capsys.readouterr().err
-    assert synthetic_sweep.main(["--gpus", "4,8x", "--out", str(tmp_path)]) == 2
-    assert "--gpus: '8x' is not a whole number" in capsys.readouterr().err
-    assert synthetic_sweep.main(["--seeds", "0,-1", "--out", str(tmp_path)]) == 2  # numpy's words named no option
-    assert "--load-slots and --seeds 0 or more" in capsys.readouterr().err
+    for argv, words in [
+        (["--regimes", "zipf,burst"], "argument --regimes: unknown burst (known: zipf, shifting"),
+        (["--policies", "lru"], "argument --policies: unknown lru (known: on-demand-lru"),
+        (["--seeds", "0,one"], "argument --seeds: 'one' is not a whole number of at least 0"),
+        (["--gpus", "4,8x"], "argument --gpus: '8x' is not a whole number of at least 1"),
+        (["--seeds", "0,-1"], "argument --seeds: '-1' is not a whole number of at least 0"),  # numpy's words once
+        (["--hours", "nan"], "argument --hours: 'nan' is not a number above 0"),
+        (["--jobs", "0"], "argument --jobs: '0' is not a whole number of at least 1"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            synthetic_sweep.main([*argv, "--out", str(tmp_path)])
+        assert e.value.code == 2
+        assert words in capsys.readouterr().err
     assert not (tmp_path / "traces").exists()
