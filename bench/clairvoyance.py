@@ -41,7 +41,7 @@ from prewarm.domain.policy import value as policy_value  # noqa: E402
 from prewarm.domain.states import READY  # noqa: E402
 from simulator.engine import Simulation  # noqa: E402
 from simulator.policies import POLICIES, Prewarm  # noqa: E402
-from simulator.trace import Trace, load_profile, read_trace  # noqa: E402
+from simulator.trace import GPU_MEMORY, Trace, load_profile, read_trace  # noqa: E402
 
 VARIANTS = ("order", "next", "window")
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.clairvoyance", description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="a trace folder: invocations.csv (azure-minute) or requests.csv, and profile.csv")
     p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=32)
-    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=GPU_MEMORY)
     p.add_argument("--hours", type=arg_types.positive, default=None)
     p.add_argument("--seed", type=arg_types.whole_at_least(0), default=0)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")

@@ -14,7 +14,7 @@ from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import FORMATS, GIB, ProfileError, read_trace
+from .trace import FORMATS, GIB, GPU_MEMORY, ProfileError, read_trace
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="azure-minute")
     p.add_argument("--profile", help="CSV model,size_bytes,load_seconds (default: seeded sizes)")
     p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=8)
-    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB", help="memory per GPU, e.g. 80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=GPU_MEMORY, help="memory per GPU, e.g. 80GiB")
     p.add_argument("--policies", type=arg_types.names_of(tuple(POLICIES)), default="all",
                    help=f"comma list of {','.join(POLICIES)} or all")
     p.add_argument("--json", dest="json_out", type=arg_types.output_file, help="write the results as JSON here")

@@ -40,7 +40,7 @@ from prewarm.domain.states import PENDING, READY
 from .engine import Simulation
 from .fleet import Replica
 from .policies import POLICIES, Prewarm
-from .trace import FORMATS, GIB, load_profile, read_trace
+from .trace import FORMATS, GIB, GPU_MEMORY, load_profile, read_trace
 
 AHEAD = frozenset(("speculative", "fill", "prefetch", "new_gpu", "prewarm", "scale"))
 
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile")
     p.add_argument("--hours", type=float, help="replay only the first HOURS of the trace")
     p.add_argument("--gpus", type=arg_types.whole_at_least(1), default=16)
-    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=GPU_MEMORY)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policy", default="prewarm", choices=list(POLICIES))
     p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=2, help="0: every load at once")

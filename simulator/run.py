@@ -15,7 +15,7 @@ from .adapters import adapter_view
 from .engine import Simulation
 from .policies import POLICIES, Prewarm
 from .slo_policy import SloPrewarm
-from .trace import GIB, Trace, load_profile, load_profile_fields, read_profile
+from .trace import GIB, GPU_BYTES, Trace, load_profile, load_profile_fields, read_profile
 
 
 def simulate(
@@ -23,7 +23,7 @@ def simulate(
     profile: str | None,
     policies: list[str],
     gpus: int = 8,
-    gpu_bytes: int = 80 * GIB,
+    gpu_bytes: int = GPU_BYTES,
     contention: str = "shared",
     progress: bool = False,
     host_bytes: int = 0,

@@ -30,7 +30,7 @@ from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 
 from .policies import POLICIES
 from .run import simulate
-from .trace import GIB, Trace, load_profile, read_trace
+from .trace import GIB, GPU_MEMORY, Trace, load_profile, read_trace
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hours", type=arg_types.positive, default=None,
                    help="replay every sample's first HOURS (a short smoke run; default each sample's "
                    "horizon: the Azure samples whole, ServeGen 72 h)")
-    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=GPU_MEMORY)
     p.add_argument("--policies", type=arg_types.names_of(tuple(POLICIES)), default="all",
                    help=f"comma list of {','.join(POLICIES)} or all")
     p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=PolicyConfig().max_loads_per_gpu,

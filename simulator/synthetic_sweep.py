@@ -23,6 +23,7 @@ from prewarm import arg_types
 from . import synthetic
 from .policies import POLICIES
 from .sweep import Job, Point, Sample, add_prewarm_switches, markdown, point_summary, points, run_one
+from .trace import GPU_MEMORY
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma list of {', '.join(synthetic.REGIMES)}, or all")
     p.add_argument("--gpus", type=arg_types.wholes_at_least(1), default="4,8,16")
     p.add_argument("--seeds", type=arg_types.wholes_at_least(0), default="0")
-    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default="80GiB")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=GPU_MEMORY)
     p.add_argument("--load-slots", type=arg_types.whole_at_least(0), default=2)
     p.add_argument("--policies", type=arg_types.names_of(tuple(POLICIES)), default="all")
     p.add_argument("--models", type=arg_types.whole_at_least(1), default=200)
