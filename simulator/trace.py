@@ -31,6 +31,7 @@ import numpy as np
 from prewarm import priority as priorities
 from prewarm.catalog_bounds import BOUNDS, in_bounds
 from prewarm.domain import trace_format as tf
+from prewarm.domain.policy.types import PolicyConfig
 from prewarm.units import parse_bytes, parse_duration
 
 AGE = BOUNDS["max_replica_age"]  # a profile's max_replica_age, as the catalog's
@@ -39,6 +40,7 @@ GIB = 1 << 30
 # every simulator command's GPU unless told (--gpu-memory): an 80 GiB H100 / A100
 GPU_MEMORY = "80GiB"
 GPU_BYTES = parse_bytes(GPU_MEMORY)
+_POLICY_DEFAULTS = PolicyConfig()
 ID_COLUMNS = tf.ID_COLUMNS
 
 
@@ -162,8 +164,9 @@ def default_size(model: str) -> int:
 
 
 def default_load_seconds(size_bytes: int) -> float:
-    gib = size_bytes / GIB
-    return 1.5 + gib / 2.0 + 0.1 * gib
+    """A model's load time without a profile's: the policy's own default (PolicyConfig: 1.5 s + size at 2 GiB/s +
+    0.1 s per GiB of warmup), so that a generated profile and the policy's guess for an unmeasured model agree."""
+    return _POLICY_DEFAULTS.default_load_seconds(size_bytes)
 
 
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds")  # a profile's required header
