@@ -15,8 +15,8 @@ import redis
 from prewarm import keys
 from prewarm.catalog_entries import Catalog
 from prewarm.store import lookup_counts, memory_time
+from prewarm.units import GIB
 
-GIB = 1024**3
 MAX_WINDOW_S = keys.MINUTE_TTL_S - 3600  # the per-minute records live a little longer than this
 
 

@@ -32,11 +32,10 @@ from prewarm import priority as priorities
 from prewarm.catalog_bounds import BOUNDS, in_bounds
 from prewarm.domain import trace_format as tf
 from prewarm.domain.policy.types import PolicyConfig
-from prewarm.units import parse_bytes, parse_duration
+from prewarm.units import GIB, parse_bytes, parse_duration
 
 AGE = BOUNDS["max_replica_age"]  # a profile's max_replica_age, as the catalog's
 
-GIB = 1 << 30
 # every simulator command's GPU unless told (--gpu-memory): an 80 GiB H100 / A100
 GPU_MEMORY = "80GiB"
 GPU_BYTES = parse_bytes(GPU_MEMORY)

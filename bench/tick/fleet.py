@@ -14,8 +14,8 @@ import redis
 from prewarm import state, traffic
 from prewarm.domain import states as rs
 from prewarm.store.ready import replica_ready
+from prewarm.units import GIB
 
-GIB = 1024**3
 GPUS_PER_NODE = 8
 LOAD_GIB_S = 2.0  # the load times recorded for resident replicas: storage at ~2 GiB/s, plus noise
 
