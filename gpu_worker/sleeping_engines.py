@@ -138,7 +138,7 @@ class SleepingEngines:
                              "the engine was stopped") from None
         g.device.release(k)
         sl = Sleeper(g.id, rt, state.Staged(
-            model=entry.id, version=entry.version, node=self.node, state="staged", bytes=rt.weights_bytes,
+            model=entry.id, version=entry.version, node=self.node, state=rs.STAGED, bytes=rt.weights_bytes,
             total_bytes=rt.weights_bytes, progress=1.0, value=float(value), staged_at=time.time(),
             stage_seconds=round(time.perf_counter() - t0, 4),
             reason=f"engine asleep on {g.id} (vLLM sleep level 1; promotes there only)"
@@ -153,7 +153,7 @@ class SleepingEngines:
 
     def _sleep_result(self, sl: Sleeper, *, noop: bool) -> dict[str, Any]:
         r = sl.record
-        return {"model": r.model, "version": r.version, "node": self.node, "state": "staged", "bytes": r.bytes,
+        return {"model": r.model, "version": r.version, "node": self.node, "state": rs.STAGED, "bytes": r.bytes,
                 "stage_seconds": r.stage_seconds, "value": r.value, "pinned": False, "noop": noop, "evicted": [],
                 "gpu": sl.gpu, "tier": "engine sleep", "host_cache": self._cache_figures()}
 

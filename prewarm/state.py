@@ -207,7 +207,7 @@ class Fleet:
     def staged(self, model: str | None = None, *, ready_only: bool = True) -> list[Staged]:
         """Staged models across live nodes (`ready_only`: state "staged", not those still staging)."""
         return [x for n in self.nodes for x in n.staged
-                if (model is None or x.model == model) and (not ready_only or x.state == "staged")]
+                if (model is None or x.model == model) and (not ready_only or x.state == rs.STAGED)]
 
     def replicas(self, model: str | None = None) -> list[Replica]:
         return [r for g in self.alive() for r in g.replicas if model is None or r.model == model]

@@ -41,7 +41,7 @@ import numpy as np
 from prewarm.domain.baselines.placement import VictimHeaps
 from prewarm.domain.baselines.shadow import PlacingFleet
 from prewarm.domain.policy import PolicyConfig
-from prewarm.domain.states import LOADING, PENDING, READY
+from prewarm.domain.states import LOADING, PENDING, READY, STAGED
 
 from .adapters import ADAPTER_DONE as _ADAPTER_DONE
 from .adapters import AdapterSlots, AdapterView
@@ -200,7 +200,7 @@ class Simulation(PlacingFleet):
         r = Replica(m, gi, size, t, remaining=self.load_s[m], kind=kind)
         if self.host_on:
             c = self.nodes[g.ni].cached.get(m)
-            if c is not None and c.state == "staged":
+            if c is not None and c.state == STAGED:
                 r.remaining = self.promote_s[m]
                 r.source = c
                 c.readers += 1
@@ -352,7 +352,7 @@ class Simulation(PlacingFleet):
         """Drop model m from node ni's host cache: only a completed stage no promotion is reading."""
         n = self.nodes[ni]
         c = n.cached.get(m)
-        if c is None or c.state != "staged" or c.readers:
+        if c is None or c.state != STAGED or c.readers:
             return False
         del n.cached[m]
         n.used -= c.bytes
@@ -369,7 +369,7 @@ class Simulation(PlacingFleet):
         done = n.link.finished(t, self.shared)
         self._reschedule(n.link, _STAGE_DONE, ni)
         for c in done:
-            c.state = "staged"
+            c.state = STAGED
             c.ready_at = t
         if done:
             self.host_version += 1

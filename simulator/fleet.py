@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prewarm.domain.baselines.shadow import Link
-from prewarm.domain.states import LOADING
+from prewarm.domain.states import LOADING, STAGING
 
 
 @dataclass(eq=False, slots=True)
@@ -33,7 +33,7 @@ class HostCopy:
     node: int
     bytes: int
     since: float  # stage start
-    state: str = "staging"  # "staging" | "staged"
+    state: str = STAGING  # STAGING, then STAGED (prewarm.domain.states)
     ready_at: float = math.nan
     remaining: float = 0.0  # seconds of stage work left at full speed
     readers: int = 0  # promotions in flight reading this copy

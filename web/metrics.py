@@ -102,7 +102,7 @@ class RedisCollector(Collector):
             d = fleet.drain_records.get(name)
             draining.add_metric([name], 1.0 if d is not None and d.draining else 0.0)
         for n in fleet.nodes:
-            staged = sum(x.bytes for x in n.staged if x.state == "staged")
+            staged = sum(x.bytes for x in n.staged if x.state == rs.STAGED)
             for kind, v in (("staged", staged), ("staging", max(0, n.used_bytes - staged)), ("free", n.free_bytes)):
                 host.add_metric([n.node, kind], float(v))
         yield memory

@@ -103,7 +103,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         print(f"{n.node} host cache  used {format_bytes(n.used_bytes)} / {format_bytes(n.budget_bytes)}, "
               f"free {format_bytes(n.free_bytes)}{' (pinned)' if n.pinned else ''}")
         for x in n.staged:
-            extra = f" {x.progress:.0%}" if x.state == "staging" else ""
+            extra = f" {x.progress:.0%}" if x.state == rs.STAGING else ""
             print(f"    {x.model}@{x.version:8} {x.state}{extra:5} {format_bytes(x.bytes):>10}")
     return 0
 
@@ -241,7 +241,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     def staged() -> int | None:
         n = state.read_fleet(ctx.r).node(gpu.node)
         x = n.get(entry.id, entry.version) if n else None
-        if x is not None and x.state == "staged":
+        if x is not None and x.state == rs.STAGED:
             print(f"{entry.key} staged on {gpu.node}: {format_bytes(x.bytes)}")
             return 0
         if x is None and not ctx.r.exists(keys.intent(entry.id, state.host_id(gpu.node))):

@@ -3,7 +3,7 @@ as the snapshot shows them plus the unconfirmed intents, updated by each action 
 
 from __future__ import annotations
 
-from prewarm.domain.states import EVICTING, HOLDING, IN_FLIGHT, READY
+from prewarm.domain.states import EVICTING, HOLDING, IN_FLIGHT, READY, STAGED
 
 from .types import (
     GpuState,
@@ -124,7 +124,7 @@ class Fleet:
                 continue
             self.host_used[x.node] += x.bytes
             self.on_host[x.node][x.model] = x
-            if x.state == "staged":
+            if x.state == STAGED:
                 self.staged_nodes.setdefault(x.model, set()).add(x.node)
             else:
                 self.stages_in_flight[x.node] += 1

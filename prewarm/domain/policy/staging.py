@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from prewarm.domain.states import IN_FLIGHT
+from prewarm.domain.states import IN_FLIGHT, STAGED
 
 from .plan_call import PlanCall
 from .types import GIB, StagedState
@@ -23,7 +23,7 @@ def host_victim_list(pl: PlanCall, node: str) -> list[tuple[float, str, StagedSt
         f = pl.fleet
         v = []
         for m, x in f.on_host[node].items():
-            if x is None or x.state != "staged" or (m, node) in f.unstaging:
+            if x is None or x.state != STAGED or (m, node) in f.unstaging:
                 continue
             if any(f.gpus[g].node == node and f.on_gpu[g].get(m) is not None
                    and f.on_gpu[g][m].state in IN_FLIGHT for g in f.of_model.get(m, ())):
