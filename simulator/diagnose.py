@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from prewarm import arg_types
+from prewarm.domain.load_kinds import AHEAD_OF_DEMAND
 from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 from prewarm.domain.states import PENDING, READY
 
@@ -41,8 +42,6 @@ from .engine import Simulation
 from .fleet import Replica
 from .policies import POLICIES, Prewarm
 from .trace import FORMATS, GIB, GPU_MEMORY, load_profile, read_trace
-
-AHEAD = frozenset(("speculative", "fill", "prefetch", "new_gpu", "prewarm", "scale"))
 
 
 class DiagnosticSimulation(Simulation):
@@ -67,7 +66,7 @@ class DiagnosticSimulation(Simulation):
         self.ahead_used: Counter[str] = Counter()  # ahead-of-demand loads that served a request, by kind
 
     def _count_ahead(self, r: Replica) -> None:
-        if r.kind in AHEAD and r.last_request is not None:
+        if r.kind in AHEAD_OF_DEMAND and r.last_request is not None:
             self.ahead_used[r.kind] += 1
 
     def next_request(self, m: int, t: float) -> float:
@@ -95,7 +94,7 @@ class DiagnosticSimulation(Simulation):
         r = super().start_load(m, gi, kind)
         if r is not None:
             self.load_kinds[kind or "?"] += 1
-            if kind in AHEAD:
+            if kind in AHEAD_OF_DEMAND:
                 self.ahead_since[m] = self.now
             for e in self.unattached:
                 e["for"] = kind or "?"
@@ -108,7 +107,7 @@ class DiagnosticSimulation(Simulation):
         state = "none" if not reps else ("queued" if all(r.state == PENDING for r in reps) else "loading")
         cause = self.episode.get(m)
         if cause is None:  # the request that opens an episode
-            if reps and any(r.kind in AHEAD for r in reps):
+            if reps and any(r.kind in AHEAD_OF_DEMAND for r in reps):
                 cause = "forecast_late"
             elif not self.ever_ready[m]:
                 cause = "first"

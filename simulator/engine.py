@@ -40,6 +40,7 @@ import numpy as np
 
 from prewarm.domain.baselines.placement import VictimHeaps
 from prewarm.domain.baselines.shadow import PlacingFleet
+from prewarm.domain.load_kinds import AHEAD_OF_DEMAND
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.states import LOADING, PENDING, READY, STAGED
 
@@ -47,11 +48,6 @@ from .adapters import ADAPTER_DONE as _ADAPTER_DONE
 from .adapters import AdapterSlots, AdapterView
 from .fleet import Gpu, HostCopy, Link, Node, Replica
 from .trace import GIB, Trace
-
-# Loads made before any request asked (the ROI's cold starts avoided, as prewarm.store.load_kinds live):
-# prewarm's speculative / new-GPU / rising-rate scale loads, and the baselines' own ahead-of-demand loads.
-AHEAD_KINDS = frozenset(("speculative", "new_gpu", "scale", "prewarm", "prefetch", "adapter"))
-
 
 # after the trace ends, ticks go on this long while requests wait (those still waiting are unserved)
 DRAIN_S = 600.0
@@ -153,7 +149,7 @@ class Simulation(PlacingFleet):
         self.now = 0.0
         # metrics
         self.cold = 0
-        self.avoided = 0  # warm requests served by a replica loaded ahead of demand (AHEAD_KINDS)
+        self.avoided = 0  # warm requests served by a replica loaded ahead of demand (the ROI's, as live)
         self.cold_per_model = [0] * self.n_models
         self.req_per_model = [0] * self.n_models
         self.waits: list[float] = []
@@ -385,7 +381,7 @@ class Simulation(PlacingFleet):
             for r in self.replicas[m].values():
                 if r.state == READY:
                     r.last_request = t
-                    self.avoided += r.kind in AHEAD_KINDS
+                    self.avoided += r.kind in AHEAD_OF_DEMAND
                     break
             policy.on_request(t, m, True)
             return

@@ -7,11 +7,10 @@ from __future__ import annotations
 import redis
 
 from prewarm import keys
+from prewarm.domain import load_kinds
 
-# Loads the scheduler makes before any request asks: predicted demand, a new GPU's hottest models, and an
-# extra replica for a rising rate, a LoRA adapter warmed in its base's slot (issue 29). (Demand, min_replicas,
-# operator and router loads answer a request or a rule.)
-AHEAD_OF_DEMAND = ("scheduler:speculative", "scheduler:new_gpu", "scheduler:scale", "scheduler:adapter")
+# The scheduler's loads made before any request asked (prewarm.domain.load_kinds), as this record spells them
+AHEAD_OF_DEMAND = tuple(f"scheduler:{kind}" for kind in sorted(load_kinds.AHEAD_OF_DEMAND))
 
 
 def field(model: str, version: str, gpu: str) -> str:

@@ -64,6 +64,22 @@ def test_roi_counts_warm_hits_cold_starts_and_those_avoided(redis_url: str, cata
     assert body["totals"]["warm_hits"] == 4
 
 
+@pytest.mark.parametrize("kind", ["fill", "forecast"])
+def test_a_fill_and_a_baselines_load_ahead_count_as_avoided(kind: str, redis_url: str, catalog: Path,
+                                                             r: redis.Redis) -> None:
+    # one list of loads ahead (prewarm.domain.load_kinds): live left out prewarm's fills and the baselines' loads
+    # ahead (the forecast autoscaler's, run as PREWARM_POLICY), so their warm hits counted as nothing avoided
+    client = _client(redis_url, catalog)
+    g = publish_gpu(r, GPU, total_mib=64)
+    ctx = make_context(redis_url, catalog)
+    assert ctx.dispatcher.preload("alpha", "v1", g, actor="scheduler", reason="ahead", kind=kind).sent
+    publish_gpu(r, GPU, total_mib=64, replicas=[replica("alpha", GPU, "ready")])
+    for _ in range(2):
+        assert client.get("/hooks/route?model=alpha").get_json()["state"] == "ready"
+    rows = {m["id"]: m for m in client.get("/api/roi?window=600").get_json()["models"]}
+    assert (rows["alpha"]["warm_hits"], rows["alpha"]["cold_starts_avoided"]) == (2, 2)
+
+
 def test_a_retry_flag_in_any_case_is_a_poll_and_any_other_value_is_refused(redis_url: str, catalog: Path,
                                                                             r: redis.Redis) -> None:
     """`retry=True` (what a Python router's params={"retry": True} sends) is a poll, not another request; a value

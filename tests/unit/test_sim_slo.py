@@ -86,3 +86,13 @@ def test_a_window_holds_every_minute_it_touches(now: float, seconds: float) -> N
     got = slo.window_minutes(now, seconds)
     assert got.start <= now - seconds < got.start + 60 and got[-1] <= now < got[-1] + 60
     assert list(got) == list(range(got.start, got[-1] + 1, 60))
+
+
+def test_a_fills_warm_hits_are_cold_starts_avoided() -> None:
+    # the ROI's loads ahead are one list (prewarm.domain.load_kinds); the simulator's left the fill out, so a first
+    # request served warm by a fill, the point of issue 26's item 3, counted as nothing avoided (here 0 of 61)
+    events = sorted([(float(t), "a") for t in range(0, 600, 10)] + [(300.0, "b"), (310.0, "b")])
+    sim = run("prewarm", events, {"a": 1.0, "b": 1.0}, {"a": 2.0, "b": 2.0}, gpus=1, gpu_gib=8.0)
+    assert {r.kind for g in sim.gpus for r in g.residents.values()} == {"fill"}  # both loaded before any request
+    roi = sim.results()["roi"]
+    assert roi["warm_hits"] == 61 and roi["cold_starts_avoided"] == 61
