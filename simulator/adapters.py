@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from prewarm.domain.load_kinds import AHEAD_OF_DEMAND
 from prewarm.domain.states import LOADING, READY
 
 from .trace import Profile, ProfileError, Trace, profile_number, profile_rows, profile_size
@@ -307,7 +308,7 @@ class AdapterSlots:
             if s.state == READY:
                 s.last_use = t
                 sim.replicas[b][gi].last_request = t
-                sim.avoided += s.kind in ("adapter",)
+                sim.avoided += s.kind in AHEAD_OF_DEMAND  # an adapter warmed ahead (the ROI's list, as live)
                 return True
         self._route(t, a, b, (t, False))
         return False

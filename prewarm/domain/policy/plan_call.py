@@ -88,7 +88,8 @@ class PlanCall(Values):
             if self.cfg.expert_duels:  # what the leader's evictions cost per request, and whether on trial
                 extra = {**extra, "expert_cost_per_request": ex.duels.per_request(),
                          "expert_on_trial": 1.0 if ex.duels.trial is not None else 0.0}
-        if victims and self.cfg.no_regret and self.cfg.expert_duels and kind not in ("speculative", "partner"):
+        # a load ahead (speculative; partners load so too) is judged by the loads-ahead record (ahead.py), not by duels
+        if victims and self.cfg.no_regret and self.cfg.expert_duels and kind != "speculative":
             self._duel(gid, victims)
         for r in victims:
             d = self.idle(r.model)
