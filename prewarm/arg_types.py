@@ -105,13 +105,13 @@ def port(raw: str) -> int:
 
 def port_or_off(raw: str) -> int:
     """A TCP port, or 0 for none (a metrics port that may be switched off)."""
-    if raw.strip() == "0":
-        return 0
     try:
-        return port(raw)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a port (a whole number from 1 to {MAX_PORT}) or 0 (off)") \
-            from None
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port (a whole number from 1 to {MAX_PORT}) or 0 (off)")
+    return n
 
 
 def size_at_least(low: int) -> Callable[[str], int]:

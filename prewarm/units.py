@@ -38,11 +38,12 @@ def format_bytes(n: float) -> str:
 
 
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*")
 
 
 def parse_duration(text: str) -> float:
     """'15m' -> 900.0; '10s' -> 10.0; '1h' -> 3600.0; '90' -> 90.0 (seconds)."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*", str(text))
+    m = _DURATION.fullmatch(str(text))
     if not m:
         raise ValueError(f"cannot read {text!r} as a duration: write e.g. 10s, 15m or 1h")
     return float(m.group(1)) * _DURATION_UNITS[m.group(2)]

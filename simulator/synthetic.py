@@ -60,8 +60,8 @@ def generate(regime: str, models: int = 200, hours: float = 24.0, requests: int 
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r} (known: {', '.join(REGIMES)})")
     if models < 1 or not 0 < hours < math.inf or requests < 1 or not 0 < shift_h < math.inf:
-        raise ValueError(f"need models >= 1, finite hours > 0, requests >= 1 and finite shift_h > 0 (got {models}, {hours:g}, "
-                         f"{requests}, {shift_h:g})")
+        raise ValueError("need models >= 1, finite hours > 0, requests >= 1 and finite shift_h > 0 "
+                         f"(got {models}, {hours:g}, {requests}, {shift_h:g})")
     rng = np.random.default_rng(seed)
     minutes = max(1, int(round(hours * 60)))
     span = minutes * 60.0

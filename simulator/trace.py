@@ -279,11 +279,12 @@ def load_profile_fields(path: str | Path | Profile | None,
         a = (row.get("max_replica_age") or "").strip()
         if a:  # read as the catalog reads it: the same units and bounds
             try:
-                ages[i] = parse_duration(a)
+                age = parse_duration(a)
             except ValueError:
-                ages[i] = math.nan
-            if not in_bounds(ages[i], AGE):
+                age = math.nan  # refused below, with the bounds
+            if not in_bounds(age, AGE):
                 raise ProfileError(f"profile {path}: line {line}: model {row['model']!r}: max_replica_age {a!r} is "
                                    f"not a duration such as 90s, 30m or 6h, from {AGE.low:g} s to "
                                    f"{AGE.high / 86400:g} days")
+            ages[i] = age
     return prio, ages
