@@ -10,7 +10,7 @@ from typing import Any
 from bench.term import sigterm_unwinds
 from prewarm import arg_types
 
-from .run import run_bench
+from .run import GPU_MEMORY, run_bench
 
 
 def fmt_report(r: dict[str, Any]) -> str:
@@ -55,7 +55,7 @@ def add_tick_parser(group: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--gpus", type=int, default=256, help="GPUs, 8 per node (default 256)")
     p.add_argument("--ticks", type=int, default=15, help="ticks to run, the first reported apart (default 15)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=80 * 1024**3, help="per GPU (default 80GiB)")
+    p.add_argument("--gpu-memory", type=arg_types.size_at_least(1), default=GPU_MEMORY, help="per GPU (default 80GiB)")
     p.add_argument("--rate", type=float, default=300.0, help="requests per second over all models (300)")
     p.add_argument("--zipf", type=float, default=1.1, help="popularity skew (default 1.1)")
     p.add_argument("--interval", type=float, default=None,

@@ -38,7 +38,10 @@ def _redis_url() -> Iterator[str]:
         yield server.url
 
 
-def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = 80 * GIB, rate: float = 300.0,
+GPU_MEMORY = 80 * GIB  # per GPU, unless --gpu-memory
+
+
+def run_bench(models: int, gpus: int, ticks: int, *, gpu_memory: int = GPU_MEMORY, rate: float = 300.0,
               zipf: float = 1.1, interval: float | None = None, seed: int = 0, worker: bool = True,
               log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     if models < 1 or gpus < 1 or ticks < 2:
