@@ -28,6 +28,7 @@ from gpu_worker.residency import NodeWorker
 from prewarm import keys, state
 from prewarm.dispatch import Dispatcher, Order
 from prewarm.domain import states as rs
+from prewarm.domain.action_kinds import DRAIN
 from prewarm.services import drain as service
 from prewarm.store import drains
 
@@ -166,7 +167,7 @@ class NodeDrain:
         fleet = state.read_fleet(w.r, include_stale=False)
         gpus = {g.id: g for g in fleet.alive() if g.id in w.gpus}
         orders = [Order("evict", m, v, gpus[gid], "worker", f"drain: {w.node} drained, its replacements placed",
-                        {"node": w.node}, "drain", result=False) for m, v, gid in held if gid in gpus]
+                        {"node": w.node}, DRAIN, result=False) for m, v, gid in held if gid in gpus]
         sent = sum(1 for d in self._dispatcher().send_many(orders) if not isinstance(d, Exception) and d.sent)
         end = time.monotonic() + wait_s
         while self._ready_here() and time.monotonic() < end:

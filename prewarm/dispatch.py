@@ -39,6 +39,7 @@ from celery import Celery
 
 from prewarm import celery_app, events, state
 from prewarm import priority as priorities
+from prewarm.domain.action_kinds import DEMAND
 from prewarm.store import dispatch_counts, load_kinds
 
 
@@ -102,7 +103,7 @@ class _Prepared:
 
 
 def order_preload(model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
-                  numbers: dict[str, Any] | None = None, kind: str = "demand", priority: str | None = None,
+                  numbers: dict[str, Any] | None = None, kind: str = DEMAND, priority: str | None = None,
                   result: bool = True) -> Order:
     """A preload Order; a priority other than normal is also in the event's numbers."""
     if priority in (None, priorities.DEFAULT):
@@ -231,7 +232,7 @@ class Dispatcher:
         return answer
 
     def preload(self, model: str, version: str, gpu: state.Gpu, *, actor: str, reason: str,
-                numbers: dict[str, Any] | None = None, kind: str = "demand", priority: str | None = None) -> Dispatched:
+                numbers: dict[str, Any] | None = None, kind: str = DEMAND, priority: str | None = None) -> Dispatched:
         return self._one(order_preload(model, version, gpu, actor=actor, reason=reason, numbers=numbers, kind=kind,
                                        priority=priority))
 

@@ -38,6 +38,7 @@ from prewarm import events, failover, keys, state
 from prewarm.context import Context
 from prewarm.dispatch import order_preload
 from prewarm.domain import states as rs
+from prewarm.domain.action_kinds import DEMAND
 from prewarm.domain.policy import Action, Evict, Preload
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ def resend_lost(ctx: Context, fleet: state.Fleet, why: str, *,
             done.append(f"released the {i.action} of {i.model}@{i.version} on {i.gpu}"
                         f"{' (GPU gone)' if g is None else ''}")
             continue
-        order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or "demand",
+        order = order_preload(i.model, i.version, g, actor="scheduler", kind=i.kind or DEMAND,
                               reason=f"sent again {why} ({i.actor}: {i.reason})",
                               numbers={"resent": True, "lost_task": i.task_id, "lost_intent": i.id},
                               result=i.actor != "scheduler")

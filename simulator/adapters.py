@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from prewarm.domain.load_kinds import AHEAD_OF_DEMAND
+from prewarm.domain.action_kinds import AHEAD_OF_DEMAND, DEMAND
 from prewarm.domain.states import LOADING, READY
 
 from .trace import Profile, ProfileError, Trace, profile_number, profile_rows, profile_size
@@ -330,7 +330,7 @@ class AdapterSlots:
         if target is None:  # every slot of every ready replica is loading: retry when one of them ends
             self.pending[b].append((a, w))
             return
-        started = self.load(a, target, "demand", lru=True)
+        started = self.load(a, target, DEMAND, lru=True)
         assert started is not None
         started.waiters.append(w)
 
@@ -387,7 +387,7 @@ class AdapterSlots:
         held[a] = s
         self.where[a][gi] = s
         self.loads += 1
-        self.loads_ahead += kind != "demand"
+        self.loads_ahead += kind != DEMAND
         self.bytes_loaded += s.bytes
         self.version += 1
         sim.push(t + sim.load_s[a], ADAPTER_DONE, (s,))

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from prewarm import arg_types
-from prewarm.domain.load_kinds import AHEAD_OF_DEMAND
+from prewarm.domain.action_kinds import AHEAD_OF_DEMAND
 from prewarm.domain.policy import STALE_RATE_READINGS, PolicyConfig
 from prewarm.domain.states import PENDING, READY
 

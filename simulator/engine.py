@@ -38,9 +38,9 @@ from typing import Protocol
 
 import numpy as np
 
+from prewarm.domain.action_kinds import AHEAD_OF_DEMAND
 from prewarm.domain.baselines.placement import VictimHeaps
 from prewarm.domain.baselines.shadow import PlacingFleet
-from prewarm.domain.load_kinds import AHEAD_OF_DEMAND
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.states import LOADING, PENDING, READY, STAGED
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from prewarm.domain.action_kinds import DEMAND, PREFETCH
 from prewarm.domain.baselines import RULES
 from prewarm.domain.choice import PrewarmPolicy
 from prewarm.domain.policy import (
@@ -76,14 +77,14 @@ class Oracle(_Base):
         self._schedule(m)
 
     def on_miss(self, t: float, m: int) -> None:
-        self.sim.place_evicting(m, self._key, kind="demand")
+        self.sim.place_evicting(m, self._key, kind=DEMAND)
 
     def on_timer(self, t: float, payload: tuple) -> None:
         _tag, m, p = payload
         if p != self.ptr[m] or self.sim.replicas[m]:
             return
         nxt = self.next_use(m)
-        self.sim.place_evicting(m, self._key, only_if=lambda r: self.next_use(r.model) > nxt, kind="prefetch")
+        self.sim.place_evicting(m, self._key, only_if=lambda r: self.next_use(r.model) > nxt, kind=PREFETCH)
 
 
 class Prewarm(_Base):

@@ -15,6 +15,7 @@ from typing import TypeVar
 from prewarm import arg_types, events, keys, state
 from prewarm.catalog_entries import CatalogError
 from prewarm.domain import states as rs
+from prewarm.domain.action_kinds import OPERATOR
 from prewarm.services import drain, operator
 from prewarm.store import drains, overlays
 from prewarm.units import format_bytes
@@ -221,7 +222,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     except (KeyError, LookupError, CatalogError) as exc:
         return _lookup_err(exc)
     d = ctx.dispatcher.stage(entry.id, entry.version, gpu, actor="operator",
-                             reason=args.reason or "operator stage from the CLI", kind="operator", value=args.value)
+                             reason=args.reason or "operator stage from the CLI", kind=OPERATOR, value=args.value)
     if not d.sent and not (args.wait and d.held is not None and d.held.action == "stage"
                            and d.held.version == entry.version):
         return _err(d.message)

@@ -28,6 +28,7 @@ from prewarm.catalog_entries import Catalog
 from prewarm.dispatch import Dispatched, order_preload
 from prewarm.domain import drain as rule
 from prewarm.domain import states as rs
+from prewarm.domain.action_kinds import DRAIN
 from prewarm.store import drains, overlays
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def drain_round(ctx: Any, fleet: state.Fleet, now: float | None = None) -> list[
             reason = (f"drain: {', '.join(need.gpus)} draining; {entry.key} ({need.why}) wants {need.wanted} ready "
                       f"replica(s) elsewhere, {need.ready_elsewhere} ready → preload on {g.id} (the draining "
                       "replica is evicted once this one is ready)")
-            order = order_preload(entry.id, entry.version, g, actor="scheduler", reason=reason, kind="drain",
+            order = order_preload(entry.id, entry.version, g, actor="scheduler", reason=reason, kind=DRAIN,
                                   numbers={"wanted": need.wanted, "ready_elsewhere": need.ready_elsewhere,
                                            "from": list(need.gpus)},
                                   priority=entry.priority, result=False)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from prewarm import rooms, state
 from prewarm.catalog_entries import ModelEntry
 from prewarm.dispatch import Dispatched
+from prewarm.domain.action_kinds import OPERATOR
 from prewarm.domain.states import READY
 
 Field = Literal["model", "version", "gpu"]
@@ -65,7 +66,7 @@ def preload(ctx: Any, e: ModelEntry, gpu: str | None, reason: str) -> Dispatched
     # must not block the retry.
     if any(x.model == e.id and x.version == e.version and x.state == READY for x in target.replicas):
         raise Refused(f"{e.key} is already on {target.id}", "gpu", conflict=True)
-    d = ctx.dispatcher.preload(e.id, e.version, target, actor="operator", kind="operator", reason=reason,
+    d = ctx.dispatcher.preload(e.id, e.version, target, actor="operator", kind=OPERATOR, reason=reason,
                                priority=e.priority)
     if not d.sent:
         raise Refused(d.message, "gpu", conflict=True)
@@ -83,5 +84,5 @@ def evict(ctx: Any, e: ModelEntry, gpu: str | None, reason: str) -> list[Evicted
     if not targets:
         where = f" on {gpu}" if gpu else ""
         raise Refused(f"{e.key} is not resident{where}: nothing to evict", "model", conflict=True)
-    return [Evicted(g, ctx.dispatcher.evict(e.id, e.version, g, actor="operator", kind="operator", reason=reason))
+    return [Evicted(g, ctx.dispatcher.evict(e.id, e.version, g, actor="operator", kind=OPERATOR, reason=reason))
             for g in targets]

@@ -35,6 +35,7 @@ import redis
 from prewarm import eta, keys, rooms, state
 from prewarm.catalog_entries import ModelEntry
 from prewarm.domain import states as rs
+from prewarm.domain.action_kinds import DEMAND
 from prewarm.store import cold_starts, eta_promises, lookup_counts
 from prewarm.units import format_bytes
 
@@ -196,7 +197,7 @@ def _place_adapter(ctx: Any, entry: ModelEntry, hosts: list[tuple[state.Replica,
     """The on-demand adapter load: into the least busy ready base replica with a free slot."""
     d = None
     for base_rep, gpu in hosts:
-        d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand", priority=priority,
+        d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind=DEMAND, priority=priority,
                                    reason=f"route lookup found the adapter absent from its ready base "
                                           f"{base_rep.model}@{base_rep.version}: on-demand adapter load",
                                    numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes})
@@ -249,7 +250,7 @@ def _place_on_demand(ctx: Any, entry: ModelEntry, fleet: state.Fleet, priority: 
         return {"queued": False, "message": where}
     staged = rooms.staged_nodes(fleet, entry)
     for gpu in order:
-        d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind="demand", priority=priority,
+        d = ctx.dispatcher.preload(entry.id, entry.version, gpu, actor="router", kind=DEMAND, priority=priority,
                                    reason="route lookup found the model cold: on-demand preload",
                                    numbers={"size_bytes": entry.size_bytes, "free_bytes": gpu.free_bytes,
                                             "staged": gpu.node in staged})

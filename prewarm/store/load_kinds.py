@@ -7,10 +7,10 @@ from __future__ import annotations
 import redis
 
 from prewarm import keys
-from prewarm.domain import load_kinds
+from prewarm.domain import action_kinds
 
-# The scheduler's loads made before any request asked (prewarm.domain.load_kinds), as this record spells them
-AHEAD_OF_DEMAND = tuple(f"scheduler:{kind}" for kind in sorted(load_kinds.AHEAD_OF_DEMAND))
+# The scheduler's loads made before any request asked (prewarm.domain.action_kinds), as this record spells them
+AHEAD_OF_DEMAND = tuple(f"scheduler:{kind}" for kind in sorted(action_kinds.AHEAD_OF_DEMAND))
 
 
 def field(model: str, version: str, gpu: str) -> str:

@@ -67,7 +67,7 @@ def test_roi_counts_warm_hits_cold_starts_and_those_avoided(redis_url: str, cata
 @pytest.mark.parametrize("kind", ["fill", "forecast"])
 def test_a_fill_and_a_baselines_load_ahead_count_as_avoided(kind: str, redis_url: str, catalog: Path,
                                                              r: redis.Redis) -> None:
-    # one list of loads ahead (prewarm.domain.load_kinds): live left out prewarm's fills and the baselines' loads
+    # one list of loads ahead (prewarm.domain.action_kinds): live left out prewarm's fills and the baselines' loads
     # ahead (the forecast autoscaler's, run as PREWARM_POLICY), so their warm hits counted as nothing avoided
     client = _client(redis_url, catalog)
     g = publish_gpu(r, GPU, total_mib=64)

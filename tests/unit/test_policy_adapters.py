@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from prewarm.domain.action_kinds import ADAPTER, ADAPTER_SLOTS
 from prewarm.domain.policy import (
     GIB,
     Evict,
@@ -18,7 +19,7 @@ from prewarm.domain.policy import (
     plan_with_adapters,
     traffic_keys,
 )
-from prewarm.domain.policy.adapters import ADAPTER_KIND, SLOTS_KIND, split
+from prewarm.domain.policy.adapters import split
 
 CFG = PolicyConfig(fill_free_memory=False)  # the fill's loads are not what these tests look at
 MB = 1 << 20
@@ -90,7 +91,7 @@ def test_an_adapter_whose_traffic_comes_is_preloaded_into_the_base_replica_with_
     snap = snapshot(models, [ready("B"), ready("a1", host="B")], tr)
     acts = plan_with_adapters(snap, 1000.0)
     loads = [(a.model, a.gpu, a.kind) for a in acts if isinstance(a, Preload)]
-    assert loads == [("a2", "n/g0", ADAPTER_KIND)]
+    assert loads == [("a2", "n/g0", ADAPTER)]
     assert not any(isinstance(a, Evict) for a in acts)
 
 
@@ -154,7 +155,7 @@ def test_a_working_set_larger_than_the_slots_starts_one_more_base_replica_in_fre
     reps = [ready("B"), ready("a1", host="B")]
     acts = plan_with_adapters(snapshot(models, reps, tr, gpus=(("n/g0", 10.0), ("n/g1", 10.0))), 1000.0)
     assert [(a.model, a.gpu, a.kind) for a in acts if isinstance(a, Preload) and a.model == "B"] == \
-        [("B", "n/g1", SLOTS_KIND)]
+        [("B", "n/g1", ADAPTER_SLOTS)]
     acts = plan_with_adapters(snapshot(models, reps, tr, gpus=(("n/g0", 10.0), ("n/g1", 3.0))), 1000.0)
     assert not [a for a in acts if a.model == "B"]
     # off (PolicyConfig.adapter_slot_replicas): the adapters share the replica the bases' plan keeps

@@ -89,7 +89,7 @@ def test_a_window_holds_every_minute_it_touches(now: float, seconds: float) -> N
 
 
 def test_a_fills_warm_hits_are_cold_starts_avoided() -> None:
-    # the ROI's loads ahead are one list (prewarm.domain.load_kinds); the simulator's left the fill out, so a first
+    # the ROI's loads ahead are one list (prewarm.domain.action_kinds); the simulator's left the fill out, so a first
     # request served warm by a fill, the point of issue 26's item 3, counted as nothing avoided (here 0 of 61)
     events = sorted([(float(t), "a") for t in range(0, 600, 10)] + [(300.0, "b"), (310.0, "b")])
     sim = run("prewarm", events, {"a": 1.0, "b": 1.0}, {"a": 2.0, "b": 2.0}, gpus=1, gpu_gib=8.0)

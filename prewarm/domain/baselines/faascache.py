@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prewarm.domain.action_kinds import DEMAND
+
 from .base import Fleet, ReplicaLike, Rule
 
 
@@ -38,7 +40,7 @@ class FaasCache(Rule):
         def key(r: ReplicaLike) -> float:
             return self.prio.get((r.model, r.gpu), self.clock)
 
-        rep = s.place_evicting(m, key, kind="demand")
+        rep = s.place_evicting(m, key, kind=DEMAND)
         if rep is None:
             return
         gone = {(r.model, r.gpu) for r in s.victims}

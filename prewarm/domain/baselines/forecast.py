@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from prewarm.domain.action_kinds import DEMAND, FORECAST
+
 from .base import Fleet, ReplicaLike, Rule, recency
 
 ALPHAS = np.linspace(0.02, 1.0, 50)  # the fit's grid of smoothing levels
@@ -91,7 +93,7 @@ class Forecast(Rule):
         return recency(self.fleet, r) + (1e12 if self.hot[r.model] else 0.0)  # below-threshold replicas go first
 
     def on_miss(self, t: float, m: int) -> None:
-        self.fleet.place_evicting(m, self._key, kind="demand")
+        self.fleet.place_evicting(m, self._key, kind=DEMAND)
 
     def observe(self, t: float) -> None:
         """The minute ending at t: update every model's level; refit when a refit period ends."""
@@ -134,4 +136,4 @@ class Forecast(Rule):
         want = [m for m in np.flatnonzero(self.hot & (self.p > 0)).tolist() if not s.replicas[m]]
         want.sort(key=lambda m: (-self.p[m], m))
         for m in want:
-            s.place_evicting(m, self._key, only_if=lambda r: not self.hot[r.model], kind="forecast")
+            s.place_evicting(m, self._key, only_if=lambda r: not self.hot[r.model], kind=FORECAST)

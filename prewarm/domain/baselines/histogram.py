@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from prewarm.domain.action_kinds import DEMAND, PREWARM
 from prewarm.domain.states import READY
 
 from .base import Fleet, ReplicaLike, Rule, recency
@@ -139,7 +140,7 @@ class HybridHistogram(Rule):
             self.fleet.evict(m, r.gpu)
 
     def on_miss(self, t: float, m: int) -> None:
-        self.fleet.place_evicting(m, self._key, kind="demand")
+        self.fleet.place_evicting(m, self._key, kind=DEMAND)
 
     def on_timer(self, t: float, payload: tuple) -> None:
         if payload[0] == "load":
@@ -147,7 +148,7 @@ class HybridHistogram(Rule):
             if g == self.gen[m] and not self.fleet.replicas[m]:
                 # LRU with the reloaded model as recent as the call it is for; kept until unload_at (_served)
                 call = self.last[m]
-                self.fleet.place_evicting(m, self._key, kind="prewarm",
+                self.fleet.place_evicting(m, self._key, kind=PREWARM,
                                           only_if=lambda r: call is not None and self._key(r) < call)
         else:
             _tag, m = payload

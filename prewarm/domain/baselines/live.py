@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prewarm.domain.action_kinds import DEMAND, MAKE_ROOM, QUIET
 from prewarm.domain.states import EVICTING, PENDING, READY
 
 from ..policy.adapters import bases_view
@@ -130,7 +131,7 @@ class SnapshotFleet:
             return None
         gi, victims = best
         for r in victims:
-            self._evict(r, "make_room", f"{self.policy}: making room for {self.names[m]} (next in its eviction "
+            self._evict(r, MAKE_ROOM, f"{self.policy}: making room for {self.names[m]} (next in its eviction "
                                         "order)")
         return self.start_load(m, gi, kind)
 
@@ -144,8 +145,8 @@ class SnapshotFleet:
         self.extra[gi] -= size
         self.loads[gi] += 1
         self.stalled.pop(m, None)
-        self.actions.append(Preload(self.names[m], g.id, kind or "demand",
-                                    f"{self.policy}: load {self.names[m]} ({kind or 'demand'})",
+        self.actions.append(Preload(self.names[m], g.id, kind or DEMAND,
+                                    f"{self.policy}: load {self.names[m]} ({kind or DEMAND})",
                                     {"size_bytes": size, "free_bytes": self.free(gi) + size}, bytes=size))
         return r
 
@@ -153,7 +154,7 @@ class SnapshotFleet:
         r = self.replicas[m].get(gi)
         if r is None or r.state != READY:
             return False
-        self._evict(r, "quiet", f"{self.policy}: its rule unloads {self.names[m]} (keep-alive over, or unloaded until its pre-warm window)")
+        self._evict(r, QUIET, f"{self.policy}: its rule unloads {self.names[m]} (keep-alive over, or unloaded until its pre-warm window)")
         return True
 
     def _evict(self, r: LiveReplica, kind: str, reason: str) -> None:

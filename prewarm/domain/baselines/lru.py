@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prewarm.domain.action_kinds import DEMAND
 from prewarm.domain.states import READY
 
 from .base import Fleet, ReplicaLike, Rule, recency
@@ -26,7 +27,7 @@ class OnDemandLRU(Rule):
         return recency(self.fleet, r)
 
     def on_miss(self, t: float, m: int) -> None:
-        self.fleet.place_evicting(m, self._key, kind="demand")
+        self.fleet.place_evicting(m, self._key, kind=DEMAND)
 
 
 class KeepAlive(OnDemandLRU):
@@ -77,4 +78,4 @@ class SeedPool(Rule):
     monotone_keys = True
 
     def on_miss(self, t: float, m: int) -> None:
-        self.fleet.place_evicting(m, lambda r: r.since, kind="demand")
+        self.fleet.place_evicting(m, lambda r: r.since, kind=DEMAND)

@@ -35,6 +35,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from prewarm.domain.action_kinds import ADAPTER, ADAPTER_SLOTS, DEMAND, MAKE_ROOM
 from prewarm.domain.states import EVICTING, HOLDING, IN_FLIGHT, READY
 
 from .placement import Room, rank
@@ -43,8 +44,6 @@ from .types import Action, Evict, ModelSpec, Preload, ReplicaState, Snapshot
 from .value import load_seconds
 from .words import fmt_s
 
-ADAPTER_KIND = "adapter"  # a Preload of an adapter ahead of its requests (one a router waits on: "demand")
-SLOTS_KIND = "adapter_slots"  # a Preload of one more base replica for its adapters' working set
 ADAPTER_LOADS_PER_REPLICA = 2  # planned adapter loads in flight per base replica: the engine loads them one by one
 
 # plan_with_adapters' split of the last catalog mapping it saw (held, so its id cannot be reused): the catalog
@@ -225,14 +224,14 @@ def _fill_slots(snapshot: Snapshot, now: float, base: str, bspec: ModelSpec, gpu
         _full, _n, g, victim = best
         there = held[(base, g)]
         if victim is not None:
-            out.append(Evict(victim, g, "make_room",
+            out.append(Evict(victim, g, MAKE_ROOM,
                              f"make a LoRA slot of {base} on {g} for {m}: {victim} expects "
                              f"{value.get(victim, (0.0, 0.0))[0] * 60:.2f} requests/min, {m} "
                              + ("has a request waiting" if demand else f"{rate * 60:.2f}"),
                              {"victim_rate": value.get(victim, (0.0, 0.0))[0], "rate": rate}))
             del there[victim]
         spec = snapshot.models[m]
-        out.append(Preload(m, g, "demand" if demand else ADAPTER_KIND,
+        out.append(Preload(m, g, DEMAND if demand else ADAPTER,
                            (f"a request for adapter {m} is waiting; its base {base} is ready on {g}" if demand else
                             f"adapter {m}: a request within {fmt_s(load_seconds(spec, cfg) + cfg.tick_s + cfg.window_s)}"
                             f" is {p:.0%} likely ({rate * 60:.2f}/min): into a LoRA slot of {base} on {g}"),
@@ -273,7 +272,7 @@ def _more_slots(snapshot: Snapshot, now: float, base: str, bspec: ModelSpec, wor
     if not fits:
         return
     g = fits[0].gpu
-    out.append(Preload(base, g, SLOTS_KIND,
+    out.append(Preload(base, g, ADAPTER_SLOTS,
                        f"{working} adapters of {base} expect requests soon; {have} replica(s) hold "
                        f"{have * bspec.max_adapters} in their LoRA slots: one more on {g}, in free memory",
                        {"working_set": float(working), "replicas": float(have), "slots": float(bspec.max_adapters)},

@@ -35,7 +35,7 @@ MODULES = ("planner", "memo", "timeline", "fleet", "value", "placement", "plan_c
            "words", "experts", "duels", "ahead", "firsts", "partners", "history", "silences", "arrivals", "types")
 PACKAGE = "prewarm.domain.policy"
 # Other domain modules the policy imports (dependency-free): type-checked with the build and hashed into it.
-CORE = (HERE.parent / "states.py",)
+CORE = (HERE.parent / "states.py", HERE.parent / "action_kinds.py")
 
 _active: Path | None = None  # the build in use, once activate() succeeded
 

@@ -12,6 +12,8 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from prewarm.domain.action_kinds import DEMAND, SPECULATIVE
+
 from .types import GIB, ModelSpec, Placement, ReplicaState
 from .value import Values, load_seconds, promote_seconds
 
@@ -72,7 +74,7 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
     f = v.fleet
     cfg = v.cfg
     size = spec.size_bytes
-    speculative = kind == "speculative"
+    speculative = kind == SPECULATIVE
     reach = horizon(v)
     hosting = f.of_model.get(spec.id, [])
     ld_storage = load_seconds(spec, cfg)
@@ -84,7 +86,7 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
     best: tuple | None = None
     order = sorted(f.gpus)
     own_order = v.own_order()
-    yields = kind == "demand" and cfg.fill_yields  # fills give way to it (PlanCall.yield_link)
+    yields = kind == DEMAND and cfg.fill_yields  # fills give way to it (PlanCall.yield_link)
     if not speculative:
         # an idle GPU with room on a node without this model costs nothing (no victims, no link
         # contention): take rank()'s first, with no need to cost evictions elsewhere
@@ -123,7 +125,7 @@ def place(v: Values, spec: ModelSpec, kind: str, benefit: float = math.inf) -> P
             # where the load time differs by GPU, count our own requests waiting through it
             contention += rate * ld
         waits = -1.0  # seconds until the link frees where the load waits for it; -1: it does not wait
-        if k and cfg.link_wait and kind == "demand":
+        if k and cfg.link_wait and kind == DEMAND:
             # a busy link: sharing it slows its loads and ours; waiting for its first load to end slows none of
             # theirs, and ours ends about when it would have shared (the link does the same work)
             frees = free_in(v, gid)

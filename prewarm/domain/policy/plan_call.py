@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from prewarm.domain.action_kinds import DEMAND, MAKE_ROOM, SPECULATIVE, YIELD
+
 from .memo import PolicyState
 from .placement import place
 from .types import (
@@ -36,7 +38,7 @@ class PlanCall(Values):
             self.st.ahead.gone(r.model)  # a load ahead evicted unused can no longer win its bet (ahead.py)
             # before its first request (firsts.py); not a yield: that cancel says a demand load needed the link,
             # nothing of whether the fill's memory was worth it (an empty fleet's first seconds yield a fill per GPU)
-            if kind != "yield" and self.tr.last_arrival(r.model) is None:
+            if kind != YIELD and self.tr.last_arrival(r.model) is None:
                 self.st.firsts.fill_evicted()
         if self.cfg.no_regret:  # greedy-dual's clock and frequencies follow the real fleet (experts.py)
             self.st.experts.gd.evicted(r.model, self.fleet.count(r.model) == 0)
@@ -52,11 +54,11 @@ class PlanCall(Values):
         take it again at once."""
         for r in self.yielding(gpu):
             # never requested, so greedy-dual holds no keys for it: do_evict's step there changes nothing
-            self.do_evict(r, "yield", f"{r.model} (never requested) was loading on {gpu}; a demand load of {model} "
+            self.do_evict(r, YIELD, f"{r.model} (never requested) was loading on {gpu}; a demand load of {model} "
                           f"goes there: it gives way, so that the link is the demand load's alone", {})
 
     def do_preload(self, spec: ModelSpec, gpu: str, kind: str, reason: str, numbers: dict[str, float]) -> None:
-        self.fleet.preload(spec, gpu, kind == "speculative")
+        self.fleet.preload(spec, gpu, kind == SPECULATIVE)
         self._loading_rate[gpu] = self.loading_rate(gpu) + max(self.tr.rate_short(spec.id, self.now), 1e-3)
         self.actions.append(Preload(spec.id, gpu, kind, reason, numbers, spec.version, spec.size_bytes))
 
@@ -89,7 +91,7 @@ class PlanCall(Values):
                 extra = {**extra, "expert_cost_per_request": ex.duels.per_request(),
                          "expert_on_trial": 1.0 if ex.duels.trial is not None else 0.0}
         # a load ahead (speculative; partners load so too) is judged by the loads-ahead record (ahead.py), not by duels
-        if victims and self.cfg.no_regret and self.cfg.expert_duels and kind != "speculative":
+        if victims and self.cfg.no_regret and self.cfg.expert_duels and kind != SPECULATIVE:
             self._duel(gid, victims)
         for r in victims:
             d = self.idle(r.model)
@@ -97,7 +99,7 @@ class PlanCall(Values):
             val = self.loss(r.model)
             refuted = self.refuted(r.model)
             self.do_evict(
-                r, "make_room",
+                r, MAKE_ROOM,
                 f"make room on {gid} for {spec.id} ({kind}): {order} — "
                 f"idle {fmt_s(d)}, next request expected in {fmt_s(mrl)}, "
                 f"{val:.3g} cold req/s if absent{' (its silence refuted its measured rate)' if refuted else ''}, "
@@ -105,7 +107,7 @@ class PlanCall(Values):
                 {"idle_s": num(d), "expected_next_s": num(mrl), "loss_per_s": val,
                  "gib": r.bytes / GIB, **({"rate_refuted": 1.0} if refuted else {}), **extra},
             )
-        if kind == "demand" and self.cfg.fill_yields:
+        if kind == DEMAND and self.cfg.fill_yields:
             self.yield_link(gid, spec.id)
         node = self.fleet.gpus[gid].node
         if node in self.fleet.staged_nodes.get(spec.id, ()):

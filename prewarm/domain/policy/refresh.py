@@ -16,6 +16,7 @@ Age = now − the replica's ready time (its load start where the record has none
 
 from __future__ import annotations
 
+from prewarm.domain.action_kinds import REFRESH
 from prewarm.domain.states import IN_FLIGHT, READY
 
 from .placement import Room, rank
@@ -72,7 +73,7 @@ def refresh_model(pl: PlanCall, m: str) -> None:
             used.add(new.gpu)
             f.evict(old, pl.is_speculative(old))
             pl.actions.append(Evict(
-                m, old.gpu, "refresh",
+                m, old.gpu, REFRESH,
                 f"refresh: replica on {old.gpu} is {fmt_s(age(old, now))} old, over max_replica_age "
                 f"{fmt_s(limit)}; its replacement on {new.gpu} is ready → evict the old one",
                 {"age_s": age(old, now), "max_age_s": limit, "replacement_age_s": age(new, now),
@@ -100,7 +101,7 @@ def load_replacement(pl: PlanCall, old: ReplicaState, limit: float) -> None:
             {"age_s": a, "max_age_s": limit, "gib": spec.size_bytes / GIB}, old.version))
         return
     gid = order[0].gpu
-    pl.do_preload(spec, gid, "refresh",
+    pl.do_preload(spec, gid, REFRESH,
                   f"refresh: replica on {old.gpu} is {fmt_s(a)} old, over max_replica_age {fmt_s(limit)} → "
                   f"preload a fresh replica on {gid} (the old one is evicted once this one is ready)",
                   {"age_s": a, "max_age_s": limit, "gib": spec.size_bytes / GIB})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from prewarm.domain.action_kinds import DEMOTE, LIKELY, MAKE_ROOM
 from prewarm.domain.states import IN_FLIGHT, STAGED
 
 from .plan_call import PlanCall
@@ -82,17 +83,17 @@ def step_stage(pl: PlanCall, candidates: Iterable[str]) -> None:
             continue
         _key, node, victims = best
         for evpb, _em, ex in victims:
-            pl.do_unstage(ex, "make_room",
+            pl.do_unstage(ex, MAKE_ROOM,
                             f"make room in {node}'s host cache for {m}: lowest value per byte here "
                             f"({evpb:.3g} vs {vpb:.3g} cold req/s per GiB), {ex.bytes / GIB:.1f} GiB",
                             {"value_per_gib": evpb, "gib": ex.bytes / GIB})
         d = pl.idle(m)
         am = pl.arrival(m)
         mrl = am.mrl_at(d) if d is not None else math.inf
-        kind = "demote" if m in pl.evicted_now else "likely"
+        kind = DEMOTE if m in pl.evicted_now else LIKELY
         pl.do_stage(
             spec, node, kind,
-            f"{'evicted from its GPUs' if kind == 'demote' else 'likely soon, no GPU free'}; "
+            f"{'evicted from its GPUs' if kind == DEMOTE else 'likely soon, no GPU free'}; "
             f"idle {fmt_s(d)}, next request expected in {fmt_s(mrl)}, {v:.3g} cold req/s if absent; "
             f"a promotion from host takes ~{promote_seconds(spec, cfg):.1f} s instead of "
             f"{load_seconds(spec, cfg):.1f} s → stage in {node}'s host cache",

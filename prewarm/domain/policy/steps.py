@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from prewarm.domain.action_kinds import DEMAND, FILL, IDLE_BUDGET, MIN_REPLICAS, NEW_GPU, SCALE, SPECULATIVE
 from prewarm.domain.states import READY
 
 from .plan_call import PlanCall
@@ -43,7 +44,7 @@ def step_release(pl: PlanCall) -> None:
                    f"quiet: idle {fmt_s(d)}, P(request within the next {fmt_s(pl.cfg.window_s)})="
                    f"{am.p_at(d):.3f}, next request expected in {fmt_s(am.mrl_at(d))}")
             pl.do_evict(
-                r, "idle_budget",
+                r, IDLE_BUDGET,
                 f"idle-memory budget: replicas with no expected demand hold {held / GIB:.1f} GiB of "
                 f"{gid}, over its {budget:.0%} ({cap / GIB:.1f} GiB); {why}; least valuable of them",
                 {"idle_gib": held / GIB, "budget_gib": cap / GIB, "idle_s": num(d),
@@ -80,7 +81,7 @@ def step_demand(pl: PlanCall, recent: Iterable[str]) -> None:
         spec = pl.s.models[m]
         if spec.size_bytes >= failed_size:
             continue
-        choice = pl.place(spec, "demand")
+        choice = pl.place(spec, DEMAND)
         if choice is None and overdue == 0:
             choice = hold_for(pl, spec)
         if choice is None:
@@ -94,7 +95,7 @@ def step_demand(pl: PlanCall, recent: Iterable[str]) -> None:
         fc = pl.forecast(m, ld)
         wait = f"oldest waited {fmt_s(pl.now - since[m])}, overdue; " if overdue == 0 else ""
         pl.commit(
-            spec, "demand", choice,
+            spec, DEMAND, choice,
             f"{pl.s.waiting.get(m, 1)} request(s) waiting (last {fmt_s(pl.now - (pl.tr.last_arrival(m) or pl.now))} ago), "
             f"{wait}no replica; rate {rs:.2f}/s{trend}; "
             f"forecast {fc:.2f}/s in {ld:.0f} s; load {ld:.1f} s",
@@ -168,7 +169,7 @@ def step_floor(pl: PlanCall) -> None:
         floor = max(spec.min_replicas, 1 if spec.pinned else 0)
         while pl.fleet.count(m) < floor:
             have = pl.fleet.count(m)
-            if not pl.load(spec, "min_replicas",
+            if not pl.load(spec, MIN_REPLICAS,
                              f"{'pinned, ' if spec.pinned else ''}min_replicas {floor}, has {have}",
                              {"min_replicas": floor, "replicas": have}):
                 break
@@ -187,7 +188,7 @@ def step_scale(pl: PlanCall) -> None:
             have = pl.fleet.count(m)
             trend = f" rising ×{rs / rl:.1f} vs {fmt_s(pl.cfg.long_window_s)} mean;" if rising and rl > 0 else ";"
             if not pl.load(
-                spec, "scale",
+                spec, SCALE,
                 f"rate {rs:.2f}/s{trend} forecast {fc:.2f}/s in {ld + pl.cfg.tick_s:.0f} s "
                 f"> {have} × {spec.max_rate_per_replica:g}/s per replica; load {ld:.1f} s",
                 {"rate_short": rs, "rate_long": rl, "forecast": fc, "replicas": have,
@@ -220,7 +221,7 @@ def step_new_gpu(pl: PlanCall) -> None:
             if pl.fleet.spec[gid] + spec.size_bytes > cfg.speculative_share * g.total_bytes:
                 continue
             pl.do_preload(
-                spec, gid, "new_gpu",
+                spec, gid, NEW_GPU,
                 f"{gid} joined {fmt_s(pl.now - g.joined_at)} ago; {m} is among the "
                 f"{cfg.new_gpu_hot_models} hottest models at {-negr:.2f}/s → preload on {gid}",
                 {"rate_short": -negr},
@@ -285,7 +286,7 @@ def load_ahead(pl: PlanCall, cands: list[tuple[float, str]],
         if shadow and not record.wants(m):  # type: ignore[union-attr]
             continue
         spec = pl.s.models[m]
-        choice = pl.place(spec, "speculative", -negl)
+        choice = pl.place(spec, SPECULATIVE, -negl)
         if choice is None:
             continue
         if record is not None:
@@ -297,7 +298,7 @@ def load_ahead(pl: PlanCall, cands: list[tuple[float, str]],
         reason, numbers = why(m, -negl)
         if record is not None:
             reason = f"{reason}; {record.why()}"
-        pl.commit(spec, "speculative", choice, reason, numbers)
+        pl.commit(spec, SPECULATIVE, choice, reason, numbers)
 
 
 def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
@@ -351,7 +352,7 @@ def step_fill(pl: PlanCall, unrequested: list[tuple[float, str]]) -> None:
             spec = pl.s.models[m]
             if spec.size_bytes > room or (m, gid) in f.evicting:
                 continue
-            pl.do_preload(spec, gid, "fill",
+            pl.do_preload(spec, gid, FILL,
                           f"{gid} has {room / GIB:.1f} GiB no load needs and an idle link; {m} has no "
                           f"request yet (the shortest load that fits, {ld:.1f} s, of the catalog's "
                           f"unrequested models{record}) → preload on {gid}",

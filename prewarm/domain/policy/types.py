@@ -331,7 +331,7 @@ class Snapshot:
 class Preload:
     model: str
     gpu: str
-    kind: str  # "demand" | "speculative" | "min_replicas" | "scale" | "new_gpu" | "fill" | "refresh"
+    kind: str  # a load kind (prewarm.domain.action_kinds.LOAD_KINDS)
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
@@ -342,7 +342,7 @@ class Preload:
 class Evict:
     model: str
     gpu: str
-    kind: str  # "make_room" | "idle_budget" | "refresh" | "yield" (a fill's load in flight, cancelled)
+    kind: str  # an eviction kind (prewarm.domain.action_kinds.EVICT_KINDS)
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
@@ -354,7 +354,7 @@ class Stage:
 
     model: str
     node: str
-    kind: str  # "likely" (demand likely, not imminent) | "demote" (evicted from its GPUs, still valued)
+    kind: str  # a stage kind (prewarm.domain.action_kinds.STAGE_KINDS)
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
@@ -368,7 +368,7 @@ class Unstage:
 
     model: str
     node: str
-    kind: str  # "make_room" | "loaded" | "quiet"
+    kind: str  # an eviction kind (prewarm.domain.action_kinds.EVICT_KINDS): make_room, operator
     reason: str
     numbers: Mapping[str, float] = field(default_factory=dict)
     version: str = "1"
