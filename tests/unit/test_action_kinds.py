@@ -9,7 +9,7 @@ import numpy as np
 from prewarm.domain import action_kinds as ak
 from prewarm.domain.policy import PolicyConfig
 from prewarm.domain.policy.types import Evict, Preload, Stage, Unstage
-from simulator.engine import Simulation
+from simulator.diagnose import DiagnosticSimulation
 from simulator.policies import POLICIES, Prewarm
 from simulator.trace import GIB
 
@@ -42,25 +42,13 @@ class _Recording(Prewarm):
         super()._apply(actions, t)
 
 
-class _Loads(Simulation):
-    """The engine, counting the kind of every load it starts (a baseline's kinds reach it only here)."""
-
-    def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*a, **kw)
-        self.kinds: set[str] = set()
-
-    def start_load(self, m, gi, kind=""):  # type: ignore[no-untyped-def]
-        r = super().start_load(m, gi, kind)
-        if r is not None:
-            self.kinds.add(kind)
-        return r
-
-
-def _sim(events: list[tuple[float, str]], host_bytes: int = 0, gpu_gib: int = 5) -> _Loads:
+def _sim(events: list[tuple[float, str]], host_bytes: int = 0, gpu_gib: int = 5) -> DiagnosticSimulation:
+    """The engine as `simulator.diagnose` runs it: it counts the kind of every load it starts (`load_kinds`; a
+    baseline's kinds reach it only there)."""
     tr = trace(events)
     sizes = np.array([int((1.0 + (i % 3) * 0.5) * GIB) for i in range(len(tr.models))], dtype=np.int64)
     loads = np.array([2.0 + (i % 4) for i in range(len(tr.models))])
-    return _Loads(tr, sizes, loads, 2, gpu_gib * GIB, "shared", nodes=1 if host_bytes else None, host_bytes=host_bytes)
+    return DiagnosticSimulation(tr, sizes, loads, 2, gpu_gib * GIB, "shared", nodes=1 if host_bytes else None, host_bytes=host_bytes)
 
 
 def test_every_kind_prewarm_sends_is_named() -> None:
@@ -84,7 +72,7 @@ def test_every_kind_a_baseline_loads_with_is_named() -> None:
             continue
         sim = _sim(events, gpu_gib=8)  # room for the hybrid histogram's pre-warm beside what was used since
         sim.run(cls())
-        seen[name] = sim.kinds
+        seen[name] = set(sim.load_kinds)
     assert all(k <= set(ak.LOAD_KINDS) for k in seen.values()), seen
     # the run exercises them: the rules load on demand (the oracle only ahead), and the three that load ahead do here
     assert all(ak.DEMAND in k for name, k in seen.items() if name != "oracle"), seen
